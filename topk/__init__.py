@@ -1,0 +1,11 @@
+"""Top-K losses for deep learning.
+
+The noise-smoothed top-K operator and calibrated hinge losses of Garcin, Servajean, Joly & Salmon,
+"Stochastic smoothing of the top-K calibrated hinge loss for deep imbalanced classification" (ICML 2022),
+the baselines of its Table 1 (:mod:`topk.losses`) and the top-K metrics (:mod:`topk.metrics`).
+"""
+
+from topk.operators import smooth_top_k, smooth_top_sum_k, top_k, top_sum_k
+
+__all__ = ["top_k", "top_sum_k", "smooth_top_k", "smooth_top_sum_k"]
+__version__ = "0.1.0"
