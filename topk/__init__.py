@@ -5,6 +5,7 @@ The noise-smoothed top-K operator and calibrated hinge losses of Garcin, Servaje
 the baselines of its Table 1 (:mod:`topk.losses`) and the top-K metrics (:mod:`topk.metrics`).
 """
 
+from topk import layers, losses, metrics
 from topk.operators import smooth_top_k, smooth_top_sum_k, top_k, top_sum_k
 
 __all__ = ["top_k", "top_sum_k", "smooth_top_k", "smooth_top_sum_k"]

@@ -1,0 +1,193 @@
+"""The losses of Table 1 of Garcin et al. (ICML 2022), as functions of scores ``s`` and labels ``y``.
+
+``s`` has shape ``(..., L)`` (classes last), ``y`` integer labels of shape ``s.shape[:-1]``. Each loss
+returns per-sample values reduced by ``reduction`` in ``("mean", "sum", "none")``. Formulas, parameters
+and references are in :mod:`topk.losses.registry` (Table 1 is printed from it); each docstring names
+the equation. A NaN score gives a NaN loss for its sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from topk._validation import (
+    check_int,
+    check_labels,
+    check_margins,
+    check_real,
+    check_reduction,
+    check_scores,
+)
+from topk.operators import smooth_top_k, top_k, top_sum_k
+
+__all__ = [
+    "zero_one_topk",
+    "cross_entropy",
+    "focal",
+    "ldam",
+    "lapin_hinge",
+    "convex_hinge",
+    "calibrated_hinge",
+    "noised_hinge",
+    "class_margins",
+]
+
+
+def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss
+
+
+def _checked(s, y, reduction):
+    check_scores(s)
+    return check_labels(y, s), check_reduction(reduction)
+
+
+def _true_scores(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return s.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # [..., L] -> [...]
+
+
+def _log_softmax_true(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return _true_scores(F.log_softmax(s, dim=-1), y)
+
+
+def zero_one_topk(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "mean") -> torch.Tensor:
+    """The top-K 0/1 loss ``1{top_K(s) > s_y}`` (Eq. 3): 1 when the true class is not among the K best.
+
+    A true class tied with the K-th score counts as in the top K. Piecewise constant: no gradient.
+
+    >>> zero_one_topk(torch.tensor([[2.4, 2.6, 2.3, 0.5]]), torch.tensor([2]), 2)
+    tensor(1.)
+    """
+    y, reduction = _checked(s, y, reduction)
+    k = check_int(k, "k", 1, s.shape[-1], " (the number of classes)")
+    with torch.no_grad():
+        loss = (top_k(s, k) > _true_scores(s, y)).to(s.dtype)
+        loss = torch.where(torch.isnan(s).any(-1), torch.full_like(loss, float("nan")), loss)
+    return _reduce(loss, reduction)
+
+
+def cross_entropy(s: torch.Tensor, y: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy ``-log softmax(s)_y``, top-K calibrated for every K (Yang & Koyejo, 2020)."""
+    y, reduction = _checked(s, y, reduction)
+    return _reduce(-_log_softmax_true(s, y), reduction)
+
+
+def focal(s: torch.Tensor, y: torch.Tensor, gamma: float, *, reduction: str = "mean") -> torch.Tensor:
+    """Focal loss ``(1 - p_y)^gamma * CE(s, y)`` with ``p = softmax(s)`` (Lin et al., 2017).
+
+    The expression printed in the paper's Table 1 is a typo; this is the standard one. ``gamma = 0``
+    is cross-entropy. ``1 - p_y`` is floored at the dtype's smallest normal number so that the gradient
+    stays finite when ``p_y`` rounds to 1.
+    """
+    y, reduction = _checked(s, y, reduction)
+    gamma = check_real(gamma, "gamma", low=0.0)
+    log_p_true = _log_softmax_true(s, y)
+    one_minus_p = (-torch.expm1(log_p_true)).clamp_min(torch.finfo(s.dtype).tiny)
+    return _reduce(one_minus_p.pow(gamma) * -log_p_true, reduction)
+
+
+def ldam(
+    s: torch.Tensor,
+    y: torch.Tensor,
+    margins: float | torch.Tensor,
+    *,
+    scale: float = 1.0,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Label-distribution-aware margin loss ``CE(scale * (s - m_y e_y), y)`` (Cao et al., 2019).
+
+    ``margins``: one value, or one per class (``class_margins(counts, C)`` gives ``m_y = C / n_y^(1/4)``).
+    ``scale`` is the softmax temperature of Cao et al. (30 in their code, with a cosine classifier);
+    ``margins = 0, scale = 1`` is cross-entropy. Works on any device.
+    """
+    y, reduction = _checked(s, y, reduction)
+    margins = check_margins(margins, s)
+    scale = check_real(scale, "scale", low=0.0, strict=True)
+    per_class = margins.to(s.dtype) if isinstance(margins, torch.Tensor) else margins
+    shifted = s - F.one_hot(y, s.shape[-1]).to(s.dtype) * per_class  # subtract m_y from s_y only
+    return _reduce(-_log_softmax_true(scale * shifted, y), reduction)
+
+
+def lapin_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "mean") -> torch.Tensor:
+    """Top-K hinge ``(1 + top_K(s without y) - s_y)_+`` (Eq. 4, Lapin et al., 2015); needs ``k <= L - 1``."""
+    y, reduction = _checked(s, y, reduction)
+    k = check_int(k, "k", 1, s.shape[-1] - 1, " (the number of classes other than the true one)")
+    others = s.scatter(-1, y.unsqueeze(-1), float("-inf"))  # s without y: the true score can never be selected
+    return _reduce(F.relu(1 + top_k(others, k) - _true_scores(s, y)), reduction)
+
+
+def convex_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "mean") -> torch.Tensor:
+    """Convexified top-K hinge ``(topSigma_K(1 - e_y + s) / K - s_y)_+`` (Table 1, Lapin et al., 2015)."""
+    y, reduction = _checked(s, y, reduction)
+    k = check_int(k, "k", 1, s.shape[-1], " (the number of classes)")
+    with_margin = s + 1 - F.one_hot(y, s.shape[-1]).to(s.dtype)
+    return _reduce(F.relu(top_sum_k(with_margin, k) / k - _true_scores(s, y)), reduction)
+
+
+def calibrated_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "mean") -> torch.Tensor:
+    """Top-K calibrated hinge ``(1 + top_{K+1}(s) - s_y)_+`` (Eq. 5, Yang & Koyejo, 2020); needs ``k + 1 <= L``."""
+    y, reduction = _checked(s, y, reduction)
+    k = check_int(k, "k", 1, s.shape[-1] - 1, " (k + 1 must not exceed the number of classes)")
+    return _reduce(F.relu(1 + top_k(s, k + 1) - _true_scores(s, y)), reduction)
+
+
+def noised_hinge(
+    s: torch.Tensor,
+    y: torch.Tensor,
+    k: int,
+    epsilon: float,
+    n_samples: int,
+    *,
+    margins: float | torch.Tensor = 1.0,
+    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """The noised top-K hinge ``(m_y + top_{K+1,eps,B}(s) - s_y)_+`` of Garcin et al. (ICML 2022).
+
+    With a scalar ``margins`` it is the balanced loss (Eq. 8, estimated by Eq. 10); with one margin per
+    class (a tensor of shape ``(L,)``, e.g. from :func:`class_margins`) the imbalanced loss (Eq. 13).
+    ``top_{K+1,eps,B}`` is :func:`topk.smooth_top_k` with ``B = n_samples`` noise samples, drawn from
+    ``generator`` or given as ``noise`` of shape ``(n_samples, *s.shape)``. The gradient is the estimator
+    of Eq. 12, ``1{m_y + top_{K+1,eps,B}(s) > s_y} (mean one-hot - e_y)`` (Prop. 3.7), whose rows sum to 0.
+    ``epsilon = 0`` is the calibrated hinge (Eq. 5) exactly. Needs ``k + 1 <= L``.
+    """
+    y, reduction = _checked(s, y, reduction)
+    k = check_int(k, "k", 1, s.shape[-1] - 1, " (k + 1 must not exceed the number of classes)")
+    margins = check_margins(margins, s)
+    true_margin = margins.to(s.dtype)[y] if isinstance(margins, torch.Tensor) else margins
+    smoothed = smooth_top_k(s, k + 1, epsilon, n_samples, generator=generator, noise=noise)
+    return _reduce(F.relu(true_margin + smoothed - _true_scores(s, y)), reduction)
+
+
+def class_margins(class_counts: Sequence[int] | torch.Tensor, max_margin: float) -> torch.Tensor:
+    """Per-class margins ``m_y = C / n_y^(1/4)`` (Cao et al., 2019; the paper's Eq. 13), the largest equal to ``max_margin``.
+
+    ``class_counts``: the number of training samples of each class, all positive.
+
+    >>> class_margins([10000, 625, 1], 0.2)
+    tensor([0.0200, 0.0400, 0.2000])
+    """
+    counts = torch.as_tensor(class_counts)
+    if counts.dim() != 1 or counts.numel() == 0:
+        raise ValueError(f"'class_counts' should be a non-empty 1-d sequence of counts, got shape {tuple(counts.shape)}")
+    if counts.is_complex() or counts.dtype == torch.bool:
+        raise TypeError(f"'class_counts' should hold numbers of samples, got dtype {counts.dtype}")
+    counts = counts.to(torch.get_default_dtype() if not counts.is_floating_point() else counts.dtype)
+    bad = torch.nonzero(~(counts > 0) | ~torch.isfinite(counts)).flatten()
+    if bad.numel():
+        first = int(bad[0])
+        raise ValueError(
+            f"'class_counts' should be positive and finite (a class with no sample has no margin), "
+            f"got {counts[first].item()} for class {first}"
+        )
+    max_margin = check_real(max_margin, "max_margin", low=0.0)
+    inverse_fourth_root = counts.pow(-0.25)
+    return inverse_fourth_root * (max_margin / inverse_fourth_root.max())
