@@ -1,0 +1,20 @@
+"""Shared test settings: hypothesis profiles, devices, dtypes."""
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# `ci` (used by `make test`): derandomized, so a run is reproducible; `dev`: more examples.
+settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return torch.device(request.param)
