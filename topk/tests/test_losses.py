@@ -1,0 +1,170 @@
+"""The losses of Table 1: gradients (gradcheck in float64), degenerate cases that reduce to known losses,
+reductions, modules, the registry Table 1 is printed from, and the cosine classifier."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from topk import losses
+from topk.layers import CosineClassifier
+from topk.losses import LOSSES, build_loss, table_1
+
+L, BATCH = 7, 5
+
+
+def _data(seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    s = (2 * torch.randn(BATCH, L, generator=g)).to(dtype).requires_grad_()
+    y = torch.randint(0, L, (BATCH,), generator=g)
+    return s, y
+
+
+DETERMINISTIC = {
+    "cross_entropy": lambda s, y: losses.cross_entropy(s, y),
+    "focal_0.5": lambda s, y: losses.focal(s, y, 0.5),
+    "focal_2": lambda s, y: losses.focal(s, y, 2.0),
+    "ldam": lambda s, y: losses.ldam(s, y, losses.class_margins(torch.arange(1, L + 1) ** 2, 0.5).double(), scale=3.0),
+    "lapin_hinge": lambda s, y: losses.lapin_hinge(s, y, 2),
+    "convex_hinge": lambda s, y: losses.convex_hinge(s, y, 3),
+    "calibrated_hinge": lambda s, y: losses.calibrated_hinge(s, y, 2),
+    "noised_hinge_given_noise": lambda s, y: losses.noised_hinge(
+        s, y, 2, 0.5, 4, margins=torch.linspace(0.1, 1.0, L, dtype=torch.float64),
+        noise=torch.randn(4, BATCH, L, generator=torch.Generator().manual_seed(9), dtype=torch.float64)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DETERMINISTIC))
+def test_gradcheck_float64(name):
+    """Analytic gradients against finite differences (random inputs avoid the hinges' kinks a.s.)."""
+    s, y = _data()
+    assert torch.autograd.gradcheck(lambda x: DETERMINISTIC[name](x, y), (s,), eps=1e-6, atol=1e-5)
+
+
+def test_focal_with_gamma_zero_is_cross_entropy():
+    s, y = _data()
+    torch.testing.assert_close(losses.focal(s, y, 0.0), F.cross_entropy(s, y))
+
+
+def test_focal_is_the_standard_formula():
+    s, y = _data()
+    p = torch.softmax(s, -1).gather(1, y[:, None])[:, 0]
+    torch.testing.assert_close(losses.focal(s, y, 2.0, reduction="none"), (1 - p) ** 2 * -torch.log(p))
+
+
+def test_focal_gradient_stays_finite_when_the_true_class_is_certain():
+    s = torch.tensor([[200.0, 0.0, 0.0]], requires_grad=True)
+    losses.focal(s, torch.tensor([0]), 0.5).backward()
+    assert torch.isfinite(s.grad).all()
+
+
+def test_ldam_with_zero_margins_and_unit_scale_is_cross_entropy():
+    s, y = _data()
+    torch.testing.assert_close(losses.ldam(s, y, 0.0), F.cross_entropy(s, y))
+    torch.testing.assert_close(losses.ldam(s, y, torch.zeros(L, dtype=torch.float64)), F.cross_entropy(s, y))
+
+
+def test_ldam_subtracts_the_true_class_margin_before_scaling():
+    s, y = _data()
+    margins = torch.rand(L, dtype=torch.float64)
+    shifted = s - F.one_hot(y, L) * margins[y][:, None]
+    torch.testing.assert_close(losses.ldam(s, y, margins, scale=30.0), F.cross_entropy(30 * shifted, y))
+
+
+def test_hinge_losses_match_their_definitions():
+    s, y = _data()
+    s_ = s.detach()
+    others = [torch.cat([row[:c], row[c + 1:]]) for row, c in zip(s_, y)]
+    true = s_.gather(1, y[:, None])[:, 0]
+    lapin = torch.stack([torch.sort(o, descending=True).values[1] for o in others])  # K = 2 of s without y
+    torch.testing.assert_close(losses.lapin_hinge(s, y, 2, reduction="none"), F.relu(1 + lapin - true))
+    calibrated = torch.sort(s_, descending=True).values[:, 2]  # K + 1 = 3
+    torch.testing.assert_close(losses.calibrated_hinge(s, y, 2, reduction="none"), F.relu(1 + calibrated - true))
+    shifted = torch.sort(s_ + 1 - F.one_hot(y, L), descending=True).values[:, :3].mean(1)
+    torch.testing.assert_close(losses.convex_hinge(s, y, 3, reduction="none"), F.relu(shifted - true))
+
+
+def test_convex_hinge_upper_bounds_lapin_hinge():
+    """Lapin et al. (2015): the convexified top-K hinge is an upper bound of the top-K hinge."""
+    for seed in range(20):
+        s, y = _data(seed)
+        for k in range(1, L):
+            assert bool((losses.convex_hinge(s, y, k, reduction="none")
+                         >= losses.lapin_hinge(s, y, k, reduction="none") - 1e-12).all())
+
+
+def test_zero_one_loss_is_eq_3_and_counts_ties_as_correct():
+    s, y = _data()
+    rank = (s.detach() > s.detach().gather(1, y[:, None])).sum(1)
+    torch.testing.assert_close(losses.zero_one_topk(s, y, 3, reduction="none"), (rank >= 3).double())
+    assert losses.zero_one_topk(torch.zeros(2, 4), torch.tensor([0, 3]), 1).item() == 0.0
+
+
+def test_noised_imbalanced_with_equal_margins_is_the_balanced_loss():
+    s, y = _data()
+    z = torch.randn(6, BATCH, L, dtype=torch.float64)
+    torch.testing.assert_close(losses.noised_hinge(s, y, 2, 0.5, 6, margins=torch.full((L,), 0.7, dtype=torch.float64), noise=z),
+                               losses.noised_hinge(s, y, 2, 0.5, 6, margins=0.7, noise=z))
+
+
+def test_reductions():
+    s, y = _data()
+    per_sample = losses.cross_entropy(s, y, reduction="none")
+    assert per_sample.shape == (BATCH,)
+    torch.testing.assert_close(losses.cross_entropy(s, y, reduction="sum"), per_sample.sum())
+    torch.testing.assert_close(losses.cross_entropy(s, y), per_sample.mean())
+
+
+def test_class_margins_are_inverse_fourth_roots_scaled_to_the_max_margin():
+    counts = torch.tensor([1, 16, 81, 10000])
+    margins = losses.class_margins(counts, 0.4)
+    torch.testing.assert_close(margins, 0.4 * torch.tensor([1, 1 / 2, 1 / 3, 1 / 10]))
+    assert margins.max().item() == pytest.approx(0.4)
+
+
+def test_modules_equal_their_functions_and_move_margins_with_to():
+    s, y = _data()
+    z = torch.randn(3, BATCH, L, dtype=torch.float64)
+    module = losses.NoisedHinge.imbalanced(2, 0.5, 3, class_counts=list(range(1, L + 1)), max_margin=0.3).double()
+    assert module.margins.dtype == torch.float64 and "margins" in dict(module.named_buffers())
+    expected = losses.noised_hinge(s, y, 2, 0.5, 3, margins=losses.class_margins(list(range(1, L + 1)), 0.3).double(), noise=z)
+    torch.testing.assert_close(losses.noised_hinge(s, y, 2, 0.5, 3, margins=module.margins, noise=z), expected)
+    torch.testing.assert_close(losses.Focal(2.0)(s, y), losses.focal(s, y, 2.0))
+    torch.testing.assert_close(losses.LDAM.from_class_counts([5] * L, 0.5, scale=2.0)(s, y), losses.ldam(s, y, 0.5, scale=2.0))
+
+
+def test_registry_holds_every_row_of_table_1_in_order():
+    assert list(LOSSES) == ["zero_one", "cross_entropy", "ldam", "focal", "lapin_hinge", "convex_hinge",
+                            "calibrated_hinge", "smooth_hinge", "noised_balanced", "noised_imbalanced"]
+    rows = table_1()
+    assert len(rows) == 10 and all(row["expression"].startswith("$") for row in rows)
+    assert rows[8]["parameters"] == r"$K$, $\epsilon$, $B$"
+
+
+@pytest.mark.parametrize("name,params", [
+    ("zero_one", {"k": 2}), ("cross_entropy", {}), ("ldam", {"margins": 0.5, "scale": 30.0}), ("focal", {"gamma": 2.0}),
+    ("lapin_hinge", {"k": 2}), ("convex_hinge", {"k": 2}), ("calibrated_hinge", {"k": 2}),
+    ("noised_balanced", {"k": 2, "epsilon": 0.2, "n_samples": 3}),
+    ("noised_imbalanced", {"k": 2, "epsilon": 0.2, "n_samples": 3, "class_counts": [3] * L, "max_margin": 0.2}),
+])
+def test_build_loss_gives_a_working_module(name, params):
+    s, y = _data(dtype=torch.float32)
+    value = build_loss(name, **params)(s, y)
+    assert value.dim() == 0 and torch.isfinite(value)
+
+
+def test_build_loss_errors_name_the_choices():
+    with pytest.raises(ValueError, match="registered losses are .*noised_balanced"):
+        build_loss("hinge")
+    with pytest.raises(NotImplementedError, match="smooth_hinge"):
+        build_loss("smooth_hinge", k=5, tau=1.0)
+
+
+def test_cosine_classifier_scores_are_bounded_by_the_scale_and_scale_invariant():
+    head = CosineClassifier(8, 5, scale=40.0)
+    x = torch.randn(16, 8)
+    scores = head(x)
+    assert scores.abs().max() <= 40.0 + 1e-4
+    torch.testing.assert_close(head(3 * x), scores)
+    assert math.isclose(head(head.weight.detach()[:1]).max().item(), 40.0, rel_tol=1e-5)
