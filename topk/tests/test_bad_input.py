@@ -1,0 +1,73 @@
+"""Bad input raises a ValueError / TypeError naming the argument and the bad value, before any computation."""
+
+import pytest
+import torch
+
+import topk
+from topk import losses
+
+s = torch.randn(4, 6)
+y = torch.tensor([0, 1, 2, 5])
+
+CASES = [
+    (lambda: topk.top_k([1.0, 2.0], 1), TypeError, "'s' should be a torch.Tensor"),
+    (lambda: topk.top_k(torch.arange(6), 1), TypeError, "floating-point tensor, got dtype torch.int64"),
+    (lambda: topk.top_k(torch.zeros(()), 1), ValueError, r"shape \(..., L\)"),
+    (lambda: topk.top_k(s, 7), ValueError, r"'k' should be in \[1, 6\].*got 7"),
+    (lambda: topk.top_sum_k(s, 0), ValueError, r"'k' should be in \[1, 6\].*got 0"),
+    (lambda: topk.smooth_top_k(s, 2.0, 1.0, 3), TypeError, "'k' should be an integer, got 2.0"),
+    (lambda: topk.smooth_top_k(s, 2, -0.1, 3), ValueError, "'epsilon' should be >= 0.0, got -0.1"),
+    (lambda: topk.smooth_top_k(s, 2, float("nan"), 3), ValueError, "'epsilon' should be finite, got nan"),
+    (lambda: topk.smooth_top_k(s, 2, 1.0, 0), ValueError, "'n_samples' should be >= 1, got 0"),
+    (lambda: topk.smooth_top_k(s, 2, 1.0, 3, noise=torch.randn(3, 4, 5)), ValueError,
+     r"'noise' should have shape \(n_samples, \*s.shape\) = \(3, 4, 6\), got \(3, 4, 5\)"),
+    (lambda: topk.smooth_top_k(s, 2, 1.0, 3, noise=torch.randn(3, 4, 6, dtype=torch.float64)), TypeError,
+     "'noise' should have the scores' dtype torch.float32, got torch.float64"),
+    (lambda: topk.smooth_top_k(s, 2, 1.0, 3, generator=1), TypeError, "'generator' should be a torch.Generator"),
+    (lambda: topk.smooth_top_k(s, 2, 1.0, 3, samples_per_chunk=0), ValueError, "'samples_per_chunk' should be >= 1"),
+    (lambda: losses.noised_hinge(s, y, 6, 1.0, 3), ValueError, r"'k' should be in \[1, 5\] \(k \+ 1 must not exceed"),
+    (lambda: losses.calibrated_hinge(s, y, 6), ValueError, r"'k' should be in \[1, 5\]"),
+    (lambda: losses.lapin_hinge(s, y, 6), ValueError, r"'k' should be in \[1, 5\]"),
+    (lambda: losses.noised_hinge(s, y.float(), 2, 1.0, 3), TypeError, "'y' should be an integer tensor"),
+    (lambda: losses.noised_hinge(s, torch.tensor([0, 1, 2, 6]), 2, 1.0, 3), ValueError,
+     r"'y' should hold class indices in \[0, 5\], got 6"),
+    (lambda: losses.cross_entropy(s, torch.tensor([0, -1, 2, 3])), ValueError, "got -1"),
+    (lambda: losses.cross_entropy(s, y[:3]), ValueError, r"'y' should have shape \(4,\).*got \(3,\)"),
+    (lambda: losses.cross_entropy(s, y, reduction="avg"), ValueError, "'reduction' should be one of"),
+    (lambda: losses.focal(s, y, -1.0), ValueError, "'gamma' should be >= 0.0, got -1.0"),
+    (lambda: losses.ldam(s, y, torch.zeros(5)), ValueError, r"'margins' should be a scalar or have shape \(6,\)"),
+    (lambda: losses.ldam(s, y, 0.1, scale=0.0), ValueError, "'scale' should be > 0.0"),
+    (lambda: losses.noised_hinge(s, y, 2, 1.0, 3, margins=torch.tensor([0.1, float("inf"), 0, 0, 0, 0])), ValueError,
+     "'margins' should be finite"),
+    (lambda: losses.class_margins([10, 0, 3], 0.5), ValueError, "positive and finite.*got 0.0 for class 1"),
+    (lambda: losses.class_margins([10, -2], 0.5), ValueError, "got -2.0 for class 1"),
+    (lambda: losses.class_margins([], 0.5), ValueError, "non-empty"),
+    (lambda: losses.NoisedHinge(k=0, epsilon=0.1, n_samples=3), ValueError, "'k' should be >= 1, got 0"),
+    (lambda: losses.NoisedHinge(k=5, epsilon=-1, n_samples=3), ValueError, "'epsilon' should be >= 0.0"),
+]
+
+
+@pytest.mark.parametrize("call,error,message", CASES, ids=[c[2][:40] for c in CASES])
+def test_bad_input_raises_a_clear_error(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_mismatched_devices_are_refused():
+    with pytest.raises(ValueError, match="'y' is on cpu but the scores are on cuda"):
+        losses.cross_entropy(s.cuda(), y)
+    with pytest.raises(ValueError, match="'noise' is on cpu"):
+        topk.smooth_top_k(s.cuda(), 2, 1.0, 3, noise=torch.randn(3, 4, 6))
+    with pytest.raises(ValueError, match="'generator' is on cpu"):
+        topk.smooth_top_k(s.cuda(), 2, 1.0, 3, generator=torch.Generator())
+
+
+def test_nan_scores_give_nan_losses_never_finite_ones():
+    bad = s.clone()
+    bad[2, 3] = float("nan")
+    for loss in (losses.cross_entropy(bad, y, reduction="none"), losses.focal(bad, y, 2.0, reduction="none"),
+                 losses.ldam(bad, y, 0.3, reduction="none"), losses.lapin_hinge(bad, y, 2, reduction="none"),
+                 losses.convex_hinge(bad, y, 2, reduction="none"), losses.calibrated_hinge(bad, y, 2, reduction="none"),
+                 losses.zero_one_topk(bad, y, 2, reduction="none"), losses.noised_hinge(bad, y, 2, 0.5, 3, reduction="none")):
+        assert torch.isnan(loss[2]) and torch.isfinite(loss[[0, 1, 3]]).all()
