@@ -7,8 +7,10 @@ pytopk / topk (speed-up) and topk / pytopk (memory). Not a test: timings depend 
     python benchmarks/bench_noised_losses.py --headline      # batch 128, L 1000, K 5, B 10 only
 
 Peak extra memory is the peak during one forward+backward minus the memory held before it: on CUDA from
-the caching allocator's statistics, on CPU from the process's peak resident set (VmHWM, reset through
-/proc/self/clear_refs before each measurement; Linux only). Configurations whose noise tensor would
+the caching allocator's statistics; on CPU from the peak resident set (VmHWM, reset through
+/proc/self/clear_refs; Linux only) of a child process run with MALLOC_MMAP_THRESHOLD_=65536, so that
+glibc maps every block over 64 KiB separately and returns it on free (the timing process keeps glibc's
+defaults). Configurations whose noise tensor would
 exceed --max-elements numbers are skipped and listed as such.
 """
 
@@ -17,7 +19,10 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import topk.operators
 from topk.losses import noised_hinge
 
 GRID = {"batch": (128, 1024), "n_classes": (100, 1000, 10_000, 100_000), "k": (1, 5, 10, 50), "n_samples": (3, 10, 50)}
@@ -64,7 +70,9 @@ class _PeakMemory:
                 return int(line.split()[1])
         raise RuntimeError(f"{field} not in /proc/self/status")
 
-    def measure(self, call) -> float:
+    def measure(self, call, method: str, config: dict) -> float:
+        if self.device.type == "cpu" and os.environ.get("MALLOC_MMAP_THRESHOLD_") != str(_MMAP_THRESHOLD):
+            return _measure_cpu_memory_in_child(method, config)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -78,6 +86,38 @@ class _PeakMemory:
         before = self._status_kb("VmRSS")
         call()
         return (self._status_kb("VmHWM") - before) * 1024.0
+
+
+_MMAP_THRESHOLD = 65536
+
+
+def _measure_cpu_memory_in_child(method: str, config: dict) -> float:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(_MMAP_THRESHOLD)}
+    child = subprocess.run([sys.executable, __file__, "--memory-of", json.dumps({"method": method, **config})],
+                           env=env, capture_output=True, text=True, check=True)
+    return float(child.stdout.strip().splitlines()[-1])
+
+
+def _inputs(device, batch, n_classes):
+    g = torch.Generator(device=device).manual_seed(0)
+    s = torch.randn(batch, n_classes, device=device, generator=g).requires_grad_()
+    return s, torch.randint(0, n_classes, (batch,), device=device, generator=g)
+
+
+def _step(loss, s, y, k, n_samples):
+    s.grad = None
+    loss(s, y, k, n_samples).backward()
+
+
+def _memory_of(spec: str) -> None:
+    """Child process: one warm-up step, then print the peak extra bytes of one more."""
+    config = json.loads(spec)
+    device = torch.device(config["device"])
+    s, y = _inputs(device, config["batch"], config["n_classes"])
+    loss = _methods()[config["method"]]
+    _step(loss, s, y, config["k"], config["n_samples"])
+    topk.operators._scratch.__dict__.clear()  # count topk's CPU noise buffer, which the warm-up step created
+    print(_PeakMemory(device).measure(lambda: _step(loss, s, y, config["k"], config["n_samples"]), config["method"], config))
 
 
 def _time(call, device, min_repeats=5, budget_s=2.0) -> float:
@@ -110,18 +150,11 @@ def run(grid: dict, devices: list[torch.device], max_elements: int, out: Path) -
             if batch * n_classes * n_samples > max_elements:
                 rows.append({**config, "method": "all", "status": f"skipped: noise has {batch * n_classes * n_samples:.2e} numbers"})
                 continue
-            g = torch.Generator(device=device).manual_seed(0)
-            s = torch.randn(batch, n_classes, device=device, generator=g).requires_grad_()
-            y = torch.randint(0, n_classes, (batch,), device=device, generator=g)
-
-            def step(loss):
-                s.grad = None
-                loss(s, y, k, n_samples).backward()
-
+            s, y = _inputs(device, batch, n_classes)
             result = {}
             for name, loss in methods.items():
-                seconds = _time(lambda: step(loss), device)
-                peak = memory.measure(lambda: step(loss))
+                seconds = _time(lambda: _step(loss, s, y, k, n_samples), device)
+                peak = memory.measure(lambda: _step(loss, s, y, k, n_samples), name, config)
                 result[name] = (seconds, peak)
                 rows.append({**config, "method": name, "status": "ok", "ms": round(seconds * 1e3, 4), "peak_extra_mb": round(peak / 2**20, 2)})
             line = ", ".join(f"{name} {t * 1e3:8.2f} ms {m / 2**20:8.1f} MB" for name, (t, m) in result.items())
@@ -152,7 +185,10 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--max-elements", type=int, default=1 << 26, help="skip configurations with a larger noise tensor")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "noised_losses.csv")
+    parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_of:
+        return _memory_of(args.memory_of)
     devices = [torch.device("cpu")] if args.device in ("cpu", "all") else []
     if args.device in ("cuda", "all") and torch.cuda.is_available():
         devices.append(torch.device("cuda"))
