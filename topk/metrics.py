@@ -43,14 +43,20 @@ def _check_ks(ks: Iterable[int]) -> tuple[int, ...]:
     return tuple(check_int(k, "ks", 1) for k in ks)
 
 
-def _check_batch(scores: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
+def _check_score_matrix(scores: torch.Tensor) -> torch.Tensor:
+    """A (batch, L) floating tensor without NaN."""
     check_scores(scores, "scores")
     if scores.dim() != 2:
         raise ValueError(f"'scores' should have shape (batch, L), got {tuple(scores.shape)}")
-    if max(ks) > scores.shape[1]:
-        raise ValueError(f"'ks' should not exceed the number of classes {scores.shape[1]}, got {max(ks)}")
     if bool(torch.isnan(scores).any()):
         raise ValueError("'scores' contain NaN: the model diverged or its output is corrupted")
+    return scores
+
+
+def _check_batch(scores: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
+    _check_score_matrix(scores)
+    if max(ks) > scores.shape[1]:
+        raise ValueError(f"'ks' should not exceed the number of classes {scores.shape[1]}, got {max(ks)}")
     return check_labels(labels, scores, "labels")
 
 
@@ -160,11 +166,7 @@ class MacroTopKAccuracy:
 
 
 def _probabilities(scores: torch.Tensor, from_logits: bool) -> torch.Tensor:
-    check_scores(scores, "scores")
-    if scores.dim() != 2:
-        raise ValueError(f"'scores' should have shape (batch, L), got {tuple(scores.shape)}")
-    if bool(torch.isnan(scores).any()):
-        raise ValueError("'scores' contain NaN: the model diverged or its output is corrupted")
+    _check_score_matrix(scores)
     return torch.softmax(scores.double(), dim=1) if from_logits else scores.double()
 
 
