@@ -9,6 +9,7 @@ from topk.losses.functional import (
     lapin_hinge,
     ldam,
     noised_hinge,
+    smooth_hinge,
     zero_one_topk,
 )
 from topk.losses.modules import (
@@ -19,13 +20,15 @@ from topk.losses.modules import (
     Focal,
     LapinHinge,
     NoisedHinge,
+    SmoothHinge,
     ZeroOneTopK,
 )
 from topk.losses.registry import LOSSES, LossSpec, build_loss, table_1
 
 __all__ = [
     "zero_one_topk", "cross_entropy", "focal", "ldam", "lapin_hinge", "convex_hinge", "calibrated_hinge",
-    "noised_hinge", "class_margins",
-    "ZeroOneTopK", "CrossEntropy", "Focal", "LDAM", "LapinHinge", "ConvexHinge", "CalibratedHinge", "NoisedHinge",
+    "smooth_hinge", "noised_hinge", "class_margins",
+    "ZeroOneTopK", "CrossEntropy", "Focal", "LDAM", "LapinHinge", "ConvexHinge", "CalibratedHinge", "SmoothHinge",
+    "NoisedHinge",
     "LOSSES", "LossSpec", "build_loss", "table_1",
 ]

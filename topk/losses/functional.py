@@ -8,6 +8,7 @@ the equation. A NaN score gives a NaN loss for its sample.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -22,6 +23,7 @@ from topk._validation import (
     check_scores,
 )
 from topk.operators import smooth_top_k, top_k, top_sum_k
+from topk.smooth_svm import absent_log, log_elementary_symmetric
 
 __all__ = [
     "zero_one_topk",
@@ -31,6 +33,7 @@ __all__ = [
     "lapin_hinge",
     "convex_hinge",
     "calibrated_hinge",
+    "smooth_hinge",
     "noised_hinge",
     "class_margins",
 ]
@@ -136,6 +139,73 @@ def calibrated_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1] - 1, " (k + 1 must not exceed the number of classes)")
     return _reduce(F.relu(1 + top_k(s, k + 1) - _true_scores(s, y)), reduction)
+
+
+def smooth_hinge(
+    s: torch.Tensor,
+    y: torch.Tensor,
+    k: int,
+    tau: float,
+    alpha: float = 1.0,
+    *,
+    hard_switch: bool = False,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """The smoothed top-k hinge of Berrada, Zisserman & Kumar (ICLR 2018), Eq. 10-11: ``tau * softplus(z)`` with
+
+    ``z = alpha / tau + log sigma_k(e) - log sigma_{k-1}(e)``, ``e_j = exp((s_j - s_y) / (k tau))`` for ``j != y``,
+
+    where ``sigma_j`` is the j-th elementary symmetric polynomial (:mod:`topk.smooth_svm`). It is the
+    log-sum-exp (temperature ``tau``) smoothing of both maxima of the hard loss
+    ``max_{|A|=k} [alpha 1{y not in A} + mean_A s] - max_{|A|=k, y in A} mean_A s = (alpha + (top_k(s without y) - s_y) / k)_+``,
+    to which it converges as ``tau -> 0`` (their Prop. 2). ``k = 1`` uses the log-sum-exp form
+    ``tau * logsumexp_j((s_j + alpha 1{j != y} - s_y) / tau)``; ``(k, tau, alpha) = (1, 1, 0)`` is cross-entropy.
+    Needs ``k + 1 <= L``. Computed in log space: finite in float32 for any ``tau > 0`` (float16 and bfloat16
+    scores are computed in float32). The gradient is exact (autograd through the recursion); ``dL/ds_y = -sigmoid(z) / k``.
+
+    ``hard_switch=True`` reproduces the reference code (github oval-group/smooth-topk): samples whose gap
+    ``top_k(s) - top_{k+1}(s)`` is at least ``k tau ln(1000)`` get the hard loss instead. The loss is then
+    discontinuous (it jumps by up to ``tau ln k`` at the switch); off by default.
+
+    >>> s = torch.tensor([[2.4, 2.6, 2.3, 0.5]])
+    >>> smooth_hinge(s, torch.tensor([2]), k=2, tau=0.01)  # the hard loss is 1 + (2.4 - 2.3) / 2
+    tensor(1.0500)
+    """
+    y, reduction = _checked(s, y, reduction)
+    k = check_int(k, "k", 1, s.shape[-1] - 1, " (k + 1 must not exceed the number of classes)")
+    tau = check_real(tau, "tau", low=0.0, strict=True)
+    alpha = check_real(alpha, "alpha", low=0.0)
+    scores = s.to(torch.promote_types(s.dtype, torch.float32))
+    is_true = F.one_hot(y, s.shape[-1]).bool()
+    gaps = scores - _true_scores(scores, y).unsqueeze(-1)  # s_j - s_y, exact to the rounding of one subtraction
+    # Both forms are invariant to shifting the gaps by a constant, so shifting by the (detached) largest one keeps
+    # every exponent <= 0, whatever tau, and leaves the values and the autograd gradient exact.
+    if k == 1:
+        logits = gaps + alpha * ~is_true
+        top = logits.amax(-1, keepdim=True).detach()
+        loss = (top + tau * torch.logsumexp((logits - top) / tau, dim=-1, keepdim=True)).squeeze(-1)
+    else:
+        others = gaps.masked_fill(is_true, float("-inf"))
+        top = others.amax(-1, keepdim=True).detach()
+        x = ((others - top) / (k * tau)).masked_fill(is_true, absent_log(scores.dtype))  # e_y = 0: y is left out
+        log_sigma = log_elementary_symmetric(x, k)
+        z = (alpha + top.squeeze(-1) / k) / tau + log_sigma[..., k] - log_sigma[..., k - 1]
+        loss = tau * torch.logaddexp(z, torch.zeros_like(z))  # softplus(z), exact also for z > 20 in float64
+    if hard_switch:
+        loss = torch.where(_separated(scores, k, tau), _tuple_hinge(scores, y, k, alpha), loss)
+    return _reduce(loss.to(s.dtype), reduction)
+
+
+def _separated(s: torch.Tensor, k: int, tau: float) -> torch.Tensor:
+    """The reference code's switch to the hard loss: ``top_k(s) - top_{k+1}(s) >= k tau ln(1000)``."""
+    top = s.topk(k + 1, dim=-1).values
+    return top[..., k - 1] - top[..., k] >= k * tau * math.log(1000.0)
+
+
+def _tuple_hinge(s: torch.Tensor, y: torch.Tensor, k: int, alpha: float) -> torch.Tensor:
+    """Berrada et al.'s hard top-k hinge (their Eq. 8), ``(alpha + (top_k(s without y) - s_y) / k)_+``."""
+    others = s.scatter(-1, y.unsqueeze(-1), float("-inf"))
+    return F.relu(alpha + (top_k(others, k) - _true_scores(s, y)) / k)
 
 
 def noised_hinge(

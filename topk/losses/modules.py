@@ -14,7 +14,8 @@ from torch import nn
 from topk._validation import check_int, check_real, check_reduction
 from topk.losses import functional as LF
 
-__all__ = ["ZeroOneTopK", "CrossEntropy", "Focal", "LDAM", "LapinHinge", "ConvexHinge", "CalibratedHinge", "NoisedHinge"]
+__all__ = ["ZeroOneTopK", "CrossEntropy", "Focal", "LDAM", "LapinHinge", "ConvexHinge", "CalibratedHinge", "SmoothHinge",
+           "NoisedHinge"]
 
 _EARLY_CHECKS: dict[str, Callable[[object], object]] = {
     "k": lambda v: check_int(v, "k", 1),
@@ -22,6 +23,8 @@ _EARLY_CHECKS: dict[str, Callable[[object], object]] = {
     "n_samples": lambda v: check_int(v, "n_samples", 1),
     "gamma": lambda v: check_real(v, "gamma", low=0.0),
     "scale": lambda v: check_real(v, "scale", low=0.0, strict=True),
+    "tau": lambda v: check_real(v, "tau", low=0.0, strict=True),
+    "alpha": lambda v: check_real(v, "alpha", low=0.0),
     "reduction": check_reduction,
 }
 
@@ -120,6 +123,20 @@ class CalibratedHinge(_LossModule):
 
     def __init__(self, k: int, *, reduction: str = "mean"):
         super().__init__(k=k, reduction=reduction)
+
+
+class SmoothHinge(_LossModule):
+    """Module form of :func:`~topk.losses.smooth_hinge` (Berrada et al., 2018).
+
+    >>> loss = SmoothHinge(k=5, tau=1.0)
+    >>> scores = torch.randn(8, 100, requires_grad=True)
+    >>> loss(scores, torch.randint(0, 100, (8,))).backward()
+    """
+
+    loss_function = staticmethod(LF.smooth_hinge)
+
+    def __init__(self, k: int, tau: float, alpha: float = 1.0, *, hard_switch: bool = False, reduction: str = "mean"):
+        super().__init__(k=k, tau=tau, alpha=alpha, hard_switch=hard_switch, reduction=reduction)
 
 
 class NoisedHinge(_LossModule):

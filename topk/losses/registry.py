@@ -30,11 +30,7 @@ class LossSpec:
     formula: str  #: LaTeX expression of ``\ell(s, y)``
     parameters: tuple[str, ...]  #: LaTeX names of its parameters, as in Table 1
     reference: str
-    constructor: Callable[..., nn.Module] | None  #: None while the loss is not implemented yet
-
-    @property
-    def available(self) -> bool:
-        return self.constructor is not None
+    constructor: Callable[..., nn.Module]
 
 
 _SPECS = (
@@ -60,7 +56,7 @@ _SPECS = (
     LossSpec("smooth_hinge", "Log-sum smoothed hinge top-K", r"\ell^{K,\tau}_{\mathrm{Smoothed\,Hinge}}",
              r"\tau \ln \sum_{|A| = K} e^{\frac{\mathbb{1}_{\{y \notin A\}}}{\tau} + \sum_{j \in A} \frac{s_j}{K\tau}}"
              r" - \tau \ln \sum_{|A| = K,\, y \in A} e^{\sum_{j \in A} \frac{s_j}{K\tau}}",
-             ("K", r"\tau"), "Berrada et al. (2018)", None),
+             ("K", r"\tau"), "Berrada et al. (2018)", modules.SmoothHinge),
     LossSpec("noised_balanced", "Noised balanced hinge top-K (proposed)", r"\ell^{K,\epsilon,B}_{\mathrm{Noised\,bal.}}",
              r"\big(1 + \widehat{\mathrm{top}}_{K+1,\epsilon,B}(s) - s_y\big)_+", ("K", r"\epsilon", "B"),
              "Eq. (8), Garcin et al. (2022)", modules.NoisedHinge),
@@ -82,11 +78,7 @@ def build_loss(name: str, **parameters) -> nn.Module:
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; the registered losses are {sorted(LOSSES)}")
-    spec = LOSSES[name]
-    if spec.constructor is None:
-        available = sorted(key for key, s in LOSSES.items() if s.available)
-        raise NotImplementedError(f"the loss {name!r} ({spec.reference}) is not implemented yet; available: {available}")
-    return spec.constructor(**parameters)
+    return LOSSES[name].constructor(**parameters)
 
 
 def table_1() -> list[dict[str, str]]:

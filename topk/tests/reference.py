@@ -7,10 +7,12 @@
   when K - 1 of the others exceed it, so ``P(X_j has rank r) = int f_j(x) P(r - 1 others exceed x) dx``,
   the second factor a Poisson-binomial probability computed by dynamic programming. This gives
   ``E[top_K(s + eps Z)]`` and its gradient ``P(j has rank K)`` without Monte Carlo error.
+- :func:`enumerated_smooth_hinge`: Berrada et al.'s smoothed hinge by enumerating every k-subset.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -84,3 +86,29 @@ class ExactPerturbedRanks:
     def grad_top_sum_k(self, k: int) -> torch.Tensor:
         """``E[arg topSigma_K(s + eps Z)]``, the gradient formula of Prop. 3.3."""
         return self.rank_probabilities[:, :k].sum(1)
+
+
+def enumerated_smooth_hinge(s: torch.Tensor, y: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
+    """Berrada et al. (2018) Eq. 10, literally: both log-sum-exps run over every k-subset A of the classes.
+
+    ``tau ln sum_A exp((alpha 1{y not in A} + mean_A s) / tau) - tau ln sum_{A containing y} exp(mean_A s / tau)``,
+    rows of ``s`` of shape (N, L) with small L; differentiable (use float64).
+    """
+    n_classes = s.shape[-1]
+    subsets = torch.tensor(list(itertools.combinations(range(n_classes), k)))  # [C, k]
+    member = torch.zeros(len(subsets), n_classes, dtype=s.dtype).scatter_(1, subsets, 1.0)  # [C, L]
+    means = s @ member.T / k  # [N, C]
+    contains_y = member[:, y].T.bool()  # [N, C]
+    every = tau * torch.logsumexp((alpha * ~contains_y + means) / tau, dim=-1)
+    with_y = tau * torch.logsumexp(torch.where(contains_y, means / tau, float("-inf")), dim=-1)
+    return every - with_y
+
+
+def linear_space_elementary_symmetric(e: torch.Tensor, k: int) -> torch.Tensor:
+    """``sigma_0..sigma_k(e)`` by the textbook recursion ``sigma_j <- sigma_j + e_i sigma_{j-1}``, in linear space
+    (the "summation algorithm" of Berrada et al.'s Table 5): overflows when ``e`` is large."""
+    sigma = [torch.ones_like(e[..., 0])] + [torch.zeros_like(e[..., 0]) for _ in range(k)]
+    for i in range(e.shape[-1]):
+        for j in range(k, 0, -1):
+            sigma[j] = sigma[j] + e[..., i] * sigma[j - 1]
+    return torch.stack(sigma, dim=-1)

@@ -42,6 +42,13 @@ CASES = [
     (lambda: losses.class_margins([10, 0, 3], 0.5), ValueError, "positive and finite.*got 0.0 for class 1"),
     (lambda: losses.class_margins([10, -2], 0.5), ValueError, "got -2.0 for class 1"),
     (lambda: losses.class_margins([], 0.5), ValueError, "non-empty"),
+    (lambda: losses.smooth_hinge(s, y, 6, 1.0), ValueError, r"'k' should be in \[1, 5\] \(k \+ 1 must not exceed"),
+    (lambda: losses.smooth_hinge(s, y, 2, 0.0), ValueError, "'tau' should be > 0.0, got 0.0"),
+    (lambda: losses.smooth_hinge(s, y, 2, float("inf")), ValueError, "'tau' should be finite, got inf"),
+    (lambda: losses.smooth_hinge(s, y, 2, 1.0, alpha=-0.5), ValueError, "'alpha' should be >= 0.0, got -0.5"),
+    (lambda: losses.smooth_hinge(s, torch.tensor([0, 1, 2, 7]), 2, 1.0), ValueError,
+     r"'y' should hold class indices in \[0, 5\], got 7"),
+    (lambda: losses.SmoothHinge(k=2, tau=-1.0), ValueError, "'tau' should be > 0.0, got -1.0"),
     (lambda: losses.NoisedHinge(k=0, epsilon=0.1, n_samples=3), ValueError, "'k' should be >= 1, got 0"),
     (lambda: losses.NoisedHinge(k=5, epsilon=-1, n_samples=3), ValueError, "'epsilon' should be >= 0.0"),
 ]
@@ -69,5 +76,6 @@ def test_nan_scores_give_nan_losses_never_finite_ones():
     for loss in (losses.cross_entropy(bad, y, reduction="none"), losses.focal(bad, y, 2.0, reduction="none"),
                  losses.ldam(bad, y, 0.3, reduction="none"), losses.lapin_hinge(bad, y, 2, reduction="none"),
                  losses.convex_hinge(bad, y, 2, reduction="none"), losses.calibrated_hinge(bad, y, 2, reduction="none"),
-                 losses.zero_one_topk(bad, y, 2, reduction="none"), losses.noised_hinge(bad, y, 2, 0.5, 3, reduction="none")):
+                 losses.zero_one_topk(bad, y, 2, reduction="none"), losses.noised_hinge(bad, y, 2, 0.5, 3, reduction="none"),
+                 losses.smooth_hinge(bad, y, 1, 0.5, reduction="none"), losses.smooth_hinge(bad, y, 3, 0.5, reduction="none")):
         assert torch.isnan(loss[2]) and torch.isfinite(loss[[0, 1, 3]]).all()

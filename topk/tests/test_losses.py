@@ -29,6 +29,8 @@ DETERMINISTIC = {
     "lapin_hinge": lambda s, y: losses.lapin_hinge(s, y, 2),
     "convex_hinge": lambda s, y: losses.convex_hinge(s, y, 3),
     "calibrated_hinge": lambda s, y: losses.calibrated_hinge(s, y, 2),
+    "smooth_hinge_k1": lambda s, y: losses.smooth_hinge(s, y, 1, 0.5),
+    "smooth_hinge_k3": lambda s, y: losses.smooth_hinge(s, y, 3, 0.5, alpha=0.7),
     "noised_hinge_given_noise": lambda s, y: losses.noised_hinge(
         s, y, 2, 0.5, 4, margins=torch.linspace(0.1, 1.0, L, dtype=torch.float64),
         noise=torch.randn(4, BATCH, L, generator=torch.Generator().manual_seed(9), dtype=torch.float64)),
@@ -145,7 +147,7 @@ def test_registry_holds_every_row_of_table_1_in_order():
 @pytest.mark.parametrize("name,params", [
     ("zero_one", {"k": 2}), ("cross_entropy", {}), ("ldam", {"margins": 0.5, "scale": 30.0}), ("focal", {"gamma": 2.0}),
     ("lapin_hinge", {"k": 2}), ("convex_hinge", {"k": 2}), ("calibrated_hinge", {"k": 2}),
-    ("noised_balanced", {"k": 2, "epsilon": 0.2, "n_samples": 3}),
+    ("smooth_hinge", {"k": 2, "tau": 1.0}), ("noised_balanced", {"k": 2, "epsilon": 0.2, "n_samples": 3}),
     ("noised_imbalanced", {"k": 2, "epsilon": 0.2, "n_samples": 3, "class_counts": [3] * L, "max_margin": 0.2}),
 ])
 def test_build_loss_gives_a_working_module(name, params):
@@ -157,8 +159,6 @@ def test_build_loss_gives_a_working_module(name, params):
 def test_build_loss_errors_name_the_choices():
     with pytest.raises(ValueError, match="registered losses are .*noised_balanced"):
         build_loss("hinge")
-    with pytest.raises(NotImplementedError, match="smooth_hinge"):
-        build_loss("smooth_hinge", k=5, tau=1.0)
 
 
 def test_cosine_classifier_scores_are_bounded_by_the_scale_and_scale_invariant():
