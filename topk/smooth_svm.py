@@ -8,14 +8,24 @@ Following their Section 4.2, the ``n`` degree-1 polynomials are multiplied pairw
 degree ``k``: ``O(k n)`` work per row. Unlike their code, every coefficient stays in log space relative to
 the inputs themselves (a product of coefficients is a sum, a sum is a log-sum-exp), so nothing overflows
 whatever ``x`` is, and nothing is added back at the end (no cancellation). Absent coefficients are a large
-finite negative number, not ``-inf``, so that autograd never sees ``-inf - (-inf)``.
+finite negative number, not ``-inf``, so that no ``-inf - (-inf)`` ever appears.
+
+Coefficients are stored degree-major, ``[degree + 1, M]`` with ``M`` = rows x polynomials, so that every
+log-sum-exp reduces over the outermost dimension of long contiguous vectors. The gradient of a level is
+``dc_m / da_i = w_{m,i}``, the softmax weight of the term ``a_i + b_{m-i}`` in ``c_m``: the forward pass
+keeps these weights, so the backward pass is multiply-adds only (no ``exp``), and as exact as autograd
+through the log-sum-exps, which ``backward="autograd"`` uses instead (slower; kept to measure against).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["log_elementary_symmetric", "absent_log"]
+
+BACKWARDS = ("saved_weights", "autograd")
 
 
 def absent_log(dtype: torch.dtype) -> float:
@@ -23,60 +33,97 @@ def absent_log(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min / 16
 
 
-def log_elementary_symmetric(x: torch.Tensor, k: int) -> torch.Tensor:
+def log_elementary_symmetric(x: torch.Tensor, k: int, *, backward: str = "saved_weights") -> torch.Tensor:
     """``log sigma_j(exp(x))`` for ``j = 0..k`` along the last dimension: shape ``(..., n) -> (..., k + 1)``.
 
     An entry equal to :func:`absent_log` (or below it) acts as ``exp(x_i) = 0``: the way to leave a class
     out. Coefficients of degree above the number of present entries come out near ``absent_log``.
-    Differentiable by autograd; its gradient ``d log sigma_j / d x_i`` is the probability that ``i``
-    belongs to a ``j``-subset drawn with weight ``prod_{A} exp(x)``.
+    The gradient ``d log sigma_j / d x_i`` is the probability that ``i`` belongs to a ``j``-subset drawn
+    with weight ``prod_A exp(x)``; ``backward`` in :data:`BACKWARDS` says how it is computed (see the module).
 
     >>> log_elementary_symmetric(torch.tensor([0.0, 0.0, 0.0]), 2).exp()  # sigma_j(1, 1, 1) = C(3, j)
     tensor([1., 3., 3.])
     """
     if k < 0:
         raise ValueError(f"'k' should be >= 0, got {k}")
-    absent = absent_log(x.dtype)
+    if backward not in BACKWARDS:
+        raise ValueError(f"'backward' should be one of {BACKWARDS}, got {backward!r}")
     batch_shape, n = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(batch_shape.numel(), n)  # [..., n] -> [N, n]
     if k == 0:
         return x.new_zeros(*batch_shape, 1)
-    # One polynomial 1 + e_i X per entry, as log-coefficients: [N, n] -> [N, P=n, degree + 1 = 2].
-    polys = torch.stack([torch.zeros_like(rows), rows.clamp_min(absent)], dim=-1)
+    absent = absent_log(x.dtype)
+    multiply = _LogProduct.apply if backward == "saved_weights" else _log_product
+    rows = batch_shape.numel()
+    # One polynomial 1 + e_i X per entry, degree-major: [..., n] -> [2, N, P = n].
+    polys = torch.stack([torch.zeros_like(x), x.clamp_min(absent)]).reshape(2, rows, n)
     if n == 0:
-        polys = _one(polys, 1, absent)
-    degree = 1
-    while polys.shape[1] > 1:
-        if polys.shape[1] % 2:
-            polys = torch.cat([polys, _one(polys, degree, absent)], dim=1)
+        polys = _one(x.new_empty(2, rows, 0), absent)
+    while polys.shape[2] > 1:
+        if polys.shape[2] % 2:
+            polys = torch.cat([polys, _one(polys, absent)], dim=2)
+        degree, half = polys.shape[0] - 1, polys.shape[2] // 2
         product_degree = min(2 * degree, k)
-        polys = _multiply_pairs(polys[:, 0::2], polys[:, 1::2], degree, product_degree, absent)
-        degree = product_degree
-    coefficients = polys[:, 0]  # [N, 1, degree + 1] -> [N, degree + 1]
-    if degree < k:  # fewer entries than k: the higher coefficients are absent
-        coefficients = torch.cat([coefficients, coefficients.new_full((coefficients.shape[0], k - degree), absent)], -1)
-    return coefficients.reshape(*batch_shape, k + 1)
+        # Pair polynomial p with p + half: [d + 1, N, P] -> two [d + 1, N * P / 2].
+        first = polys[:, :, :half].reshape(degree + 1, rows * half)
+        second = polys[:, :, half:].reshape(degree + 1, rows * half)
+        polys = multiply(first, second, product_degree, absent).reshape(product_degree + 1, rows, half)
+    coefficients = polys[:, :, 0]  # [d + 1, N, 1] -> [d + 1, N]
+    if coefficients.shape[0] < k + 1:  # fewer entries than k: the higher coefficients are absent
+        coefficients = torch.cat([coefficients, coefficients.new_full((k + 1 - coefficients.shape[0], rows), absent)])
+    return coefficients.T.reshape(*batch_shape, k + 1)
 
 
-def _one(polys: torch.Tensor, degree: int, absent: float) -> torch.Tensor:
-    """The polynomial ``1`` with ``degree + 1`` log-coefficients, one per row: [N, 1, degree + 1]."""
-    one = polys.new_full((polys.shape[0], 1, degree + 1), absent)
-    one[..., 0] = 0.0
+def _negligible_log(dtype: torch.dtype) -> float:
+    """An exponent whose ``exp`` is a normal number yet negligible next to 1 (about 1e-35 in float32)."""
+    return math.log(torch.finfo(dtype).tiny) + 8.0
+
+
+def _one(polys: torch.Tensor, absent: float) -> torch.Tensor:
+    """The polynomial ``1``, one per row, shaped like one column of ``polys``: [d + 1, N, 1]."""
+    one = polys.new_full((polys.shape[0], polys.shape[1], 1), absent)
+    one[0] = 0.0
     return one
 
 
-def _multiply_pairs(a: torch.Tensor, b: torch.Tensor, degree: int, product_degree: int, absent: float) -> torch.Tensor:
-    """Log-coefficients of ``a * b`` truncated to ``product_degree``: ``c_m = logsumexp_i (a_i + b_{m - i})``.
+def _pair_terms(a: torch.Tensor, b: torch.Tensor, product_degree: int, absent: float) -> torch.Tensor:
+    """``terms[t, m] = a_{d - t} + b_{m - d + t}``, so that ``c_m = logsumexp_t terms[t, m]``: [d + 1, d' + 1, M].
 
-    ``a``, ``b``: [N, P, degree + 1] -> [N, P, product_degree + 1].
+    ``b`` is padded with absent coefficients (``d`` below, ``d' - d`` above), then read through overlapping
+    windows: row ``t + m`` of the padded ``b`` is ``b_{m - d + t}``.
     """
-    rows, pairs = b.shape[:2]
-    # Pad b with absent coefficients so that window m of width degree + 1 holds b_{m - degree}, ..., b_m.
-    padded = torch.cat([
-        b.new_full((rows, pairs, degree), absent),
-        b,
-        b.new_full((rows, pairs, product_degree - degree), absent),
-    ], dim=-1)
-    windows = padded.unfold(-1, degree + 1, 1)  # [N, P, product_degree + 1, degree + 1]: b_{m - degree + t}
-    terms = a.flip(-1).unsqueeze(-2) + windows  # a_{degree - t} + b_{m - degree + t}: the pairs i + j = m
-    return torch.logsumexp(terms, dim=-1)
+    degree, width = a.shape[0] - 1, a.shape[1]
+    padded = torch.cat([b.new_full((degree, width), absent), b, b.new_full((product_degree - degree, width), absent)])
+    windows = padded.as_strided((degree + 1, product_degree + 1, width), (width, width, 1))
+    return a.flip(0).unsqueeze(1) + windows
+
+
+def _log_product(a: torch.Tensor, b: torch.Tensor, product_degree: int, absent: float) -> torch.Tensor:
+    """Log-coefficients of ``a * b`` truncated to degree ``product_degree``, differentiated by autograd: [d' + 1, M]."""
+    return torch.logsumexp(_pair_terms(a, b, product_degree, absent), dim=0)
+
+
+class _LogProduct(torch.autograd.Function):
+    """:func:`_log_product` whose backward reuses the softmax weights of the forward pass."""
+
+    @staticmethod
+    def forward(ctx, a, b, product_degree, absent):
+        terms = _pair_terms(a, b, product_degree, absent)  # [d + 1, d' + 1, M]
+        largest = terms.amax(dim=0)
+        # exp is many times slower where it underflows: floor the exponents where the weight is negligible anyway.
+        weights = terms.sub_(largest).clamp_min_(_negligible_log(terms.dtype)).exp_()
+        total = weights.sum(dim=0)
+        weights /= total
+        ctx.save_for_backward(weights)
+        return largest + total.log_()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (weights,) = ctx.saved_tensors
+        degree, product_degree = weights.shape[0] - 1, weights.shape[1] - 1
+        weighted = weights * grad  # [d + 1, d' + 1, M]: d c_m / d terms[t, m] times the incoming gradient
+        grad_a = weighted.sum(dim=1).flip(0)
+        grad_padded = grad.new_zeros(degree + product_degree + 1, grad.shape[1])
+        for t in range(degree + 1):  # terms[t, m] reads row t + m of the padded b
+            grad_padded[t:t + product_degree + 1] += weighted[t]
+        return grad_a, grad_padded[degree:2 * degree + 1], None, None

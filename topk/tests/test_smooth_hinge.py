@@ -45,6 +45,18 @@ def test_log_elementary_symmetric_matches_linear_space_where_that_does_not_overf
         assert (got[..., expected.shape[-1]:] < -1e300).all()  # degree above n: absent
 
 
+def test_saved_weights_backward_equals_autograd_through_the_recursion():
+    x = torch.randn(3, 4, 301, dtype=torch.float64).mul(5).requires_grad_()
+    x.data[..., ::7] = -1e300  # absent entries
+    upstream = torch.randn(3, 4, 9, dtype=torch.float64)
+    fast, slow = (log_elementary_symmetric(x, 8, backward=b) for b in ("saved_weights", "autograd"))
+    torch.testing.assert_close(fast, slow)
+    (fast_grad,) = torch.autograd.grad(fast, x, upstream)
+    (slow_grad,) = torch.autograd.grad(slow, x, upstream)
+    torch.testing.assert_close(fast_grad, slow_grad, rtol=1e-12, atol=1e-14)
+    assert fast_grad[..., ::7].abs().max() < 1e-290  # absent entries: negligible weight
+
+
 def test_k1_tau1_alpha0_is_cross_entropy():
     s, y = _scores(10, 7)
     torch.testing.assert_close(smooth_hinge(s, y, 1, 1.0, 0.0), cross_entropy(s, y))
