@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Statistical and property tests are seeded; `make test PYTEST_ARGS="-m 'not slow'"` skips the long ones.
 PYTEST_ARGS ?=
+# A checkout of github oval-group/smooth-topk outside this project, for `make bench` (optional).
+REFERENCE ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help venv test bench clean
@@ -23,10 +25,11 @@ $(STAMP): requirements.txt pyproject.toml
 venv: $(STAMP) ## Create .venv with the pinned stack (requirements.txt) and topk in editable mode
 
 test: $(STAMP) ## Run the test suite (the paper's propositions as tests) on 2 processes
-	TOPK_REQUIRE_OPTIONAL=1 HYPOTHESIS_PROFILE=ci $(PY) -m pytest -n 2 -p no:cacheprovider topk/tests $(PYTEST_ARGS)
+	TOPK_REQUIRE_OPTIONAL=1 HYPOTHESIS_PROFILE=ci $(PY) -m pytest -n 2 -p no:cacheprovider topk/tests data_prep/tests experiments/tests $(PYTEST_ARGS)
 
-bench: $(STAMP) ## Operator benchmark: time and peak memory vs pytopk and cross-entropy (CSV in benchmarks/results/)
+bench: $(STAMP) ## Loss benchmarks vs pytopk, the smoothed hinge's reference (REFERENCE=path) and CE (CSV in benchmarks/results/)
 	$(PY) benchmarks/bench_noised_losses.py
+	$(PY) benchmarks/bench_smooth_hinge.py $(if $(REFERENCE),--reference $(REFERENCE))
 
 clean: ## Remove the virtual environment and caches
 	rm -rf $(VENV) build .pytest_cache .hypothesis

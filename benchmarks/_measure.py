@@ -1,0 +1,90 @@
+"""Timing, peak-memory and CSV helpers shared by the benchmark scripts.
+
+Peak extra memory is the peak during one call minus the memory held before it: on CUDA from the caching
+allocator's statistics; on CPU from the peak resident set (VmHWM, reset through /proc/self/clear_refs;
+Linux only) of a child process run with MALLOC_MMAP_THRESHOLD_=65536, so that glibc maps every block over
+64 KiB separately and returns it on free (the timing process keeps glibc's defaults).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+MMAP_THRESHOLD = 65536
+
+
+def median_seconds(call: Callable[[], object], device: torch.device, min_repeats: int = 5, budget_s: float = 2.0) -> float:
+    """Median wall time of ``call`` after one warm-up, repeated within about ``budget_s`` (5 to 50 times)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    call()
+    sync()
+    start = time.perf_counter()
+    call()
+    sync()
+    first = time.perf_counter() - start
+    repeats = int(max(min_repeats, min(50, budget_s / max(first, 1e-6))))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def in_memory_child() -> bool:
+    """Whether this process was started by :func:`peak_extra_bytes` to measure CPU memory."""
+    return os.environ.get("MALLOC_MMAP_THRESHOLD_") == str(MMAP_THRESHOLD)
+
+
+def peak_extra_bytes(call: Callable[[], object], device: torch.device, script: str, spec: dict) -> float:
+    """Peak extra bytes of ``call``. On CPU, unless already in a measuring child, runs
+    ``python script --memory-of json(spec)`` in a child process and reads the last line it prints."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        call()
+        torch.cuda.synchronize()
+        return float(torch.cuda.max_memory_allocated() - before)
+    if not in_memory_child():
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
+        child = subprocess.run([sys.executable, script, "--memory-of", json.dumps(spec)],
+                               env=env, capture_output=True, text=True)
+        if child.returncode:
+            raise RuntimeError(f"memory child failed for {spec}:\n{child.stderr[-2000:]}")
+        return float(child.stdout.strip().splitlines()[-1])
+    if not Path("/proc/self/clear_refs").exists():
+        return float("nan")
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kb("VmRSS")
+    call()
+    return (_status_kb("VmHWM") - before) * 1024.0
+
+
+def write_csv(rows: list[dict], fields: list[str], out: Path) -> None:
+    """Write ``rows`` atomically: a killed run leaves the last complete CSV."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    with tmp.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(out)

@@ -1,0 +1,43 @@
+"""``python -m data_prep <name> --root PATH``: check a downloaded dataset (CIFAR-100: fetch and extract it too) and
+print what was found: sizes, classes, few/medium/many-shot groups, the realised label-flip rate."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from data_prep import REAL, cifar100, load
+from data_prep.common import MissingDataError
+from topk.metrics import shot_groups
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
+    parser.add_argument("name", choices=sorted(REAL))
+    parser.add_argument("--root", required=True, help="the folder holding the downloaded files")
+    parser.add_argument("--download", action="store_true", help="CIFAR-100 only: fetch the archive if absent")
+    parser.add_argument("--noise", type=float, default=0.0, help="CIFAR-100 only: superclass label-noise probability")
+    parser.add_argument("--split-dir", help="ImageNet-LT only: folder of the ImageNet_LT_*.txt files (default: --root)")
+    args = parser.parse_args(argv)
+    options = {}
+    try:
+        if args.name == "cifar100":
+            cifar100.prepare(args.root, download=args.download)
+            options["noise"] = args.noise
+        if args.name == "imagenet_lt" and args.split_dir:
+            options["split_dir"] = args.split_dir
+        splits = load(args.name, args.root, **options)
+    except MissingDataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    groups = shot_groups(splits.class_counts)
+    print(splits.description)
+    print(f"train {len(splits.train)}, val {len(splits.val)}, test {len(splits.test)}, {splits.num_classes} classes; "
+          + ", ".join(f"{name} {int(mask.sum())} classes" for name, mask in groups.items()))
+    if "flip_rate" in splits.info:
+        print(f"label noise p = {splits.info['noise']}: realised flip rate {splits.info['flip_rate']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

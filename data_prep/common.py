@@ -1,0 +1,93 @@
+"""What every dataset module shares: the splits container, two dataset classes, and the checks that turn
+a missing or damaged download into a message saying which file and where to get it."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+
+class MissingDataError(FileNotFoundError):
+    """A dataset file is missing or damaged; the message names it, where to get it and the command to run."""
+
+
+@dataclass
+class Splits:
+    """A dataset ready for training: train/val/test datasets and what the metrics need about the classes."""
+
+    name: str
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    num_classes: int
+    class_counts: torch.Tensor  #: training images per class, for margins and few/medium/many-shot groups
+    synthetic: bool  #: True for a synthetic stand-in, False for the real data
+    description: str  #: one line for figures and reports: which data, which size
+    info: dict = field(default_factory=dict)  #: dataset-specific facts, e.g. the realised label-flip rate
+
+
+class TensorImages(Dataset):
+    """Images held in memory as a uint8 tensor [N, C, H, W] with int64 labels; ``transform`` maps a uint8 image
+    to the float tensor the model sees."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable[[torch.Tensor], torch.Tensor]):
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise ValueError(f"images should be uint8 [N, C, H, W], got {images.dtype} {tuple(images.shape)}")
+        if labels.shape != (images.shape[0],):
+            raise ValueError(f"labels should have shape ({images.shape[0]},), got {tuple(labels.shape)}")
+        self.images, self.labels, self.transform = images, labels.long(), transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return self.transform(self.images[index]), self.labels[index]
+
+
+class ImageFiles(Dataset):
+    """Images read from files under ``root``: ``items`` is a sequence of (relative path, label)."""
+
+    def __init__(self, root: Path, items: Sequence[tuple[str, int]], transform: Callable):
+        self.root, self.items, self.transform = Path(root), list(items), transform
+        self.labels = torch.tensor([label for _, label in self.items], dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        from PIL import Image
+
+        path, label = self.items[index]
+        with Image.open(self.root / path) as image:
+            return self.transform(image.convert("RGB")), self.labels[index]
+
+
+def require_file(path: Path, what: str, source: str, command: str) -> Path:
+    """``path`` if it exists, else a :class:`MissingDataError` naming it, its source and the command to run."""
+    if not path.exists():
+        raise MissingDataError(f"{what} not found: {path}\n  get it from {source}\n  then run: {command}")
+    return path
+
+
+def md5sum(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.md5()
+    with path.open("rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_count(what: str, found: int, expected: int | None, command: str) -> None:
+    """Refuse a dataset whose size differs from the published one (``expected=None`` skips the check)."""
+    if expected is not None and found != expected:
+        raise MissingDataError(f"{what}: found {found}, the published dataset has {expected}; "
+                               f"the download is incomplete or not the right one.\n  run: {command}")
+
+
+def class_counts(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    return torch.bincount(labels, minlength=num_classes)

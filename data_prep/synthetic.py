@@ -1,0 +1,176 @@
+"""Seeded synthetic stand-ins with the structure of the paper's datasets, for CPU runs where the real data is absent.
+
+Every image is drawn the same way (:class:`ImageModel`): classes come in groups of similar classes (CIFAR-100's
+superclasses, Pl@ntNet's look-alike species); a group has a smooth random pattern, each class adds its own smooth
+pattern at a smaller amplitude (``class_contrast``: small means the classes of a group are easily confused), and
+each image is its class pattern, circularly shifted by up to ``max_shift`` pixels, scaled by a random contrast,
+blended with the pattern of a random other group (clutter) and covered in pixel noise. The ambiguity within a group
+is what makes top-K accuracy differ from top-1, as on the real data. Class sizes follow each dataset's shape
+(:func:`long_tail_counts`). Data depend only on the arguments (the seed included), never on the global RNG.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from data_prep.common import Splits, TensorImages, class_counts
+from data_prep.transforms import augment_and_normalise, normalise
+
+
+def smooth_patterns(n: int, size: int, generator: torch.Generator, frequencies: int = 3) -> torch.Tensor:
+    """``n`` random smooth RGB patterns [n, 3, size, size] of unit scale: sums of low-frequency 2-d cosines."""
+    grid = torch.arange(size, dtype=torch.float32) / size
+    fy = torch.randint(0, frequencies + 1, (n, 3, frequencies), generator=generator).float()
+    fx = torch.randint(0, frequencies + 1, (n, 3, frequencies), generator=generator).float()
+    phase = 2 * math.pi * torch.rand(n, 3, frequencies, 2, generator=generator)
+    amplitude = torch.randn(n, 3, frequencies, generator=generator)
+    # [n, 3, f, size] x [n, 3, f, size] -> [n, 3, size, size]
+    wave_y = torch.cos(2 * math.pi * fy[..., None] * grid + phase[..., 0, None])
+    wave_x = torch.cos(2 * math.pi * fx[..., None] * grid + phase[..., 1, None])
+    patterns = torch.einsum("ncf,ncfy,ncfx->ncyx", amplitude, wave_y, wave_x)
+    return patterns / patterns.flatten(1).std(dim=1).clamp_min(1e-6)[:, None, None, None]
+
+
+class ImageModel:
+    """The patterns shared by every image of a dataset: one template per class (its group's pattern plus its own at
+    amplitude ``class_contrast``) and one clutter pattern per group."""
+
+    def __init__(self, group_of_class: torch.Tensor, size: int, generator: torch.Generator, *, class_contrast: float,
+                 clutter: float, pixel_noise: float, max_shift: int):
+        n_groups, n_classes = int(group_of_class.max()) + 1, len(group_of_class)
+        self.templates = smooth_patterns(n_groups, size, generator)[group_of_class] + class_contrast * smooth_patterns(
+            n_classes, size, generator)
+        self.clutter_patterns = smooth_patterns(n_groups, size, generator)
+        self.size, self.clutter, self.pixel_noise, self.max_shift = size, clutter, pixel_noise, max_shift
+
+    def render(self, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """uint8 images [N, 3, size, size] for ``labels``, drawn as the module docstring says."""
+        templates, clutter_patterns, size = self.templates, self.clutter_patterns, self.size
+        n_groups, clutter, pixel_noise, max_shift = len(clutter_patterns), self.clutter, self.pixel_noise, self.max_shift
+        images = torch.empty(len(labels), 3, size, size, dtype=torch.uint8)
+        for start in range(0, len(labels), 4096):  # in blocks: memory stays small for large sets
+            block = labels[start:start + 4096]
+            n = len(block)
+            x = templates[block] * (0.7 + 0.6 * torch.rand(n, 1, 1, 1, generator=generator))
+            x = x + clutter * clutter_patterns[torch.randint(0, n_groups, (n,), generator=generator)]
+            shifts = torch.randint(-max_shift, max_shift + 1, (n, 2), generator=generator)
+            x = torch.stack([torch.roll(img, (int(dy), int(dx)), dims=(1, 2)) for img, (dy, dx) in zip(x, shifts)])
+            x = x + pixel_noise * torch.randn(x.shape, generator=generator)
+            images[start:start + n] = (128 + 42 * x).round().clamp(0, 255).to(torch.uint8)
+        return images
+
+
+
+def long_tail_counts(n_classes: int, n_images: int, *, tail_classes: float, tail_share: float, min_count: int) -> torch.Tensor:
+    """Images per class (largest first), a power law in rank ``c * rank^-a`` floored at ``min_count``, with ``a`` and
+    ``c`` solved so that the counts sum to ``n_images`` and the ``tail_classes`` fraction of smallest classes holds
+    ``tail_share`` of the images (Pl@ntNet-300K: 80% of the classes hold 11%)."""
+    if n_images < n_classes * min_count:
+        raise ValueError(f"n_images should be at least n_classes * min_count = {n_classes * min_count}, got {n_images}")
+    ranks = torch.arange(1, n_classes + 1, dtype=torch.float64)
+    n_tail = int(round(tail_classes * n_classes))
+
+    def counts_for(exponent: float) -> torch.Tensor:
+        low, high = 0.0, float(n_images)  # the scale c such that the floored counts sum to n_images
+        for _ in range(100):
+            scale = (low + high) / 2
+            if (scale * ranks.pow(-exponent)).clamp_min(min_count).sum() > n_images:
+                high = scale
+            else:
+                low = scale
+        return (low * ranks.pow(-exponent)).clamp_min(min_count)
+
+    low, high = 0.0, 1.5  # a steeper power law puts fewer images in the tail (capped: a realistic head)
+    for _ in range(60):
+        exponent = (low + high) / 2
+        counts = counts_for(exponent)
+        if counts[n_classes - n_tail:].sum() / counts.sum() > tail_share:
+            low = exponent
+        else:
+            high = exponent
+    counts = counts_for((low + high) / 2).floor().long()
+    counts[0] += n_images - int(counts.sum())  # rounding remainder on the largest class
+    return counts
+
+
+def _split_per_class(counts: torch.Tensor, fractions: tuple[float, float], generator: torch.Generator):
+    """Labels of the train / val / test parts: per class, ``fractions`` of its images (at least 1 each) go to
+    val and test, the rest (at least 1) to train."""
+    parts = ([], [], [])
+    for label, n in enumerate(counts.tolist()):
+        n_val = max(1, round(fractions[0] * n))
+        n_test = max(1, round(fractions[1] * n))
+        n_train = n - n_val - n_test
+        if n_train < 1:
+            raise ValueError(f"class {label} has {n} images: at least 3 are needed for train, val and test")
+        for part, size in zip(parts, (n_train, n_val, n_test)):
+            part.append(torch.full((size,), label, dtype=torch.long))
+    return [torch.cat(part)[torch.randperm(sum(map(len, part)), generator=generator)] for part in parts]
+
+
+def _make_splits(name, description, label_parts, group_of_class, size, seed, style, augment) -> Splits:
+    generator = torch.Generator().manual_seed(seed)
+    model = ImageModel(group_of_class, size, generator, **style)
+    images = [model.render(labels, generator) for labels in label_parts]
+    train_transform = augment_and_normalise(size) if augment else normalise()
+    datasets = [TensorImages(images[0], label_parts[0], train_transform)] + [
+        TensorImages(im, lab, normalise()) for im, lab in zip(images[1:], label_parts[1:])]
+    n_classes = len(group_of_class)
+    return Splits(name, *datasets, num_classes=n_classes, class_counts=class_counts(label_parts[0], n_classes),
+                  synthetic=True, description=description, info={"seed": seed, "image_size": size, **style})
+
+
+CIFAR_STYLE = {"class_contrast": 0.2, "clutter": 1.0, "pixel_noise": 1.5, "max_shift": 4}
+
+
+def cifar100_like(per_class_train: int = 450, per_class_val: int = 50, per_class_test: int = 100, *,
+                  n_superclasses: int = 20, classes_per_superclass: int = 5, image_size: int = 32, seed: int = 0,
+                  augment: bool = True) -> Splits:
+    """A CIFAR-100-shaped stand-in: 100 classes in 20 superclasses of 5 confusable classes, 32x32x3 images,
+    balanced, split like the paper's 45,000 / 5,000 / 10,000 at full size (450 / 50 / 100 per class)."""
+    n_classes = n_superclasses * classes_per_superclass
+    group_of_class = torch.arange(n_classes) // classes_per_superclass
+    generator = torch.Generator().manual_seed(seed + 1)
+    parts = [torch.arange(n_classes).repeat_interleave(n) for n in (per_class_train, per_class_val, per_class_test)]
+    parts = [p[torch.randperm(len(p), generator=generator)] for p in parts]
+    description = (f"synthetic CIFAR-100-like: {n_classes} classes in {n_superclasses} superclasses, "
+                   f"{per_class_train}/{per_class_val}/{per_class_test} images per class, {image_size}px, seed {seed}")
+    splits = _make_splits("cifar100_like", description, parts, group_of_class, image_size, seed, CIFAR_STYLE, augment)
+    splits.info["coarse_of_fine"] = group_of_class
+    return splits
+
+
+PLANTNET_STYLE = {"class_contrast": 0.3, "clutter": 0.8, "pixel_noise": 1.2, "max_shift": 2}
+
+
+def plantnet_like(n_images: int = 30_000, n_classes: int = 1081, *, group_size: int = 8, image_size: int = 16,
+                  seed: int = 0, augment: bool = True) -> Splits:
+    """A Pl@ntNet-300K-shaped stand-in: ``n_classes`` (1,081) classes whose sizes follow the real dataset's tail
+    (80% of the classes hold about 11% of the images, every class at least 4 images), grouped by ``group_size``
+    look-alike species; about 80/10/10 train/val/test within each class, as in the official split."""
+    counts = long_tail_counts(n_classes, n_images, tail_classes=0.8, tail_share=0.11, min_count=4)
+    generator = torch.Generator().manual_seed(seed + 1)
+    group_of_class = torch.randperm(n_classes, generator=generator) // group_size  # head and tail classes mixed
+    parts = _split_per_class(counts, (0.1, 0.1), generator)
+    description = (f"synthetic Pl@ntNet-300K-like: {n_classes} classes, {n_images} images (80% of classes hold "
+                   f"{counts[n_classes - round(0.8 * n_classes):].sum() / n_images:.1%}), {image_size}px, seed {seed}")
+    return _make_splits("plantnet_like", description, parts, group_of_class, image_size, seed, PLANTNET_STYLE, augment)
+
+
+def imagenet_lt_like(n_images: int = 20_000, n_classes: int = 1000, *, group_size: int = 10, image_size: int = 16,
+                     seed: int = 0, augment: bool = True) -> Splits:
+    """An ImageNet-LT-shaped stand-in: a milder long tail than Pl@ntNet's (the 80% smallest classes hold about 45%
+    of the training images, every class at least 5), with balanced val and test parts (as ImageNet-LT's 20 and
+    50 images per class, here 20% of the mean class size each)."""
+    counts = long_tail_counts(n_classes, n_images, tail_classes=0.8, tail_share=0.45, min_count=5)
+    generator = torch.Generator().manual_seed(seed + 1)
+    group_of_class = torch.randperm(n_classes, generator=generator) // group_size
+    per_class = max(1, round(0.2 * n_images / n_classes))
+    train = torch.arange(n_classes).repeat_interleave(counts)
+    held_out = [torch.arange(n_classes).repeat_interleave(per_class) for _ in range(2)]
+    parts = [p[torch.randperm(len(p), generator=generator)] for p in (train, *held_out)]
+    description = (f"synthetic ImageNet-LT-like: {n_classes} classes, {len(train)} long-tailed training images, "
+                   f"{per_class} val/test images per class, {image_size}px, seed {seed}")
+    return _make_splits("imagenet_lt_like", description, parts, group_of_class, image_size, seed, PLANTNET_STYLE, augment)

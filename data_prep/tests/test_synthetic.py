@@ -1,0 +1,61 @@
+"""The synthetic stand-ins: seeded, shaped like the real datasets, hard for a linear model yet learnable."""
+
+import torch
+import torch.nn.functional as F
+
+from data_prep import synthetic
+from topk.metrics import TopKAccuracy
+
+
+def test_same_seed_same_data_other_seed_other_data():
+    a, b = synthetic.cifar100_like(5, 2, 2, seed=3), synthetic.cifar100_like(5, 2, 2, seed=3)
+    c = synthetic.cifar100_like(5, 2, 2, seed=4)
+    assert torch.equal(a.train.images, b.train.images) and torch.equal(a.test.labels, b.test.labels)
+    assert not torch.equal(a.train.images, c.train.images)
+
+
+def test_cifar100_like_has_100_classes_in_20_superclasses_of_32px_images():
+    splits = synthetic.cifar100_like(10, 2, 3)
+    assert splits.num_classes == 100 and splits.synthetic
+    assert splits.train.images.shape == (1000, 3, 32, 32) and splits.class_counts.tolist() == [10] * 100
+    assert torch.bincount(splits.info["coarse_of_fine"]).tolist() == [5] * 20
+    assert "synthetic CIFAR-100-like" in splits.description
+
+
+def test_plantnet_like_has_the_real_tail_at_full_size():
+    counts = synthetic.long_tail_counts(1081, 306_146, tail_classes=0.8, tail_share=0.11, min_count=4)
+    assert counts.sum() == 306_146 and counts.min() >= 4
+    tail = counts.sort().values[: round(0.8 * 1081)].sum() / counts.sum()
+    assert abs(tail - 0.11) < 0.01
+
+
+def test_long_tailed_stand_ins_keep_every_class_in_every_split():
+    for splits in (synthetic.plantnet_like(6000, 200), synthetic.imagenet_lt_like(3000, 100)):
+        for part in (splits.train, splits.val, splits.test):
+            assert torch.bincount(part.labels, minlength=splits.num_classes).min() >= 1
+        assert splits.class_counts.max() > 10 * splits.class_counts.min()
+
+
+def _one_epoch_linear(splits, lr=0.01):
+    torch.manual_seed(0)
+    images = torch.stack([splits.train.transform(im) for im in splits.train.images]).flatten(1)
+    model = torch.nn.Linear(images.shape[1], splits.num_classes)
+    optimiser = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for rows in torch.randperm(len(images)).split(64):
+        optimiser.zero_grad()
+        F.cross_entropy(model(images[rows]), splits.train.labels[rows]).backward()
+        optimiser.step()
+    test = torch.stack([splits.test.transform(im) for im in splits.test.images]).flatten(1)
+    with torch.no_grad():
+        scores = model(test)
+    metric = TopKAccuracy((1, 5))
+    metric.update(scores, splits.test.labels)
+    return metric.compute()
+
+
+def test_cifar100_like_is_not_solved_by_a_linear_model_in_one_epoch_but_is_learnable():
+    accuracy = _one_epoch_linear(synthetic.cifar100_like(100, 10, 20, augment=False))
+    top1, top5 = accuracy[1], accuracy[5]
+    print(f"linear model, one epoch: top-1 {top1:.3f}, top-5 {top5:.3f}")
+    assert top1 < 0.6, top1  # far from separable
+    assert top5 > 3 * 0.05, top5  # well above chance (5%): there is signal to learn
