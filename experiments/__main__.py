@@ -1,0 +1,59 @@
+"""``python -m experiments CONFIG.json --store DIR [--device cpu|cuda] [--data-root PATH]``: train one run (or print
+its finished record). Under ``torchrun --nproc_per_node N python -m experiments ...`` it trains with
+DistributedDataParallel (NCCL on CUDA, gloo on CPU); the first process writes the record."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from data_prep.common import MissingDataError
+from experiments.config import RunConfig
+from experiments.store import ResultsStore
+from experiments.train import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
+    parser.add_argument("config", help="a JSON file with the fields of experiments.config.RunConfig")
+    parser.add_argument("--store", required=True, help="results store folder")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--data-root", help="folder of a real dataset, as given to `python -m data_prep`")
+    parser.add_argument("--workers", type=int, default=0, help="data-loading processes")
+    parser.add_argument("--progress", action="store_true", help="show a progress bar per epoch")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.config) as handle:
+            config = RunConfig.from_dict(json.load(handle))
+    except (OSError, ValueError, TypeError) as error:
+        print(f"error: bad config {args.config}: {error}", file=sys.stderr)
+        return 2
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    device = args.device
+    if distributed:
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+        if device == "cuda":
+            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+            torch.cuda.set_device(device)
+    try:
+        record = run(config, ResultsStore(args.store), device=device, data_root=args.data_root,
+                     num_workers=args.workers, progress=args.progress)
+    except MissingDataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        if distributed:
+            dist.barrier()
+            dist.destroy_process_group()
+    if not distributed or int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps({"key": record["key"], "selected_epoch": record["selected_epoch"], "test": record["test"]["top"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

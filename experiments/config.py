@@ -1,0 +1,80 @@
+"""The typed configuration of one training run, checked before anything is trained, and its key in the results store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+import data_prep
+from experiments.models import MODELS
+from topk.losses import LOSSES
+
+SELECTION = re.compile(r"^(macro_)?top(\d+)$")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run's result. Execution details (device, data root, workers) are not part of it."""
+
+    dataset: str
+    model: str
+    loss: str
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    milestones: tuple[int, ...] = ()  #: epochs at which the learning rate is multiplied by ``lr_gamma``
+    lr_gamma: float = 0.1
+    momentum: float = 0.9  #: SGD with Nesterov momentum, as in every experiment of the paper
+    seed: int = 0
+    selection_metric: str = "top5"  #: "top<K>" or "macro_top<K>" on the validation set
+    eval_ks: tuple[int, ...] = (1, 5)
+    dataset_options: dict = field(default_factory=dict)
+    model_options: dict = field(default_factory=dict)
+    loss_options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "milestones", tuple(self.milestones))
+        object.__setattr__(self, "eval_ks", tuple(self.eval_ks))
+        self.validate()
+
+    def validate(self) -> None:
+        """Refuse a bad value with a message naming it and what was expected."""
+        for name, choices in (("dataset", data_prep.DATASETS), ("model", MODELS), ("loss", LOSSES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; the {name}{'es' if name == 'loss' else 's'} are {sorted(choices)}")
+        for name in ("epochs", "batch_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"'{name}' should be a positive integer, got {getattr(self, name)!r}")
+        for name in ("lr", "weight_decay", "momentum", "lr_gamma"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0 or value != value:
+                raise ValueError(f"'{name}' should be a number >= 0, got {value!r}")
+        if list(self.milestones) != sorted(set(self.milestones)) or any(not 0 < m < self.epochs for m in self.milestones):
+            raise ValueError(f"'milestones' should be increasing epochs in (0, {self.epochs}), got {self.milestones}")
+        if not self.eval_ks or any(not isinstance(k, int) or k < 1 for k in self.eval_ks):
+            raise ValueError(f"'eval_ks' should be positive integers, got {self.eval_ks}")
+        match = SELECTION.match(self.selection_metric)
+        if not match or int(match.group(2)) not in self.eval_ks:
+            raise ValueError(f"'selection_metric' should be 'top<K>' or 'macro_top<K>' with K in eval_ks "
+                             f"{self.eval_ks}, got {self.selection_metric!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunConfig":
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown config fields {unknown}; the fields are {sorted(cls.__dataclass_fields__)}")
+        return cls(**values)
+
+    def key(self) -> str:
+        """A stable name for the run: a hash of its canonical JSON (16 hex digits)."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def replace(self, **changes) -> "RunConfig":
+        return RunConfig.from_dict({**self.to_dict(), **changes})

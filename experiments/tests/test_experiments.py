@@ -1,0 +1,121 @@
+"""Models, configs, the training loop, the results store (never recompute, resume to the same result) and DDP."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_prep.common import MissingDataError
+from experiments import ResultsStore, RunConfig, run
+from experiments.__main__ import main as experiments_main
+from experiments.models import build_model, parameter_count
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = dict(dataset="cifar100_like", dataset_options={"per_class_train": 4, "per_class_val": 1, "per_class_test": 1},
+            model="small_cnn", model_options={"width": 8}, loss="noised_balanced",
+            loss_options={"k": 5, "epsilon": 0.5, "n_samples": 3}, epochs=3, batch_size=32, lr=0.05,
+            weight_decay=5e-4, milestones=(2,), seed=1)
+
+
+def test_densenet_40_40_has_the_papers_parameter_count():
+    model = build_model("densenet40_40", 100)
+    assert parameter_count(model) == 1_941_620
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 100)
+
+
+def test_resnet_reads_imagenet_weights_from_a_local_file_and_takes_a_cosine_head(tmp_path):
+    import torchvision
+
+    source = torchvision.models.resnet18(weights=None)
+    torch.save(source.state_dict(), tmp_path / "resnet18.pth")
+    model = build_model("resnet18", 7, weights=tmp_path / "resnet18.pth", cosine_scale=40.0)
+    torch.testing.assert_close(model.conv1.weight, source.conv1.weight)
+    assert model(torch.randn(2, 3, 64, 64)).abs().max() <= 40.0 + 1e-4
+    with pytest.raises(FileNotFoundError, match="ImageNet weights file not found"):
+        build_model("resnet50", 7, weights=tmp_path / "absent.pth")
+
+
+def test_bad_configs_are_refused_before_training_with_the_valid_choices():
+    with pytest.raises(ValueError, match="unknown loss 'hinge'; the losses are .*noised_balanced"):
+        RunConfig(**{**TINY, "loss": "hinge"})
+    with pytest.raises(ValueError, match="unknown model 'vgg'; the models are .*densenet40_40"):
+        RunConfig(**{**TINY, "model": "vgg"})
+    with pytest.raises(ValueError, match="unknown dataset 'mnist'; the datasets are .*cifar100_like"):
+        RunConfig(**{**TINY, "dataset": "mnist"})
+    with pytest.raises(ValueError, match=r"'milestones' should be increasing epochs in \(0, 3\), got \(5,\)"):
+        RunConfig(**{**TINY, "milestones": (5,)})
+    with pytest.raises(ValueError, match="'selection_metric' should be"):
+        RunConfig(**{**TINY, "selection_metric": "macro_top3"})
+    with pytest.raises(ValueError, match="'lr' should be a number >= 0, got -0.1"):
+        RunConfig(**{**TINY, "lr": -0.1})
+    with pytest.raises(ValueError, match="unknown config fields \\['learning_rate'\\]"):
+        RunConfig.from_dict({**TINY, "learning_rate": 0.1})
+
+
+def test_config_key_is_stable_and_changes_with_any_field():
+    config = RunConfig(**TINY)
+    assert config.key() == RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))).key()
+    assert config.key() != config.replace(seed=2).key()
+    assert config.key() != config.replace(loss_options={**TINY["loss_options"], "epsilon": 0.1}).key()
+
+
+def test_a_run_records_metrics_timings_and_provenance_and_is_never_recomputed(tmp_path):
+    store = ResultsStore(tmp_path)
+    config = RunConfig(**{**TINY, "selection_metric": "macro_top5"})
+    record = run(config, store)
+    assert [h["epoch"] for h in record["history"]] == [1, 2, 3]
+    assert all(h["epoch_seconds"] > 0 and 0 < h["loss_seconds"] < h["epoch_seconds"] for h in record["history"])
+    assert record["history"][2]["lr"] == pytest.approx(0.005)  # divided by 10 at the milestone
+    assert set(record["test"]) == {"top", "macro_top", "macro_top_by_group"}
+    assert 0 <= record["test"]["top"]["5"] <= 1 and record["data"]["synthetic"]
+    assert record["provenance"]["git_commit"] and record["provenance"]["torch"] == torch.__version__
+    assert not store.checkpoint_path(config.key()).exists()
+    before = store.record_path(config.key()).stat().st_mtime_ns
+    assert run(config, store) == record
+    assert store.record_path(config.key()).stat().st_mtime_ns == before
+
+
+def test_an_interrupted_run_resumes_to_the_same_result_as_an_uninterrupted_one(tmp_path):
+    config = RunConfig(**TINY)
+    torch.use_deterministic_algorithms(True)
+    try:
+        whole = run(config, ResultsStore(tmp_path / "whole"))
+        store = ResultsStore(tmp_path / "killed")
+        assert run(config, store, stop_after_epochs=1) is None  # as if killed after epoch 1
+        assert store.checkpoint_path(config.key()).exists() and store.finished(config.key()) is None
+        resumed = run(config, store)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+    def without_times(record):
+        return [{k: v for k, v in h.items() if not k.endswith("seconds")} for h in record["history"]]
+
+    assert without_times(resumed) == without_times(whole)
+    assert resumed["test"] == whole["test"] and resumed["selected_epoch"] == whole["selected_epoch"]
+
+
+def test_a_missing_real_dataset_names_the_data_prep_command(tmp_path, capsys):
+    config = RunConfig(**{**TINY, "dataset": "cifar100", "dataset_options": {}})
+    with pytest.raises(MissingDataError, match="python -m data_prep cifar100 --root PATH"):
+        run(config, ResultsStore(tmp_path))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config.to_dict()))
+    assert experiments_main([str(path), "--store", str(tmp_path), "--data-root", str(tmp_path / "none")]) == 1
+    assert "python -m data_prep cifar100 --root" in capsys.readouterr().err
+
+
+def test_torchrun_trains_with_distributed_data_parallel_on_two_cpu_processes(tmp_path):
+    config = RunConfig(**{**TINY, "epochs": 2, "milestones": ()})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config.to_dict()))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+               "-m", "experiments", str(path), "--store", str(tmp_path / "store"), "--device", "cpu"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = ResultsStore(tmp_path / "store").finished(config.key())
+    assert record["provenance"]["processes"] == 2 and len(record["history"]) == 2

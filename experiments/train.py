@@ -1,0 +1,214 @@
+"""The one training loop of every experiment: SGD with Nesterov momentum and a multistep schedule, model selection on
+a validation metric, test evaluation of the selected epoch, per-epoch timings, a checkpoint after every epoch, and
+one record per run in the results store. Runs under ``torchrun`` with DistributedDataParallel as well.
+
+A finished run is never recomputed; an interrupted one resumes from its last checkpoint, and reaches the same
+result as an uninterrupted run: the data order of epoch ``e`` depends only on ``(seed, e)``, and the RNG states
+(augmentation, the noised losses' noise) are saved with every checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import platform
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+import data_prep
+import topk
+from experiments.config import SELECTION, RunConfig
+from experiments.models import build_model, parameter_count
+from experiments.store import ResultsStore
+from topk.losses import LDAM, build_loss
+from topk.metrics import MacroTopKAccuracy, TopKAccuracy
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_root: str | Path | None = None,
+        num_workers: int = 0, progress: bool = False, stop_after_epochs: int | None = None) -> dict | None:
+    """Train ``config`` (or return its finished record). ``stop_after_epochs`` stops this call early (as a kill would),
+    leaving the checkpoint; it returns None then."""
+    key = config.key()
+    if (record := store.finished(key)) is not None:
+        return record
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    device = torch.device(device)
+    splits = data_prep.load(config.dataset, data_root, **config.dataset_options)
+    _seed_everything(config.seed)
+    model = build_model(config.model, splits.num_classes, **config.model_options).to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    loss_fn = _build_loss(config, splits.class_counts).to(device)
+    optimiser = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, nesterov=True,
+                                weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.MultiStepLR(optimiser, list(config.milestones), config.lr_gamma)
+    state = {"epoch": 0, "history": [], "best": None, "best_value": -1.0}
+    if (checkpoint := store.load_checkpoint(key)) is not None:
+        model.load_state_dict(checkpoint["model"])
+        optimiser.load_state_dict(checkpoint["optimiser"])
+        schedule.load_state_dict(checkpoint["schedule"])
+        state = checkpoint["state"]
+        _set_rng_states(checkpoint["rng"])
+    trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    epochs_this_call = 0
+    while state["epoch"] < config.epochs:
+        epoch = state["epoch"]
+        loader = _train_loader(splits.train, config, epoch, num_workers, rank, world)
+        seconds, loss_seconds, mean_loss = _train_epoch(trained, loss_fn, loader, optimiser, device, progress, epoch)
+        schedule.step()
+        validation = evaluate(model, splits.val, config.eval_ks, splits.class_counts, device, config.batch_size)
+        state["history"].append({"epoch": epoch + 1, "train_loss": mean_loss, "epoch_seconds": seconds,
+                                 "loss_seconds": loss_seconds, "lr": optimiser.param_groups[0]["lr"], "val": validation})
+        value = _selection_value(validation, config.selection_metric)
+        if value > state["best_value"]:
+            state["best_value"], state["best"] = value, {"epoch": epoch + 1, "model": copy.deepcopy(model.state_dict())}
+        state["epoch"] = epoch + 1
+        if rank == 0:
+            store.save_checkpoint(key, {"model": model.state_dict(), "optimiser": optimiser.state_dict(),
+                                        "schedule": schedule.state_dict(), "state": state, "rng": _rng_states()})
+        epochs_this_call += 1
+        if stop_after_epochs is not None and epochs_this_call >= stop_after_epochs and state["epoch"] < config.epochs:
+            return None
+    model.load_state_dict(state["best"]["model"])
+    test = evaluate(model, splits.test, config.eval_ks, splits.class_counts, device, config.batch_size)
+    record = {
+        "key": key, "config": config.to_dict(), "history": state["history"], "selected_epoch": state["best"]["epoch"],
+        "test": test, "data": {"name": splits.name, "synthetic": splits.synthetic, "description": splits.description,
+                               "num_classes": splits.num_classes, "train_size": len(splits.train)},
+        "provenance": _provenance(device, world, model),
+    }
+    record = json.loads(json.dumps(record))  # the same form as when read back from the store
+    if rank == 0:
+        store.save_record(key, record)
+    return record
+
+
+def _build_loss(config: RunConfig, class_counts: torch.Tensor) -> nn.Module:
+    """The registry's loss; per-class margins (LDAM, noised imbalanced) come from the training class counts."""
+    options = dict(config.loss_options)
+    if config.loss == "noised_imbalanced":
+        options.setdefault("class_counts", class_counts)
+    if config.loss == "ldam" and "max_margin" in options:
+        return LDAM.from_class_counts(class_counts, options.pop("max_margin"), **options)
+    return build_loss(config.loss, **options)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _rng_states() -> dict:
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _train_loader(dataset, config: RunConfig, epoch: int, num_workers: int, rank: int, world: int) -> DataLoader:
+    """The order of epoch ``epoch`` depends only on ``(seed, epoch)``; under DDP each process takes its share."""
+    order_seed = config.seed * 100_003 + epoch
+    if world > 1:
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=order_seed, drop_last=True)
+        return DataLoader(dataset, batch_size=config.batch_size // world, sampler=sampler, num_workers=num_workers,
+                          drop_last=True)
+    generator = torch.Generator().manual_seed(order_seed)
+    return DataLoader(dataset, batch_size=config.batch_size, shuffle=True, generator=generator,
+                      num_workers=num_workers, drop_last=True)
+
+
+def _train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> tuple[float, float, float]:
+    """One epoch; returns (wall seconds, seconds in the loss's forward, mean loss)."""
+    model.train()
+    cuda = device.type == "cuda"
+    batches = loader
+    if progress:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(loader, desc=f"epoch {epoch + 1}", leave=False)
+    start, loss_seconds, total, count = time.perf_counter(), 0.0, 0.0, 0
+    events = []
+    for images, labels in batches:
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        if cuda:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            scores = model(images)
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        else:
+            tick = time.perf_counter()
+        loss = loss_fn(scores.float(), labels)  # losses in float32 whatever the autocast dtype
+        if cuda:
+            end.record()
+            events.append((begin, end))
+        else:
+            loss_seconds += time.perf_counter() - tick
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+        total, count = total + loss.detach(), count + 1
+    if cuda:
+        torch.cuda.synchronize()
+        loss_seconds = sum(b.elapsed_time(e) for b, e in events) / 1e3
+    mean_loss = float(total / max(count, 1))
+    if mean_loss != mean_loss:
+        raise FloatingPointError(f"the training loss became NaN in epoch {epoch + 1}")
+    return time.perf_counter() - start, loss_seconds, mean_loss
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset, ks, train_class_counts, device, batch_size: int = 256) -> dict:
+    """Top-K and macro-average top-K for every K in ``ks``, the latter also per few/medium/many-shot group."""
+    model.eval()
+    top, macro = TopKAccuracy(ks), MacroTopKAccuracy(ks, len(train_class_counts))
+    for images, labels in DataLoader(dataset, batch_size=batch_size):
+        images = images.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            scores = model(images).float()
+        top.update(scores, labels.to(device))
+        macro.update(scores, labels.to(device))
+    groups = {name: {str(k): v for k, v in values.items()} for name, values in macro.compute_by_group(train_class_counts).items()}
+    return {"top": {str(k): v for k, v in top.compute().items()},
+            "macro_top": {k: v for k, v in groups.pop("all").items() if k != "n_classes"},
+            "macro_top_by_group": groups}
+
+
+def _selection_value(metrics: dict, selection: str) -> float:
+    macro, k = SELECTION.match(selection).groups()
+    return metrics["macro_top" if macro else "top"][k]
+
+
+def _provenance(device: torch.device, world: int, model: nn.Module) -> dict:
+    import torchvision
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return {"git_commit": commit, "python": platform.python_version(), "torch": torch.__version__,
+            "torchvision": torchvision.__version__, "topk": topk.__version__, "device": f"{device.type}: {name}",
+            "processes": world, "cpu_threads": torch.get_num_threads(), "parameters": parameter_count(model),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
