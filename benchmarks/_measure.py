@@ -42,6 +42,15 @@ def median_seconds(call: Callable[[], object], device: torch.device, min_repeats
     return statistics.median(times)
 
 
+def selected_devices(choice: str) -> list[torch.device]:
+    """The devices of a ``--device cpu|cuda|all`` choice (CUDA only where present), announced on stdout."""
+    devices = [torch.device("cpu")] if choice in ("cpu", "all") else []
+    if choice in ("cuda", "all") and torch.cuda.is_available():
+        devices.append(torch.device("cuda"))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, devices {[d.type for d in devices]}")
+    return devices
+
+
 def _status_kb(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field):

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import topk.operators
-from _measure import median_seconds, peak_extra_bytes, write_csv
+from _measure import median_seconds, peak_extra_bytes, selected_devices, write_csv
 from topk.losses import noised_hinge
 
 GRID = {"batch": (128, 1024), "n_classes": (100, 1000, 10_000, 100_000), "k": (1, 5, 10, 50), "n_samples": (3, 10, 50)}
@@ -110,10 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.memory_of:
         return _memory_of(args.memory_of)
-    devices = [torch.device("cpu")] if args.device in ("cpu", "all") else []
-    if args.device in ("cuda", "all") and torch.cuda.is_available():
-        devices.append(torch.device("cuda"))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, devices {[d.type for d in devices]}")
+    devices = selected_devices(args.device)
     run(HEADLINE if args.headline else GRID, devices, args.max_elements, args.out)
     print(f"CSV: {args.out}")
 

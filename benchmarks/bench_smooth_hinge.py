@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from _measure import median_seconds, peak_extra_bytes, write_csv
+from _measure import median_seconds, peak_extra_bytes, selected_devices, write_csv
 from topk.losses import noised_hinge, smooth_hinge
 from topk.smooth_svm import log_elementary_symmetric
 
@@ -74,7 +74,8 @@ def _reference_loss(svm, n_classes: int, k: int, device: torch.device):
     return lambda s, y: module(s, y)
 
 
-def _methods(k: int, n_classes: int, device: torch.device, reference_path: Path | None) -> dict:
+def _methods(k: int, n_classes: int, device: torch.device, svm) -> dict:
+    """The measured losses; ``svm`` is the reference's `topk.svm` module, or None to leave it out."""
     methods = {
         "smooth_hinge": lambda s, y: smooth_hinge(s, y, k, TAU, ALPHA),
         "noised": lambda s, y: noised_hinge(s, y, k, 1.0, 10),
@@ -82,8 +83,8 @@ def _methods(k: int, n_classes: int, device: torch.device, reference_path: Path 
         "esp_saved_weights": lambda s, y: log_elementary_symmetric(s / k, k)[..., k - 1:].sum(),
         "esp_autograd": lambda s, y: log_elementary_symmetric(s / k, k, backward="autograd")[..., k - 1:].sum(),
     }
-    if reference_path is not None:
-        reference = _reference_loss(import_reference(reference_path), n_classes, k, device)
+    if svm is not None:
+        reference = _reference_loss(svm, n_classes, k, device)
         if reference is not None:
             methods["reference"] = reference
     return methods
@@ -101,20 +102,25 @@ def _step(loss, s, y):
     loss(s, y).backward()
 
 
-def _gradient_error(loss, device, n_classes, k, scale) -> float:
-    s, y = _inputs(device, n_classes, scale=scale)
-    exact, _ = _inputs(device, n_classes, torch.float64, scale)
-    _step(loss, s, y)
+def _exact_gradient(device, n_classes, k, scale) -> torch.Tensor:
+    """Our float64 gradient of the loss (checked against subset enumeration by the tests)."""
+    exact, y = _inputs(device, n_classes, torch.float64, scale)
     smooth_hinge(exact, y, k, TAU, ALPHA).backward()
-    return ((s.grad.double() - exact.grad).abs().max() / exact.grad.abs().max()).item()
+    return exact.grad
+
+
+def _gradient_error(loss, exact_grad, device, n_classes, scale) -> float:
+    s, y = _inputs(device, n_classes, scale=scale)
+    _step(loss, s, y)
+    return ((s.grad.double() - exact_grad).abs().max() / exact_grad.abs().max()).item()
 
 
 def _memory_of(spec: str) -> None:
     """Child process: one warm-up step, then print the peak extra bytes of one more."""
     config = json.loads(spec)
     device = torch.device(config["device"])
-    reference = Path(config["reference"]) if config["reference"] else None
-    loss = _methods(config["k"], config["n_classes"], device, reference)[config["method"]]
+    svm = import_reference(Path(config["reference"])) if config["method"] == "reference" else None
+    loss = _methods(config["k"], config["n_classes"], device, svm)[config["method"]]
     s, y = _inputs(device, config["n_classes"])
     _step(loss, s, y)
     print(peak_extra_bytes(lambda: _step(loss, s, y), device, __file__, config))
@@ -122,10 +128,12 @@ def _memory_of(spec: str) -> None:
 
 def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Path) -> list[dict]:
     rows = []
+    svm = import_reference(reference) if reference is not None else None
     for device in devices:
         for n_classes, k in itertools.product(*grid.values()):
             config = {"device": device.type, "batch": BATCH, "n_classes": n_classes, "k": k}
-            methods = _methods(k, n_classes, device, reference)
+            methods = _methods(k, n_classes, device, svm)
+            exact = {scale: _exact_gradient(device, n_classes, k, scale) for scale in ERROR_SCALES}
             if reference is not None and "reference" not in methods:
                 rows.append({**config, "method": "reference", "status": "skipped: needs L >= k + int(1 + 0.2 k)"})
             s, y = _inputs(device, n_classes)
@@ -136,7 +144,8 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
                 peak = peak_extra_bytes(lambda: _step(loss, s, y), device, __file__, spec)
                 errors = {}
                 if name in ("smooth_hinge", "reference"):
-                    errors = {f"grad_error_x{c}": _gradient_error(loss, device, n_classes, k, c) for c in ERROR_SCALES}
+                    errors = {f"grad_error_x{c}": _gradient_error(loss, exact[c], device, n_classes, c)
+                              for c in ERROR_SCALES}
                 result[name] = (seconds, peak, errors)
                 rows.append({**config, "method": name, "status": "ok", "ms": round(seconds * 1e3, 4),
                              "peak_extra_mb": round(peak / 2**20, 2), **errors})
@@ -163,10 +172,7 @@ def main() -> None:
         return _memory_of(args.memory_of)
     if args.reference is not None and not (args.reference / "topk" / "svm.py").exists():
         parser.error(f"--reference {args.reference} is not a checkout of oval-group/smooth-topk (no topk/svm.py in it)")
-    devices = [torch.device("cpu")] if args.device in ("cpu", "all") else []
-    if args.device in ("cuda", "all") and torch.cuda.is_available():
-        devices.append(torch.device("cuda"))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, devices {[d.type for d in devices]}")
+    devices = selected_devices(args.device)
     run(HEADLINE if args.headline else GRID, devices, args.reference, args.out)
     print(f"CSV: {args.out}")
 

@@ -56,6 +56,11 @@ def _true_scores(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return s.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # [..., L] -> [...]
 
 
+def _without_true(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``s`` with the true class's score set to -inf: it can never be selected among the others."""
+    return s.scatter(-1, y.unsqueeze(-1), float("-inf"))
+
+
 def _log_softmax_true(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return _true_scores(F.log_softmax(s, dim=-1), y)
 
@@ -122,8 +127,7 @@ def lapin_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "m
     """Top-K hinge ``(1 + top_K(s without y) - s_y)_+`` (Eq. 4, Lapin et al., 2015); needs ``k <= L - 1``."""
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1] - 1, " (the number of classes other than the true one)")
-    others = s.scatter(-1, y.unsqueeze(-1), float("-inf"))  # s without y: the true score can never be selected
-    return _reduce(F.relu(1 + top_k(others, k) - _true_scores(s, y)), reduction)
+    return _reduce(F.relu(1 + top_k(_without_true(s, y), k) - _true_scores(s, y)), reduction)
 
 
 def convex_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "mean") -> torch.Tensor:
@@ -204,8 +208,7 @@ def _separated(s: torch.Tensor, k: int, tau: float) -> torch.Tensor:
 
 def _tuple_hinge(s: torch.Tensor, y: torch.Tensor, k: int, alpha: float) -> torch.Tensor:
     """Berrada et al.'s hard top-k hinge (their Eq. 8), ``(alpha + (top_k(s without y) - s_y) / k)_+``."""
-    others = s.scatter(-1, y.unsqueeze(-1), float("-inf"))
-    return F.relu(alpha + (top_k(others, k) - _true_scores(s, y)) / k)
+    return F.relu(alpha + (top_k(_without_true(s, y), k) - _true_scores(s, y)) / k)
 
 
 def noised_hinge(
