@@ -2,7 +2,7 @@
 stand-ins with the same structure for machines without them. ``load(name, root, **options)`` gives a :class:`Splits`.
 
 Real: ``cifar100`` (with superclass label noise), ``plantnet`` (Pl@ntNet-300K), ``imagenet_lt``, ``imagenet``.
-Synthetic: ``cifar100_like``, ``plantnet_like``, ``imagenet_lt_like`` (:mod:`data_prep.synthetic`).
+Synthetic: ``cifar100_like``, ``plantnet_like``, ``imagenet_lt_like``, ``imagenet_like`` (:mod:`data_prep.synthetic`).
 Each real dataset has a command, ``python -m data_prep <name> --root PATH``, that checks (and for CIFAR-100
 fetches and extracts) the files and prints what it found.
 """
@@ -27,6 +27,7 @@ SYNTHETIC: dict[str, Callable[..., Splits]] = {
     "cifar100_like": synthetic.cifar100_like,
     "plantnet_like": synthetic.plantnet_like,
     "imagenet_lt_like": synthetic.imagenet_lt_like,
+    "imagenet_like": synthetic.imagenet_like,
 }
 DATASETS = {**REAL, **SYNTHETIC}
 

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from data_prep.cifar100 import superclass_label_noise
 from data_prep.common import Splits, TensorImages, class_counts
 from data_prep.transforms import augment_and_normalise, normalise
 
@@ -127,9 +128,10 @@ CIFAR_STYLE = {"class_contrast": 0.2, "clutter": 1.0, "pixel_noise": 1.5, "max_s
 
 def cifar100_like(per_class_train: int = 450, per_class_val: int = 50, per_class_test: int = 100, *,
                   n_superclasses: int = 20, classes_per_superclass: int = 5, image_size: int = 32, seed: int = 0,
-                  augment: bool = True) -> Splits:
+                  noise: float = 0.0, noise_seed: int = 0, augment: bool = True) -> Splits:
     """A CIFAR-100-shaped stand-in: 100 classes in 20 superclasses of 5 confusable classes, 32x32x3 images,
-    balanced, split like the paper's 45,000 / 5,000 / 10,000 at full size (450 / 50 / 100 per class)."""
+    balanced, split like the paper's 45,000 / 5,000 / 10,000 at full size (450 / 50 / 100 per class).
+    ``noise`` is the real loader's superclass label noise, on the training labels only."""
     n_classes = n_superclasses * classes_per_superclass
     group_of_class = torch.arange(n_classes) // classes_per_superclass
     generator = torch.Generator().manual_seed(seed + 1)
@@ -138,8 +140,30 @@ def cifar100_like(per_class_train: int = 450, per_class_val: int = 50, per_class
     description = (f"synthetic CIFAR-100-like: {n_classes} classes in {n_superclasses} superclasses, "
                    f"{per_class_train}/{per_class_val}/{per_class_test} images per class, {image_size}px, seed {seed}")
     splits = _make_splits("cifar100_like", description, parts, group_of_class, image_size, seed, CIFAR_STYLE, augment)
+    if noise > 0:
+        clean = splits.train.labels
+        noisy = superclass_label_noise(clean, group_of_class[clean], noise, noise_seed)
+        splits.train.labels = noisy
+        splits.class_counts = class_counts(noisy, n_classes)
+        flip_rate = (noisy != clean).float().mean().item()
+        splits.description += f", label noise p = {noise} (realised flip rate {flip_rate:.3f})"
+        splits.info.update(noise=noise, flip_rate=flip_rate)
     splits.info["coarse_of_fine"] = group_of_class
     return splits
+
+
+def imagenet_like(per_class_train: int = 40, per_class_val: int = 10, per_class_test: int = 10, *,
+                  n_classes: int = 1000, group_size: int = 10, image_size: int = 16, seed: int = 0,
+                  augment: bool = True) -> Splits:
+    """An ImageNet-shaped stand-in: balanced classes in groups of ``group_size`` look-alikes (ImageNet's dog breeds),
+    with the same per-class split as :func:`cifar100_like`."""
+    group_of_class = torch.randperm(n_classes, generator=torch.Generator().manual_seed(seed + 1)) // group_size
+    generator = torch.Generator().manual_seed(seed + 2)
+    parts = [torch.arange(n_classes).repeat_interleave(n) for n in (per_class_train, per_class_val, per_class_test)]
+    parts = [p[torch.randperm(len(p), generator=generator)] for p in parts]
+    description = (f"synthetic ImageNet-like: {n_classes} balanced classes in groups of {group_size}, "
+                   f"{per_class_train}/{per_class_val}/{per_class_test} images per class, {image_size}px, seed {seed}")
+    return _make_splits("imagenet_like", description, parts, group_of_class, image_size, seed, PLANTNET_STYLE, augment)
 
 
 PLANTNET_STYLE = {"class_contrast": 0.3, "clutter": 0.8, "pixel_noise": 1.2, "max_shift": 2}

@@ -64,11 +64,13 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
     while state["epoch"] < config.epochs:
         epoch = state["epoch"]
         loader = _train_loader(splits.train, config, epoch, num_workers, rank, world)
-        seconds, loss_seconds, mean_loss = _train_epoch(trained, loss_fn, loader, optimiser, device, progress, epoch)
+        seconds, loss_seconds, mean_loss, grad_nonzero = _train_epoch(trained, loss_fn, loader, optimiser, device,
+                                                                      progress, epoch)
         schedule.step()
         validation = evaluate(model, splits.val, config.eval_ks, splits.class_counts, device, config.batch_size)
         state["history"].append({"epoch": epoch + 1, "train_loss": mean_loss, "epoch_seconds": seconds,
-                                 "loss_seconds": loss_seconds, "lr": optimiser.param_groups[0]["lr"], "val": validation})
+                                 "loss_seconds": loss_seconds, "grad_nonzero": grad_nonzero,
+                                 "lr": optimiser.param_groups[0]["lr"], "val": validation})
         value = _selection_value(validation, config.selection_metric)
         if value > state["best_value"]:
             state["best_value"], state["best"] = value, {"epoch": epoch + 1, "model": copy.deepcopy(model.state_dict())}
@@ -136,8 +138,9 @@ def _train_loader(dataset, config: RunConfig, epoch: int, num_workers: int, rank
                       num_workers=num_workers, drop_last=True)
 
 
-def _train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> tuple[float, float, float]:
-    """One epoch; returns (wall seconds, seconds in the loss's forward, mean loss)."""
+def _train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> tuple[float, float, float, float]:
+    """One epoch; returns (wall seconds, seconds in the loss's forward, mean loss, mean number of non-zero coordinates
+    of the loss's gradient with respect to a sample's scores: the sparsity of Fig. 2)."""
     model.train()
     cuda = device.type == "cuda"
     batches = loader
@@ -145,7 +148,7 @@ def _train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> 
         from tqdm.auto import tqdm
 
         batches = tqdm(loader, desc=f"epoch {epoch + 1}", leave=False)
-    start, loss_seconds, total, count = time.perf_counter(), 0.0, 0.0, 0
+    start, loss_seconds, total, count, nonzero, rows = time.perf_counter(), 0.0, 0.0, 0, 0, 0
     events = []
     for images, labels in batches:
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
@@ -158,7 +161,9 @@ def _train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> 
             begin.record()
         else:
             tick = time.perf_counter()
-        loss = loss_fn(scores.float(), labels)  # losses in float32 whatever the autocast dtype
+        scores = scores.float()  # losses in float32 whatever the autocast dtype
+        scores.retain_grad()
+        loss = loss_fn(scores, labels)
         if cuda:
             end.record()
             events.append((begin, end))
@@ -168,13 +173,14 @@ def _train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> 
         loss.backward()
         optimiser.step()
         total, count = total + loss.detach(), count + 1
+        nonzero, rows = nonzero + torch.count_nonzero(scores.grad), rows + len(labels)
     if cuda:
         torch.cuda.synchronize()
         loss_seconds = sum(b.elapsed_time(e) for b, e in events) / 1e3
     mean_loss = float(total / max(count, 1))
     if mean_loss != mean_loss:
         raise FloatingPointError(f"the training loss became NaN in epoch {epoch + 1}")
-    return time.perf_counter() - start, loss_seconds, mean_loss
+    return time.perf_counter() - start, loss_seconds, mean_loss, float(nonzero / max(rows, 1))
 
 
 @torch.no_grad()

@@ -22,6 +22,23 @@ def test_cifar100_like_has_100_classes_in_20_superclasses_of_32px_images():
     assert "synthetic CIFAR-100-like" in splits.description
 
 
+def test_cifar100_like_label_noise_stays_within_superclasses_and_only_touches_training_labels():
+    clean, noisy = synthetic.cifar100_like(40, 2, 3), synthetic.cifar100_like(40, 2, 3, noise=0.5, noise_seed=1)
+    coarse = clean.info["coarse_of_fine"]
+    changed = noisy.train.labels != clean.train.labels
+    assert torch.equal(coarse[noisy.train.labels], coarse[clean.train.labels])
+    # A redraw among the 5 classes of the superclass keeps the label with probability 1/5: flip rate 0.4.
+    assert abs(changed.float().mean().item() - 0.4) < 0.03 and noisy.info["flip_rate"] == changed.float().mean().item()
+    assert torch.equal(noisy.val.labels, clean.val.labels) and torch.equal(noisy.test.labels, clean.test.labels)
+    assert noisy.class_counts.sum() == 4000 and "label noise p = 0.5" in noisy.description
+
+
+def test_imagenet_like_is_balanced_with_look_alike_groups():
+    splits = synthetic.imagenet_like(6, 2, 2, n_classes=50, group_size=5)
+    assert splits.num_classes == 50 and splits.class_counts.tolist() == [6] * 50
+    assert len(splits.val) == len(splits.test) == 100 and splits.train.images.shape[1:] == (3, 16, 16)
+
+
 def test_plantnet_like_has_the_real_tail_at_full_size():
     counts = synthetic.long_tail_counts(1081, 306_146, tail_classes=0.8, tail_share=0.11, min_count=4)
     assert counts.sum() == 306_146 and counts.min() >= 4

@@ -70,6 +70,8 @@ def test_a_run_records_metrics_timings_and_provenance_and_is_never_recomputed(tm
     assert [h["epoch"] for h in record["history"]] == [1, 2, 3]
     assert all(h["epoch_seconds"] > 0 and 0 < h["loss_seconds"] < h["epoch_seconds"] for h in record["history"])
     assert record["history"][2]["lr"] == pytest.approx(0.005)  # divided by 10 at the milestone
+    # The noised loss's gradient has at most B + 1 = 4 non-zero coordinates per sample (Fig. 2), and some.
+    assert all(0 < h["grad_nonzero"] <= 4 for h in record["history"])
     assert set(record["test"]) == {"top", "macro_top", "macro_top_by_group"}
     assert 0 <= record["test"]["top"]["5"] <= 1 and record["data"]["synthetic"]
     assert record["provenance"]["git_commit"] and record["provenance"]["torch"] == torch.__version__
@@ -131,3 +133,5 @@ def test_losses_with_class_count_margins_and_the_smoothed_hinge_train(tmp_path, 
                           "epochs": 1, "milestones": ()})
     record = run(config, ResultsStore(tmp_path))
     assert record["history"][0]["train_loss"] > 0 and 0 <= record["test"]["top"]["5"] <= 1
+    if loss in ("ldam", "smooth_hinge"):  # dense gradients: all 100 coordinates but those that underflow in float32
+        assert record["history"][0]["grad_nonzero"] > 90
