@@ -8,9 +8,20 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # A checkout of github oval-group/smooth-topk outside this project, for `make bench` (optional).
 REFERENCE ?=
+# The notebooks: PROFILE=smoke|quick|paper, DATA=root of the real datasets (paper), DEVICE=cpu|cuda, THREADS=torch CPU
+# threads per notebook (0: torch's default; use THREADS=1 with make -j2).
+PROFILE ?= quick
+DATA ?=
+DEVICE ?= cpu
+THREADS ?= 0
+NOTEBOOKS := $(basename $(notdir $(wildcard notebooks/*.ipynb)))
+EXECUTED := $(patsubst %,build/$(PROFILE)/%.ipynb,$(NOTEBOOKS))
+SOURCES := $(wildcard topk/*.py topk/losses/*.py data_prep/*.py experiments/*.py)
+PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-progress-bar -k python3 --cwd $(CURDIR) \
+	-p profile $(PROFILE) -p device $(DEVICE) -p threads $(THREADS) $(if $(DATA),-p data_root $(abspath $(DATA)))
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test bench clean
+.PHONY: help venv test bench paper-figures notebooks report lab clean clean-results
 
 help: ## List the targets
 	@grep -E '^[a-z][a-zA-Z_-]*:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
@@ -31,6 +42,35 @@ bench: $(STAMP) ## Loss benchmarks vs pytopk, the smoothed hinge's reference (RE
 	$(PY) benchmarks/bench_noised_losses.py
 	$(PY) benchmarks/bench_smooth_hinge.py $(if $(REFERENCE),--reference $(REFERENCE))
 
-clean: ## Remove the virtual environment and caches
+paper-figures: $(STAMP) ## Run every notebook [PROFILE=quick|smoke|paper DATA=path DEVICE=cuda], render build/report/index.html
+	@status=0; $(MAKE) --no-print-directory -k notebooks || status=$$?; \
+	$(MAKE) --no-print-directory report; \
+	if [ $$status -ne 0 ]; then echo "paper-figures: some notebooks failed (see above and the report)"; fi; exit $$status
+
+notebooks: $(EXECUTED)
+
+build/$(PROFILE)/%.ipynb: notebooks/%.ipynb $(SOURCES) | $(STAMP)
+	@mkdir -p $(@D)
+	@rm -f build/$(PROFILE)/$*.failed.ipynb
+	@echo "notebook $* ($(PROFILE) profile) ..."
+	@start=$$(date +%s); \
+	if $(PAPERMILL) $< build/$(PROFILE)/.$*.running.ipynb; then \
+		mv build/$(PROFILE)/.$*.running.ipynb $@; echo "notebook $* done in $$(( $$(date +%s) - start )) s"; \
+	else \
+		mv build/$(PROFILE)/.$*.running.ipynb build/$(PROFILE)/$*.failed.ipynb; \
+		echo "FAILED: notebook $* (executed copy: build/$(PROFILE)/$*.failed.ipynb)"; exit 1; \
+	fi
+
+report: | $(STAMP) ## Re-render build/report/index.html from the executed notebooks of PROFILE
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.report --profile $(PROFILE)
+
+lab: $(STAMP) ## Open the notebooks in JupyterLab
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/jupyter lab notebooks
+
+clean: ## Remove the virtual environment, executed notebooks, the report, generated figures and caches
 	rm -rf $(VENV) build .pytest_cache .hypothesis
+	find figures -mindepth 1 ! -name README.md -delete 2>/dev/null || true
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+clean-results: ## Remove the results stores (every trained run: the next paper-figures retrains)
+	rm -rf results

@@ -27,11 +27,10 @@ import data_prep
 import topk
 from experiments.config import SELECTION, RunConfig
 from experiments.models import build_model, parameter_count
+from experiments.paths import PROJECT_ROOT
 from experiments.store import ResultsStore
 from topk.losses import LDAM, build_loss
 from topk.metrics import MacroTopKAccuracy, TopKAccuracy
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_root: str | Path | None = None,
@@ -45,7 +44,9 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
     device = torch.device(device)
     splits = data_prep.load(config.dataset, data_root, **config.dataset_options)
     _seed_everything(config.seed)
-    model = build_model(config.model, splits.num_classes, **config.model_options).to(device)
+    model_options = {name: value.format(data_root=data_root) if isinstance(value, str) else value
+                     for name, value in config.model_options.items()}  # "{data_root}/file" names a file of the data
+    model = build_model(config.model, splits.num_classes, **model_options).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     loss_fn = _build_loss(config, splits.class_counts).to(device)

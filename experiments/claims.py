@@ -1,0 +1,169 @@
+"""Verdicts on the paper's claims (:data:`experiments.paper.CLAIMS`), computed from the reproduced results.
+
+A claim is split into parts, each a test on the reproduced means with the threshold written in its evidence line;
+the claim is reproduced when every part holds. The thresholds read the paper's words ("fails", "little impact",
+"barely depends") as numbers, once, here.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import asdict, dataclass, replace
+
+import pandas as pd
+
+REPRODUCED, NOT_REPRODUCED, NOT_RUN = "reproduced", "not reproduced", "not run at this profile"
+STATUSES = (REPRODUCED, NOT_REPRODUCED, NOT_RUN)
+
+FAILS_BELOW = 0.5  #: "fails to learn": below half the best setting's accuracy
+LEARNS_ABOVE = 0.9  #: "learns": at least 90% of the best setting's accuracy
+LITTLE_IMPACT_POINTS = 1.0  #: "little impact": means within 1 point, or within the widest 95% interval if wider
+FLAT_RATIO = 1.15  #: "barely depends on K": epoch time at the largest K within 15% of K = 1's
+GROWS_RATIO = 1.25  #: "grows with K": epoch time at the largest K at least 25% above K = 1's
+TAIL_FAILURE_RATIO = 0.5  #: "fails on tail classes": few-shot accuracy below half of cross-entropy's
+
+
+@dataclass(frozen=True)
+class Verdict:
+    claim: int
+    status: str
+    evidence: tuple[str, ...]
+    training: bool = True  #: judged from trained models (False: analytic)
+
+    @classmethod
+    def from_parts(cls, claim: int, parts: list[tuple[bool, str]], training: bool = True) -> "Verdict":
+        """Reproduced when every ``(holds, evidence)`` part holds."""
+        status = REPRODUCED if parts and all(ok for ok, _ in parts) else NOT_REPRODUCED
+        return cls(claim, status, tuple(("✓ " if ok else "✗ ") + text for ok, text in parts), training)
+
+    def not_run(self, why: str) -> "Verdict":
+        return replace(self, status=NOT_RUN, evidence=(f"{why}; the check would have said '{self.status}':",
+                                                       *self.evidence))
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "evidence": list(self.evidence)}
+
+    def to_html(self) -> str:
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in self.evidence)
+        return f"<p><b>Claim {self.claim}: {self.status}</b></p><ul>{items}</ul>"
+
+
+def _by(frame: pd.DataFrame, column: str) -> dict:
+    return dict(zip(frame[column], frame["mean"]))
+
+
+def _fmt(value: float) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.1f}"
+
+
+def claim_1(table2: pd.DataFrame) -> Verdict:
+    """eps = 0, 1e-4, 1e-3 fail; every eps >= 1e-2 learns. ``table2``: columns epsilon, mean (best val top-5)."""
+    means = _by(table2, "epsilon")
+    best = max(v for v in means.values() if math.isfinite(v))
+    small = {e: v for e, v in means.items() if e < 1e-2}
+    large = {e: v for e, v in means.items() if e >= 1e-2}
+    listed = lambda values: ", ".join(f"eps={e:g}: {_fmt(v)}" for e, v in values.items())  # noqa: E731
+    return Verdict.from_parts(1, [
+        (means[0.0] < FAILS_BELOW * best, f"eps = 0 fails: {_fmt(means[0.0])} < {FAILS_BELOW} x best ({_fmt(best)})"),
+        (all(v < FAILS_BELOW * best for e, v in small.items() if e > 0),
+         f"eps in (0, 1e-2) fails: {listed({e: v for e, v in small.items() if e > 0})} < {FAILS_BELOW} x best"),
+        (all(v >= LEARNS_ABOVE * best for v in large.values()),
+         f"eps >= 1e-2 learns, large eps included: {listed(large)} >= {LEARNS_ABOVE} x best"),
+    ])
+
+
+def claim_2(figure2: pd.DataFrame, n_samples: int, n_classes: int, table2: pd.DataFrame) -> Verdict:
+    """Few non-zero gradient coordinates (``figure2``: epsilon, mean), rising with eps, and learning succeeds
+    (``table2``: every eps >= 1e-2 within 90% of the best)."""
+    nonzero = _by(figure2, "epsilon")
+    positive = [e for e in sorted(nonzero) if e > 0]
+    learned = _by(table2, "epsilon")
+    best = max(learned.values())
+    return Verdict.from_parts(2, [
+        (max(nonzero.values()) <= n_samples + 1,
+         f"at most B + 1 = {n_samples + 1} of {n_classes} coordinates are non-zero: max {max(nonzero.values()):.2f}"),
+        (nonzero[positive[-1]] > nonzero[positive[0]],
+         f"the count rises with eps: {nonzero[positive[0]]:.2f} at eps={positive[0]:g}, "
+         f"{nonzero[positive[-1]]:.2f} at eps={positive[-1]:g}"),
+        (all(v >= LEARNS_ABOVE * best for e, v in learned.items() if e >= 1e-2),
+         f"learning succeeds with these gradients: best val top-5 for eps >= 1e-2 within {LEARNS_ABOVE} x best "
+         f"({_fmt(best)}): min {_fmt(min(v for e, v in learned.items() if e >= 1e-2))}"),
+    ])
+
+
+def claim_3(table3: pd.DataFrame) -> Verdict:
+    """B has little impact, B in 3..10 is enough. ``table3``: B, mean, half (best val top-5)."""
+    means = _by(table3, "B")
+    widest = max((h for h in table3["half"] if math.isfinite(h)), default=0.0)
+    tolerance = max(LITTLE_IMPACT_POINTS, widest)
+    spread = max(means.values()) - min(means.values())
+    small_best = max(v for b, v in means.items() if 3 <= b <= 10)
+    return Verdict.from_parts(3, [
+        (spread <= tolerance, f"the means over B span {spread:.2f} points <= {tolerance:.2f} "
+                              f"(1 point or the widest 95% interval)"),
+        (small_best >= max(means.values()) - tolerance,
+         f"the best B in 3..10 ({_fmt(small_best)}) is within {tolerance:.2f} of the best B ({_fmt(max(means.values()))})"),
+    ])
+
+
+def claim_4(figure3: pd.DataFrame) -> Verdict:
+    """Noised loss flat in K, smoothed hinge growing. ``figure3``: loss, K, epoch_seconds (one row per point)."""
+    parts = []
+    for loss, group in figure3.dropna(subset=["K"]).groupby("loss"):
+        group = group.sort_values("K")
+        first, last = group.iloc[0], group.iloc[-1]
+        ratio = last["epoch_seconds"] / first["epoch_seconds"]
+        if loss.startswith("noised"):
+            parts.append((ratio <= FLAT_RATIO, f"{loss}: epoch time at K={last['K']:g} is x{ratio:.2f} that at "
+                                               f"K={first['K']:g} (flat: <= x{FLAT_RATIO})"))
+        else:
+            parts.append((ratio >= GROWS_RATIO, f"{loss}: epoch time at K={last['K']:g} is x{ratio:.2f} that at "
+                                                f"K={first['K']:g} (grows: >= x{GROWS_RATIO})"))
+    return Verdict.from_parts(4, parts)
+
+
+def claim_5(table4: pd.DataFrame) -> Verdict:
+    """Under label noise p > 0, both top-5 losses beat CE on top-5; noised >= smoothed for p >= 0.2.
+    ``table4``: loss, p, mean (test top-5)."""
+    means = {(row.loss, row.p): row.mean for row in table4.itertuples()}
+    noisy = sorted(p for _, p in means if p > 0)
+    parts = []
+    for loss in ("smooth_hinge", "noised_balanced"):
+        parts.append((all(means[loss, p] > means["cross_entropy", p] for p in noisy),
+                      f"{loss} beats CE for every p > 0: " + ", ".join(
+                          f"p={p:g}: {_fmt(means[loss, p])} vs {_fmt(means['cross_entropy', p])}" for p in noisy)))
+    later = [p for p in noisy if p >= 0.2]
+    parts.append((all(means["noised_balanced", p] >= means["smooth_hinge", p] for p in later),
+                  "noised >= smoothed for p >= 0.2: " + ", ".join(
+                      f"p={p:g}: {_fmt(means['noised_balanced', p])} vs {_fmt(means['smooth_hinge', p])}" for p in later)))
+    return Verdict.from_parts(5, parts)
+
+
+def claim_6(table5: pd.DataFrame) -> Verdict:
+    """The smoothed hinge fails on few-shot classes for K = 3, 5; noised imbalanced beats LDAM, focal and CE for every
+    K. ``table5``: loss, K, mean (macro top-K), few (few-shot macro top-K mean)."""
+    mean = {(row.loss, row.K): row.mean for row in table5.itertuples()}
+    few = {(row.loss, row.K): row.few for row in table5.itertuples()}
+    ks = sorted({k for _, k in mean})
+    parts = [(few["smooth_hinge", k] < TAIL_FAILURE_RATIO * few["cross_entropy", k],
+              f"K={k}: smoothed hinge few-shot {_fmt(few['smooth_hinge', k])} < {TAIL_FAILURE_RATIO} x CE's "
+              f"({_fmt(few['cross_entropy', k])})") for k in ks if k >= 3]
+    for k in ks:
+        rivals = {loss: mean[loss, k] for loss in ("ldam", "focal", "cross_entropy")}
+        parts.append((all(mean["noised_imbalanced", k] > v for v in rivals.values()),
+                      f"K={k}: noised imbalanced {_fmt(mean['noised_imbalanced', k])} beats " +
+                      ", ".join(f"{loss} {_fmt(v)}" for loss, v in rivals.items())))
+    return Verdict.from_parts(6, parts)
+
+
+def claim_7(bound: pd.DataFrame) -> Verdict:
+    """Prop. 3.5's bound. ``bound``: K, L, epsilon, observed (|mean top_{K,eps} - top_K| estimate), standard_error,
+    bound; the observed gap minus 3 standard errors must not exceed the bound."""
+    margin = bound["observed"] - 3 * bound["standard_error"] - bound["bound"]
+    worst = bound.loc[(bound["observed"] / bound["bound"]).idxmax()]
+    return Verdict.from_parts(7, [(bool((margin <= 0).all()),
+                                   f"{int((margin <= 0).sum())} of {len(bound)} (K, L, eps) points within the bound; "
+                                   f"the tightest uses {worst['observed'] / worst['bound']:.0%} of it "
+                                   f"(K={worst['K']:g}, L={worst['L']:g}, eps={worst['epsilon']:g})")],
+                              training=False)

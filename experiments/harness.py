@@ -1,0 +1,174 @@
+"""What a notebook calls: run a grid of cells through the results store, and write its figures, tables and claim
+verdicts to ``figures/`` with the profile and the data that made them. A notebook holds parameters, calls to this
+module and presentation, nothing else.
+
+    ctx = start("table3_samples", profile="quick")
+    frame = ctx.run(grids.table3(ctx.profile))     # one row per run, accuracies in percent
+    ctx.save_table(table, "table3", "Table 3: ...")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt  # headless without a display; the inline backend under papermill
+import pandas as pd
+import torch
+
+from data_prep import MissingDataError
+from experiments.claims import Verdict
+from experiments.grids import Cell
+from experiments.paths import FIGURES, RESULTS
+from experiments.profiles import Profile, get_profile
+from experiments.store import ResultsStore
+from experiments.summary import to_markdown
+from experiments.train import run
+
+DEVICES = ("cpu", "cuda")
+
+
+def start(notebook: str, profile: str = "smoke", *, data_root: str | None = None, device: str = "cpu",
+          store: str | Path | None = None, figures: str | Path | None = None, threads: int = 0) -> "Context":
+    """The context of one notebook run: its profile, where results and outputs go, the device and CPU threads."""
+    return Context(notebook, get_profile(profile), data_root=data_root, device=device,
+                   store=Path(store) if store else RESULTS / profile, figures=Path(figures) if figures else FIGURES,
+                   threads=threads)
+
+
+class Context:
+    def __init__(self, notebook: str, profile: Profile, *, data_root, device: str, store: Path, figures: Path,
+                 threads: int):
+        if device not in DEVICES and not device.startswith("cuda:"):
+            raise ValueError(f"'device' should be one of {DEVICES} or 'cuda:N', got {device!r}")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} was asked for, but torch sees no CUDA device here")
+        if threads:
+            torch.set_num_threads(threads)
+        self.notebook, self.profile, self.device = notebook, profile, device
+        self.data_root = Path(data_root) if data_root else None
+        self.store, self.figures = ResultsStore(store), figures
+        self.data: list[str] = []  # descriptions of the datasets this notebook's runs used
+        self.outputs: list[str] = []
+        self.started = time.time()
+        (figures / "claims").mkdir(parents=True, exist_ok=True)
+        (figures / "manifests").mkdir(parents=True, exist_ok=True)
+        self._write_manifest()
+
+    # -- runs ---------------------------------------------------------------------------------------------------
+    def run(self, cells: list[Cell], *, progress: bool = True) -> pd.DataFrame:
+        """Train (or read back) every cell; one row per cell: its labels, then :func:`flatten` of its record. A run
+        whose loss became NaN is a row with ``status = "diverged"`` and no metrics, not a failed notebook."""
+        rows = []
+        for i, cell in enumerate(cells, 1):
+            tick = time.perf_counter()
+            cached = self.store.finished(cell.config.key()) is not None
+            try:
+                record = run(cell.config, self.store, device=self.device, data_root=self._root(cell))
+                row = flatten(record)
+            except FloatingPointError as error:
+                row = {"status": "diverged", "error": str(error)}
+            rows.append({**cell.labels, **row})
+            if progress:
+                how = "from the store" if cached else f"trained in {time.perf_counter() - tick:.1f} s"
+                print(f"[{i}/{len(cells)}] {cell.config.loss} {cell.labels}: {row['status']}, {how}", flush=True)
+        frame = pd.DataFrame(rows)
+        self.data = sorted(set(self.data) | set(frame.get("data", pd.Series(dtype=str)).dropna()))
+        self._write_manifest()
+        return frame
+
+    def _root(self, cell: Cell) -> Path | None:
+        if cell.setup.synthetic:
+            return None
+        if self.data_root is None:
+            raise MissingDataError(
+                f"the {self.profile.name} profile trains on the real {cell.setup.dataset!r}: pass the data root "
+                f"(make paper-figures PROFILE={self.profile.name} DATA=path) after preparing it with "
+                f"`python -m data_prep {cell.setup.dataset} --root path/{cell.setup.data_subdir}`")
+        return self.data_root / cell.setup.data_subdir
+
+    def describe(self, setup) -> None:
+        """Show what this profile trains: the data, the model and the schedule (the paper's are in the notebook's text)."""
+        options = f" {setup.model_options}" if setup.model_options else ""
+        _display_html(f"<p><b>{self.profile.name} profile:</b> {setup.dataset} {setup.dataset_options or ''}, "
+                      f"{setup.model}{options}, {setup.epochs} epochs, batch {setup.batch_size}, lr {setup.lr} "
+                      f"(/10 at {list(setup.milestones)}), weight decay {setup.weight_decay}, seeds {list(setup.seeds)}, "
+                      f"SGD with Nesterov momentum 0.9, on {self.device}.</p>")
+
+    # -- outputs ------------------------------------------------------------------------------------------------
+    def stamp(self, data: str | None = None) -> str:
+        """The line every output carries: profile and data."""
+        used = data or ("; ".join(self.data) if self.data else "no data (analytic)")
+        return f"{self.profile.name} profile · {used}"
+
+    def save_figure(self, fig: plt.Figure, name: str, *, data: str | None = None) -> plt.Figure:
+        """``figures/<name>.png`` and ``.pdf``, with the profile and data written under the axes."""
+        fig.text(0.01, 0.002, self.stamp(data), fontsize=7, color="0.35", ha="left", va="bottom", wrap=True)
+        for suffix in ("png", "pdf"):
+            fig.savefig(self.figures / f"{name}.{suffix}", dpi=150 if suffix == "png" else None, bbox_inches="tight")
+        self._add_output(f"{name}.png", f"{name}.pdf")
+        return fig
+
+    def save_table(self, table: pd.DataFrame, name: str, title: str, *, data: str | None = None,
+                   show: bool = True) -> pd.DataFrame:
+        """``figures/<name>.csv`` and ``.md`` (title, table, then the profile and data); shown unless ``show=False``."""
+        flat = table.set_axis([" ".join(map(str, c)).strip() if isinstance(c, tuple) else c for c in table.columns], axis=1)
+        flat.to_csv(self.figures / f"{name}.csv")  # one header row: ("p=0.1", "ours") -> "p=0.1 ours"
+        (self.figures / f"{name}.md").write_text(f"**{title}**\n\n{to_markdown(table)}\n*{self.stamp(data)}*\n")
+        self._add_output(f"{name}.csv", f"{name}.md")
+        if show:
+            _display_html(f"<p><b>{title}</b></p>{table.to_html()}<p><i>{self.stamp(data)}</i></p>")
+        return table
+
+    def judge(self, verdict: Verdict) -> Verdict:
+        """Write a claim's verdict to ``figures/claims/claim<N>.json``; on the smoke profile (and any profile too short
+        to train), training claims are "not run at this profile", with what the check computed kept as evidence."""
+        if verdict.training and not self.profile.judges_training:
+            verdict = verdict.not_run(f"the {self.profile.name} profile trains too little to test a training claim")
+        payload = {**verdict.to_dict(), "profile": self.profile.name, "notebook": self.notebook, "data": self.stamp()}
+        path = self.figures / "claims" / f"claim{verdict.claim}.json"
+        path.write_text(json.dumps(payload, indent=1))
+        self._add_output(f"claims/{path.name}")
+        _display_html(verdict.to_html())
+        return verdict
+
+    def _add_output(self, *names: str) -> None:
+        self.outputs += [n for n in names if n not in self.outputs]
+        self._write_manifest()
+
+    def _write_manifest(self) -> None:
+        manifest = {"notebook": self.notebook, "profile": self.profile.name, "device": self.device,
+                    "data": self.data, "outputs": self.outputs, "seconds": round(time.time() - self.started, 1),
+                    "threads": torch.get_num_threads(), "pid": os.getpid()}
+        (self.figures / "manifests" / f"{self.notebook}.json").write_text(json.dumps(manifest, indent=1))
+
+
+def flatten(record: dict) -> dict:
+    """The numbers of a run record that tables and figures use; accuracies in percent."""
+    history, config = record["history"], record["config"]
+    row = {"status": "done", "key": record["key"], "selected_epoch": record["selected_epoch"],
+           "data": record["data"]["description"], "synthetic": record["data"]["synthetic"],
+           "epoch_seconds": sum(h["epoch_seconds"] for h in history) / len(history),
+           "loss_seconds": sum(h["loss_seconds"] for h in history) / len(history),
+           "first_epoch_grad_nonzero": history[0].get("grad_nonzero", math.nan),
+           "num_classes": record["data"]["num_classes"]}
+    for k in config["eval_ks"]:
+        row[f"best_val_top{k}"] = 100 * max(h["val"]["top"][str(k)] for h in history)
+    test = record["test"]
+    row.update({f"test_top{k}": 100 * v for k, v in test["top"].items()})
+    row.update({f"test_macro_top{k}": 100 * v for k, v in test["macro_top"].items()})
+    for group, values in test["macro_top_by_group"].items():
+        row[f"classes_{group}"] = values["n_classes"]
+        row.update({f"test_macro_top{k}_{group}": 100 * v for k, v in values.items() if k != "n_classes"})
+    return row
+
+
+def _display_html(html: str) -> None:
+    try:
+        from IPython.display import HTML, display
+    except ImportError:  # outside Jupyter: the files are the output
+        return
+    display(HTML(html))

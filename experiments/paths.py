@@ -1,0 +1,9 @@
+"""Where the project's files are: one place, no absolute paths elsewhere."""
+
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = PROJECT_ROOT / "notebooks"  #: the source notebooks, output-free
+FIGURES = PROJECT_ROOT / "figures"  #: generated figures, tables, claim verdicts and per-notebook manifests
+RESULTS = PROJECT_ROOT / "results"  #: the results store of each profile (results/<profile>), kept across reruns
+BUILD = PROJECT_ROOT / "build"  #: executed notebooks (build/<profile>/) and the rendered report (build/report/)

@@ -1,0 +1,45 @@
+"""Figure helpers shared by the notebooks: level sets on the simplex and mean-with-interval curves."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import matplotlib.tri as mtri
+import pandas as pd
+
+from experiments.analytic import simplex_grid, to_plane
+
+
+def level_sets(panels: list[tuple[str, object]], points: int, true_class: int, *, columns: int = 5,
+               title: str = "") -> plt.Figure:
+    """One triangle per ``(title, values on simplex_grid(points))``, filled level sets in [0, 1], the true class at the
+    upper corner."""
+    x, y = to_plane(simplex_grid(points), true_class)
+    triangulation = mtri.Triangulation(x.numpy(), y.numpy())
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(2.3 * columns, 2.3 * rows + 0.5), squeeze=False)
+    for ax, (name, values) in zip(axes.flat, panels):
+        filled = ax.tricontourf(triangulation, values.numpy(), levels=[i / 10 for i in range(11)], cmap="viridis")
+        ax.tricontour(triangulation, values.numpy(), levels=[i / 10 for i in range(1, 10)], colors="white",
+                      linewidths=0.3)
+        ax.set_title(name, fontsize=8)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.colorbar(filled, ax=axes, shrink=0.6, label="loss rescaled to [0, 1]")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def interval_curves(ax: plt.Axes, summary: pd.DataFrame, x: str, *, group: str | None = None, labels=None,
+                    **style) -> None:
+    """Mean against ``x`` with its 95% interval as error bars, one curve per value of ``group``."""
+    groups = summary.groupby(group, sort=False) if group else [(None, summary)]
+    for name, part in groups:
+        part = part.sort_values(x)
+        label = (labels or {}).get(name, name)
+        half = part["half"].fillna(0.0)
+        ax.errorbar(part[x], part["mean"], yerr=half, marker="o", capsize=3, label=label, **style)

@@ -1,0 +1,128 @@
+"""The three scales at which the notebooks run: ``smoke`` (CI, minutes), ``quick`` (a laptop-class CPU, under an hour)
+and ``paper`` (the paper's protocols on the real datasets; GPUs in practice).
+
+A :class:`Setup` is one dataset with its model and training schedule; a notebook's grid
+(:mod:`experiments.grids`) turns it into one :class:`RunConfig` per loss, hyperparameter and seed. The loss
+hyperparameters are the paper's at every profile; only the data, the model and the schedule shrink.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from experiments.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A dataset, a model and a training schedule, with the seeds of its runs."""
+
+    dataset: str
+    model: str
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    milestones: tuple[int, ...]
+    seeds: tuple[int, ...]
+    dataset_options: dict = field(default_factory=dict)
+    model_options: dict = field(default_factory=dict)
+    data_subdir: str = ""  #: where a real dataset lives under the data root (its ``data_prep --root``)
+    # A model option may name a file in the dataset's folder as "{data_root}/name": the config's key stays the same
+    # on every machine and the training loop resolves it (ImageNet weights for Pl@ntNet's ResNet-50).
+
+    def config(self, loss: str, seed: int, *, loss_options: dict | None = None, dataset_options: dict | None = None,
+               model_options: dict | None = None, **changes) -> RunConfig:
+        """The run of ``loss`` with this setup; option dicts are merged into the setup's, other fields replace."""
+        return RunConfig(dataset=self.dataset, model=self.model, loss=loss, epochs=self.epochs,
+                         batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
+                         milestones=self.milestones, seed=seed,
+                         dataset_options={**self.dataset_options, **(dataset_options or {})},
+                         model_options={**self.model_options, **(model_options or {})},
+                         loss_options=dict(loss_options or {})).replace(**changes)
+
+    @property
+    def synthetic(self) -> bool:
+        return self.dataset.endswith("_like")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    cifar: Setup  #: Tables 2, 3, 4, 7 and Figs. 2, 3
+    plantnet: Setup  #: Tables 5 and 8
+    imagenet_lt: Setup  #: Table 6
+    imagenet: Setup  #: Table 9
+    sweep_seeds: tuple[int, ...]  #: seeds of the eps and B sweeps (Tables 2 and 3)
+    figure3_ks: tuple[int, ...]
+    figure3_epochs: int  #: epochs timed per point of Fig. 3 (their mean is plotted)
+    judges_training: bool  #: False where training is too short for a verdict on a training claim
+    level_set_points: int  #: subdivisions of the simplex's sides in Figs. 1, 4, 5, 6
+    replications: int  #: noise draws averaged in the level sets of Figs. 1 and 6 (the paper: 100)
+    bound_samples: int  #: Monte Carlo samples per point of the Prop. 3.5 check
+
+
+def _small_cnn(width: int) -> dict:
+    return {"model": "small_cnn", "model_options": {"width": width}}
+
+
+SMOKE = Profile(
+    name="smoke",
+    description="tiny synthetic stand-ins and 1-2 epochs: checks that every notebook runs (CI); its training "
+                "numbers mean nothing",
+    cifar=Setup("cifar100_like", **_small_cnn(8), epochs=2, batch_size=64, lr=0.05, weight_decay=5e-4,
+                milestones=(1,), seeds=(0,), dataset_options={"per_class_train": 6, "per_class_val": 2,
+                                                              "per_class_test": 2, "image_size": 16}),
+    plantnet=Setup("plantnet_like", **_small_cnn(8), epochs=2, batch_size=64, lr=0.05, weight_decay=5e-4,
+                   milestones=(1,), seeds=(0,), dataset_options={"n_images": 1500, "n_classes": 60}),
+    imagenet_lt=Setup("imagenet_lt_like", **_small_cnn(8), epochs=2, batch_size=64, lr=0.05, weight_decay=5e-4,
+                      milestones=(1,), seeds=(0,), dataset_options={"n_images": 1500, "n_classes": 60}),
+    imagenet=Setup("imagenet_like", **_small_cnn(8), epochs=2, batch_size=64, lr=0.05, weight_decay=5e-4,
+                   milestones=(1,), seeds=(0,), dataset_options={"per_class_train": 6, "per_class_val": 2,
+                                                                 "per_class_test": 2, "n_classes": 60}),
+    sweep_seeds=(0,), figure3_ks=(1, 5, 20), figure3_epochs=1, judges_training=False,
+    level_set_points=30, replications=10, bound_samples=200,
+)
+
+QUICK = Profile(
+    name="quick",
+    description="synthetic stand-ins shaped like each dataset, a small CNN, 10-12 epochs, 2-3 seeds: "
+                "the paper's qualitative claims at laptop scale",
+    cifar=Setup("cifar100_like", **_small_cnn(16), epochs=12, batch_size=64, lr=0.05, weight_decay=5e-4,
+                milestones=(6, 9), seeds=(0, 1, 2), dataset_options={"per_class_train": 80, "per_class_val": 10,
+                                                                     "per_class_test": 20, "image_size": 16}),
+    plantnet=Setup("plantnet_like", **_small_cnn(16), epochs=10, batch_size=64, lr=0.05, weight_decay=5e-4,
+                   milestones=(6, 8), seeds=(0, 1), dataset_options={"n_images": 12_000, "n_classes": 200}),
+    imagenet_lt=Setup("imagenet_lt_like", **_small_cnn(16), epochs=10, batch_size=64, lr=0.05, weight_decay=5e-4,
+                      milestones=(6, 8), seeds=(0, 1), dataset_options={"n_images": 10_000, "n_classes": 200}),
+    imagenet=Setup("imagenet_like", **_small_cnn(16), epochs=10, batch_size=64, lr=0.05, weight_decay=5e-4,
+                   milestones=(6, 8), seeds=(0, 1), dataset_options={"per_class_train": 40, "per_class_val": 10,
+                                                                     "per_class_test": 10, "n_classes": 200}),
+    sweep_seeds=(0, 1), figure3_ks=(1, 5, 10, 20, 50), figure3_epochs=2, judges_training=True,
+    level_set_points=90, replications=100, bound_samples=4000,
+)
+
+PAPER = Profile(
+    name="paper",
+    description="the paper's protocols on the real datasets (Section 4 and Appendix E); needs GPUs",
+    cifar=Setup("cifar100", "densenet40_40", epochs=300, batch_size=64, lr=0.1, weight_decay=1e-4,
+                milestones=(150, 225), seeds=(0, 1, 2, 3), data_subdir="cifar100"),
+    plantnet=Setup("plantnet", "resnet50", epochs=30, batch_size=32, lr=2e-3, weight_decay=1e-4, milestones=(20, 25),
+                   seeds=(0, 1, 2), data_subdir="plantnet_300K",
+                   model_options={"weights": "{data_root}/resnet50-imagenet.pth"}),
+    imagenet_lt=Setup("imagenet_lt", "resnet34", epochs=100, batch_size=128, lr=1e-2, weight_decay=2e-3,
+                      milestones=(60, 80), seeds=(0, 1, 2, 3), data_subdir="imagenet"),
+    imagenet=Setup("imagenet", "resnet18", epochs=120, batch_size=256, lr=0.1, weight_decay=1e-4,
+                   milestones=(30, 60, 90), seeds=(0, 1, 2), data_subdir="imagenet"),
+    sweep_seeds=(0,), figure3_ks=(1, 2, 3, 5, 10, 20, 30, 40, 50), figure3_epochs=3, judges_training=True,
+    level_set_points=150, replications=100, bound_samples=20_000,
+)
+
+PROFILES = {profile.name: profile for profile in (SMOKE, QUICK, PAPER)}
+
+
+def get_profile(name: str) -> Profile:
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}; the profiles are {sorted(PROFILES)}")
+    return PROFILES[name]

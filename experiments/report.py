@@ -1,0 +1,261 @@
+"""The HTML report: ``build/report/index.html`` (every claim's verdict, every figure and table, provenance) and one page
+per executed notebook, readable offline (no script or style from a CDN; code hidden, a button shows it).
+
+    python -m experiments.report --profile quick            # render
+    python -m experiments.report --profile smoke --check    # render, then fail on any missing output or error cell
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+
+from experiments import latex
+from experiments.catalogue import ITEMS, Item
+from experiments.claims import NOT_RUN, STATUSES
+from experiments.paper import CLAIMS
+from experiments.paths import BUILD, FIGURES, PROJECT_ROOT
+from experiments.profiles import get_profile
+
+OK, FAILED, MISSING = "ok", "failed", "not run"
+_REMOTE_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>', re.S)
+_MATHJAX_CONFIG = re.compile(r'<script type="text/x-mathjax-config">.*?</script>', re.S)
+_REMOTE_RESOURCE = re.compile(r'<(?:script|img|link|iframe)\b[^>]*\b(?:src|href)="(?:https?:)?//', re.I)
+
+STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+.reproduced { background: #d9f2d9; } .not-reproduced { background: #f9dcdc; } .not-run { background: #eee; }
+.failed { background: #f9dcdc; font-weight: bold; } .ok { background: #d9f2d9; }
+.badge { padding: 1px 6px; border-radius: 4px; white-space: nowrap; }
+img { max-width: 100%; } .muted { color: #666; font-size: 0.9em; } section { margin-bottom: 2.5em; }
+"""
+TOGGLE = """
+<style>body.hide-code .jp-Cell-inputWrapper, body.hide-code .jp-InputPrompt { display: none; }
+#toggle-code { position: fixed; top: 8px; right: 8px; z-index: 10; }</style>
+<button id="toggle-code" onclick="document.body.classList.toggle('hide-code')">show / hide code</button>
+<p><a href="index.html">&larr; back to the report</a></p>
+"""
+
+
+@dataclass
+class NotebookRun:
+    item: Item
+    status: str
+    path: Path | None
+    seconds: float | None
+    errors: list[str]
+    missing_outputs: list[str]
+
+
+def collect(profile: str, executed: Path, figures: Path) -> list[NotebookRun]:
+    """What happened to each notebook of the catalogue at ``profile``: ok, failed (papermill kept the failed copy as
+    ``<name>.failed.ipynb``) or not run; its error cells; the outputs it should have written but did not."""
+    runs = []
+    for item in ITEMS:
+        done, failed = executed / f"{item.notebook}.ipynb", executed / f"{item.notebook}.failed.ipynb"
+        path = done if done.exists() else failed if failed.exists() else None
+        status = OK if path == done else FAILED if path else MISSING
+        seconds, errors = None, []
+        if path:
+            notebook = nbformat.read(path, as_version=4)
+            seconds = notebook.metadata.get("papermill", {}).get("duration")
+            errors = [f"{o.get('ename')}: {o.get('evalue')}" for cell in notebook.cells
+                      for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            if errors:
+                status = FAILED
+        manifest = _read_json(figures / "manifests" / f"{item.notebook}.json")
+        fresh = manifest is not None and manifest.get("profile") == profile
+        missing = [o for o in item.expected_outputs() if not (fresh and o in manifest["outputs"]
+                                                              and (figures / o).exists())]
+        runs.append(NotebookRun(item, status, path, seconds, errors, missing))
+    return runs
+
+
+def verdicts(profile: str, figures: Path, runs: list[NotebookRun]) -> list[dict]:
+    """Each claim's verdict at ``profile``; a claim whose notebook did not run or failed is "not run at this profile"."""
+    status_of = {run.item.notebook: run.status for run in runs}
+    out = []
+    for claim in CLAIMS:
+        found = _read_json(figures / "claims" / f"claim{claim.number}.json")
+        if found is None or found.get("profile") != profile or status_of[claim.notebook] != OK:
+            why = f"the notebook {claim.notebook} {'failed' if status_of[claim.notebook] == FAILED else 'did not run'}"
+            found = {"claim": claim.number, "status": NOT_RUN, "evidence": [why], "data": ""}
+        out.append({**found, "text": claim.text, "source": claim.source, "notebook": claim.notebook})
+    return out
+
+
+def provenance(profile: str, figures: Path, runs: list[NotebookRun]) -> dict:
+    import torch
+    import torchvision
+
+    import topk
+
+    manifests = [m for m in (_read_json(figures / "manifests" / f"{r.item.notebook}.json") for r in runs) if m]
+    data = sorted({d for m in manifests if m.get("profile") == profile for d in m.get("data", [])})
+    devices = sorted({m["device"] for m in manifests if m.get("profile") == profile})
+    return {
+        "profile": f"{profile}: {get_profile(profile).description}",
+        "data": "; ".join(data) or "none",
+        "real or synthetic": _real_or_synthetic(data),
+        "git commit": _git("rev-parse", "HEAD") + (" (with uncommitted changes)" if _git("status", "--porcelain") else ""),
+        "rendered": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "versions": f"python {platform.python_version()}, torch {torch.__version__}, torchvision "
+                    f"{torchvision.__version__}, topk {topk.__version__}",
+        "device": ", ".join(devices) or "-",
+        "machine": f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} torch threads",
+        "notebook run time": f"{sum(r.seconds or 0 for r in runs) / 60:.1f} min in total",
+    }
+
+
+def _real_or_synthetic(data: list[str]) -> str:
+    synthetic = [d for d in data if d.startswith("synthetic")]
+    if not data:
+        return "no training data"
+    if len(synthetic) == len(data):
+        return "synthetic stand-ins only (the real datasets were not used)"
+    return "real datasets" + (" and synthetic stand-ins" if synthetic else "")
+
+
+def render(profile: str, executed: Path, figures: Path, out: Path) -> list[NotebookRun]:
+    """Write ``out/index.html`` and one page per executed notebook; return what :func:`collect` found."""
+    from nbconvert import HTMLExporter
+
+    out.mkdir(parents=True, exist_ok=True)
+    runs = collect(profile, executed, figures)
+    exporter = HTMLExporter(template_name="lab")
+    for run in runs:
+        if run.path:
+            body, _ = exporter.from_notebook_node(nbformat.read(run.path, as_version=4))
+            (out / f"{run.item.notebook}.html").write_text(offline(_with_code_toggle(body)))
+    index = _index(profile, figures, runs)
+    (out / "index.html").write_text(index)
+    return runs
+
+
+def offline(page: str) -> str:
+    """``page`` without its CDN scripts (require.js, MathJax: the report uses no LaTeX in HTML, Table 1 is MathML)."""
+    page = _MATHJAX_CONFIG.sub("", _REMOTE_SCRIPT.sub("", page))
+    if _REMOTE_RESOURCE.search(page):
+        raise ValueError(f"the page still loads a remote resource: {_REMOTE_RESOURCE.search(page).group(0)}")
+    return page
+
+
+def _with_code_toggle(page: str) -> str:
+    return re.sub(r"<body([^>]*)>", lambda m: f'<body{m.group(1)} class="hide-code">{TOGGLE}', page, count=1)
+
+
+def _index(profile: str, figures: Path, runs: list[NotebookRun]) -> str:
+    claims = verdicts(profile, figures, runs)
+    counts = {s: sum(c["status"] == s for c in claims) for s in STATUSES}
+    parts = [f"<h1>Reproduction report: Garcin et al., ICML 2022 ({html.escape(profile)} profile)</h1>",
+             "<p>Stochastic smoothing of the top-K calibrated hinge loss for deep imbalanced classification. "
+             "Every figure and table of the paper, regenerated by <code>make paper-figures</code>, beside the "
+             "published numbers.</p>"]
+    if not get_profile(profile).judges_training:
+        parts.append(f"<p class='failed'>The {profile} profile only checks that every notebook runs: its training "
+                     "numbers mean nothing.</p>")
+    parts.append("<section><h2>The paper's claims</h2><p>" + ", ".join(f"{n} {s}" for s, n in counts.items())
+                 + "</p><table><tr><th>#</th><th>claim</th><th>source</th><th>verdict</th><th>evidence</th></tr>")
+    for c in claims:
+        css = c["status"].replace(" at this profile", "").replace(" ", "-")
+        evidence = "".join(f"<li>{html.escape(line)}</li>" for line in c["evidence"])
+        parts.append(f"<tr><td>{c['claim']}</td><td>{html.escape(c['text'])}</td><td>{c['source']}</td>"
+                     f"<td><span class='badge {css}'>{c['status']}</span></td><td><ul>{evidence}</ul>"
+                     f"<span class='muted'>{html.escape(c.get('data', ''))}</span></td></tr>")
+    parts.append("</table></section><section><h2>Notebooks</h2><table><tr><th>item</th><th>status</th>"
+                 "<th>run time</th><th>outputs</th></tr>")
+    for run in runs:
+        link = f"<a href='{run.item.notebook}.html'>{html.escape(run.item.title)}</a>" if run.path else html.escape(run.item.title)
+        problems = "".join(f"<br><b>{html.escape(e)}</b>" for e in run.errors[:3])
+        missing = f"missing: {', '.join(run.missing_outputs)}" if run.missing_outputs else "all present"
+        seconds = f"{run.seconds:.0f} s" if run.seconds is not None else "-"
+        parts.append(f"<tr><td>{link}</td><td class='{'ok' if run.status == OK else 'failed'}'>{run.status}{problems}"
+                     f"</td><td>{seconds}</td><td>{missing}</td></tr>")
+    parts.append("</table></section>")
+    for run in runs:
+        parts.append(_item_section(run, figures))
+    parts.append("<section><h2>Provenance</h2><table>" + "".join(
+        f"<tr><th>{k}</th><td>{html.escape(str(v))}</td></tr>" for k, v in provenance(profile, figures, runs).items())
+        + "</table></section>")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>topk reproduction report ({profile})</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
+
+
+def _item_section(run: NotebookRun, figures: Path) -> str:
+    parts = [f"<section><h2>{html.escape(run.item.title)}</h2>"]
+    if run.status != OK:
+        parts.append(f"<p class='failed'>The notebook {run.item.notebook} {run.status}; what it wrote before is not "
+                     "shown.</p></section>")
+        return "".join(parts)
+    for name in run.item.figures:
+        data = base64.b64encode((figures / f"{name}.png").read_bytes()).decode()
+        parts.append(f"<p><img alt='{name}' src='data:image/png;base64,{data}'></p>")
+    for name in run.item.tables:
+        lines = (figures / f"{name}.md").read_text().splitlines()
+        table = pd.read_csv(figures / f"{name}.csv", index_col=0)
+        parts.append(f"<p><b>{html.escape(lines[0].strip('*'))}</b></p>{_table_html(table)}"
+                     f"<p class='muted'>{html.escape(lines[-1].strip('*'))}</p>")
+    parts.append(f"<p><a href='{run.item.notebook}.html'>the executed notebook</a></p></section>")
+    return "".join(parts)
+
+
+def _table_html(table: pd.DataFrame) -> str:
+    """The table with LaTeX cells as MathML (Table 1), everything else escaped."""
+    cell = lambda value: latex.to_html(value) if isinstance(value, str) else html.escape(str(value))  # noqa: E731
+    return table.map(cell).rename(index=cell).to_html(escape=False, na_rep="-")
+
+
+def check(runs: list[NotebookRun]) -> list[str]:
+    """Every problem that makes a report incomplete: a failed or missing notebook, an error cell, a missing output."""
+    problems = []
+    for run in runs:
+        if run.status != OK:
+            problems.append(f"{run.item.notebook}: {run.status}" + "".join(f"; {e}" for e in run.errors))
+        problems += [f"{run.item.notebook}: missing output figures/{o}" for o in run.missing_outputs]
+    return problems
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="quick")
+    parser.add_argument("--executed", type=Path, help="executed notebooks (default: build/<profile>)")
+    parser.add_argument("--figures", type=Path, default=FIGURES)
+    parser.add_argument("--out", type=Path, default=BUILD / "report")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a notebook failed or an output is missing")
+    args = parser.parse_args(argv)
+    runs = render(args.profile, args.executed or BUILD / args.profile, args.figures, args.out)
+    print(f"report: {args.out / 'index.html'}")
+    problems = check(runs)
+    for problem in problems:
+        print(f"  problem: {problem}", file=sys.stderr)
+    return 1 if args.check and problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Seeds to numbers: the mean and 95% interval of a metric over seeds, and tables that put them beside the paper's."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from scipy import stats
+
+
+def mean_interval(values) -> tuple[float, float, int]:
+    """``(mean, half-width of the 95% Student t interval, n)`` of the finite ``values``; the half-width is NaN for n < 2."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    n = len(finite)
+    if n == 0:
+        return math.nan, math.nan, 0
+    mean = sum(finite) / n
+    if n < 2:
+        return mean, math.nan, 1
+    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
+    return mean, float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n), n
+
+
+def summarise(frame: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
+    """One row per group of ``by``: ``mean``, ``half`` (95% interval half-width) and ``n`` (seeds) of ``value``.
+    Rows whose run diverged count as missing values (they lower ``n``)."""
+    rows = []
+    for key, group in frame.groupby(by, dropna=False, sort=False):
+        mean, half, n = mean_interval(group[value])
+        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "mean": mean, "half": half, "n": n,
+                     "runs": len(group)})
+    return pd.DataFrame(rows)
+
+
+def format_estimate(mean: float, half: float = math.nan, n: int | None = None, digits: int = 1) -> str:
+    """``"93.3 ± 0.4"``; ``"93.3"`` without an interval; ``"-"`` for no value; ``" (n=1)"`` flags a single seed."""
+    if mean is None or not math.isfinite(mean):
+        return "-"
+    text = f"{mean:.{digits}f}"
+    if half is not None and math.isfinite(half):
+        text += f" ± {half:.{digits}f}"
+    if n == 1:
+        text += " (n=1)"
+    return text
+
+
+def format_published(value, digits: int = 1) -> str:
+    """A published number: ``x``, ``(mean, half)`` or ``(mean, half, (few, medium, many))``."""
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        return f"{value:.{digits}f}"
+    text = format_estimate(value[0], value[1], digits=digits)
+    if len(value) > 2:
+        text += " (" + "/".join(f"{v:.1f}" for v in value[2]) + ")"
+    return text
+
+
+def to_markdown(frame: pd.DataFrame) -> str:
+    """A GitHub Markdown table of ``frame`` (index included, as the first column)."""
+    header = [str(frame.index.name or "")] + [" ".join(map(str, c)) if isinstance(c, tuple) else str(c)
+                                               for c in frame.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for index, row in frame.iterrows():
+        lines.append("| " + " | ".join([str(index)] + [str(v) for v in row]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def comparison_table(rows, columns, ours, paper, *, row_name: str, column_name) -> pd.DataFrame:
+    """Reproduced and published numbers side by side: one row per ``rows`` entry (a ``(key, label)`` pair), two
+    columns ("ours", "paper") per ``columns`` entry (also ``(key, label)``). ``ours(row, column)`` and
+    ``paper(row, column)`` give the cell texts."""
+    table = pd.DataFrame(
+        {(column_label, source): [(ours if source == "ours" else paper)(row, column) for row, _ in rows]
+         for column, column_label in columns for source in ("ours", "paper")},
+        index=pd.Index([label for _, label in rows], name=row_name))
+    table.columns.names = [column_name, ""]
+    return table
+
+
+SHOT_GROUPS = ("few", "medium", "many")
+
+
+def select(runs: pd.DataFrame, **where) -> pd.DataFrame:
+    """The rows of ``runs`` (one per seed) whose columns equal every ``column=value`` of ``where``."""
+    mask = pd.Series(True, index=runs.index)
+    for column, value in where.items():
+        mask &= runs[column] == value
+    return runs[mask]
+
+
+def estimate(runs: pd.DataFrame, value: str, *, digits: int = 1, groups: str | None = None, **where) -> str:
+    """``"mean ± half"`` of ``value`` over the seeds matching ``where``; with ``groups`` (a column prefix), the few /
+    medium / many-shot means of ``<groups>_<group>`` follow in parentheses; diverged runs are counted in the text."""
+    rows = select(runs, **where)
+    text = format_estimate(*mean_interval(rows.get(value, pd.Series(dtype=float))), digits=digits)
+    if groups:
+        text += " (" + "/".join(_mean_text(rows.get(f"{groups}_{g}")) for g in SHOT_GROUPS) + ")"
+    diverged = int((rows["status"] != "done").sum())
+    return text + (f" [{diverged} diverged]" if diverged else "")
+
+
+def _mean_text(values) -> str:
+    mean = mean_interval(values if values is not None else [])[0]
+    return f"{mean:.1f}" if math.isfinite(mean) else "-"
