@@ -55,16 +55,16 @@ def figure_1_panels(k: int) -> list[Panel]:
     """The ten panels of Fig. 1 (K = 2) or Fig. 6 (K = 1)."""
     none = {"reduction": "none"}
     return [
-        Panel(f"(a) top-{k} 0/1", lambda s, y: losses.zero_one_topk(s, y, k, **none)),
-        Panel("(b) cross-entropy", lambda s, y: losses.cross_entropy(s, y, **none)),
-        Panel(f"(c) hinge top-{k} (Lapin)", lambda s, y: losses.lapin_hinge(s, y, k, **none)),
-        Panel(f"(d) calibrated hinge top-{k}", lambda s, y: losses.calibrated_hinge(s, y, k, **none)),
-        Panel(f"(e) convexified hinge top-{k}", lambda s, y: losses.convex_hinge(s, y, k, **none)),
-        Panel("(f) smoothed hinge, τ = 0.1", lambda s, y: losses.smooth_hinge(s, y, k, 0.1, **none)),
-        Panel("(g) smoothed hinge, τ = 1", lambda s, y: losses.smooth_hinge(s, y, k, 1.0, **none)),
-        Panel("(h) noised bal., ε = 0.1, B = 10", _noised(k, 0.1, 10), noised=True),
-        Panel("(i) noised bal., ε = 0.5, B = 10", _noised(k, 0.5, 10), noised=True),
-        Panel("(j) noised imbal., ε = 0.5, B = 10, m_y = 1.5", _noised(k, 0.5, 10, 1.5), noised=True),
+        Panel(f"(a) top-{k} 0/1\n", lambda s, y: losses.zero_one_topk(s, y, k, **none)),
+        Panel("(b) cross-entropy\n", lambda s, y: losses.cross_entropy(s, y, **none)),
+        Panel(f"(c) hinge top-{k}\n(Lapin et al.)", lambda s, y: losses.lapin_hinge(s, y, k, **none)),
+        Panel(f"(d) calibrated hinge\ntop-{k}", lambda s, y: losses.calibrated_hinge(s, y, k, **none)),
+        Panel(f"(e) convexified hinge\ntop-{k}", lambda s, y: losses.convex_hinge(s, y, k, **none)),
+        Panel("(f) smoothed hinge\nτ = 0.1", lambda s, y: losses.smooth_hinge(s, y, k, 0.1, **none)),
+        Panel("(g) smoothed hinge\nτ = 1", lambda s, y: losses.smooth_hinge(s, y, k, 1.0, **none)),
+        Panel("(h) noised bal.\nε = 0.1, B = 10", _noised(k, 0.1, 10), noised=True),
+        Panel("(i) noised bal.\nε = 0.5, B = 10", _noised(k, 0.5, 10), noised=True),
+        Panel("(j) noised imbal.\nε = 0.5, B = 10, m_y = 1.5", _noised(k, 0.5, 10, 1.5), noised=True),
     ]
 
 
@@ -72,9 +72,9 @@ def noise_parameter_panels(k: int, parameter: str) -> list[Panel]:
     """Fig. 4 (``parameter="B"``: eps = 1, B in {1, 3, 10, 50}) or Fig. 5 (``"epsilon"``: B = 50,
     eps in {0.1, 0.5, 1, 2}); one noise draw each, as the figures show the Monte Carlo estimate itself."""
     if parameter == "B":
-        return [Panel(f"K = {k}, ε = 1, B = {b}", _noised(k, 1.0, b), noised=True) for b in (1, 3, 10, 50)]
+        return [Panel(f"K = {k}\nε = 1, B = {b}", _noised(k, 1.0, b), noised=True) for b in (1, 3, 10, 50)]
     if parameter == "epsilon":
-        return [Panel(f"K = {k}, ε = {e:g}, B = 50", _noised(k, e, 50), noised=True) for e in (0.1, 0.5, 1.0, 2.0)]
+        return [Panel(f"K = {k}\nε = {e:g}, B = 50", _noised(k, e, 50), noised=True) for e in (0.1, 0.5, 1.0, 2.0)]
     raise ValueError(f"'parameter' should be 'B' or 'epsilon', got {parameter!r}")
 
 

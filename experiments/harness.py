@@ -106,7 +106,7 @@ class Context:
 
     def save_figure(self, fig: plt.Figure, name: str, *, data: str | None = None) -> plt.Figure:
         """``figures/<name>.png`` and ``.pdf``, with the profile and data written under the axes."""
-        fig.text(0.01, 0.002, self.stamp(data), fontsize=7, color="0.35", ha="left", va="bottom", wrap=True)
+        fig.text(0.01, 0.0, self.stamp(data), fontsize=7, color="0.35", ha="left", va="top")  # under the axes
         for suffix in ("png", "pdf"):
             fig.savefig(self.figures / f"{name}.{suffix}", dpi=150 if suffix == "png" else None, bbox_inches="tight")
         self._add_output(f"{name}.png", f"{name}.pdf")

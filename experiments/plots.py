@@ -18,7 +18,7 @@ def level_sets(panels: list[tuple[str, object]], points: int, true_class: int, *
     x, y = to_plane(simplex_grid(points), true_class)
     triangulation = mtri.Triangulation(x.numpy(), y.numpy())
     rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(2.3 * columns, 2.3 * rows + 0.5), squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(2.4 * columns, 2.5 * rows + 0.4), squeeze=False)
     for ax, (name, values) in zip(axes.flat, panels):
         filled = ax.tricontourf(triangulation, values.numpy(), levels=[i / 10 for i in range(11)], cmap="viridis")
         ax.tricontour(triangulation, values.numpy(), levels=[i / 10 for i in range(1, 10)], colors="white",

@@ -32,6 +32,7 @@ from experiments.profiles import get_profile
 OK, FAILED, MISSING = "ok", "failed", "not run"
 _REMOTE_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>', re.S)
 _MATHJAX_CONFIG = re.compile(r'<script type="text/x-mathjax-config">.*?</script>', re.S)
+_SCRIPT_IMPORTING_REMOTE = re.compile(r"<script\b[^>]*>(?:(?!</script>).)*?https?://cdn(?:(?!</script>).)*?</script>", re.S)
 _REMOTE_RESOURCE = re.compile(r'<(?:script|img|link|iframe)\b[^>]*\b(?:src|href)="(?:https?:)?//', re.I)
 
 STYLE = """
@@ -148,8 +149,9 @@ def render(profile: str, executed: Path, figures: Path, out: Path) -> list[Noteb
 
 
 def offline(page: str) -> str:
-    """``page`` without its CDN scripts (require.js, MathJax: the report uses no LaTeX in HTML, Table 1 is MathML)."""
-    page = _MATHJAX_CONFIG.sub("", _REMOTE_SCRIPT.sub("", page))
+    """``page`` without its CDN scripts (require.js, MathJax, the mermaid loader: the report has no widgets, no
+    diagrams and no LaTeX in HTML, Table 1 is MathML)."""
+    page = _SCRIPT_IMPORTING_REMOTE.sub("", _MATHJAX_CONFIG.sub("", _REMOTE_SCRIPT.sub("", page)))
     if _REMOTE_RESOURCE.search(page):
         raise ValueError(f"the page still loads a remote resource: {_REMOTE_RESOURCE.search(page).group(0)}")
     return page

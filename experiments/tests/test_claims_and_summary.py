@@ -1,0 +1,98 @@
+"""The verdicts read the paper's words as thresholds: fed the paper's own published numbers, every claim holds, and
+each breaks when the numbers that support it are changed. Means and 95% intervals over seeds."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from experiments import claims, paper, summary
+
+
+def _frame(values: dict, column: str) -> pd.DataFrame:
+    return pd.DataFrame({column: list(values), "mean": list(values.values()), "half": [0.2] * len(values)})
+
+
+def test_mean_interval_is_the_student_t_95_interval():
+    mean, half, n = summary.mean_interval([1.0, 2.0, 3.0])
+    assert (mean, n) == (2.0, 3) and half == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    assert summary.mean_interval([5.0, float("nan")]) == (5.0, pytest.approx(float("nan"), nan_ok=True), 1)
+    assert summary.format_estimate(*summary.mean_interval([4.0])) == "4.0 (n=1)"
+
+
+def test_estimate_counts_diverged_runs_and_gives_shot_group_means():
+    runs = pd.DataFrame([
+        {"loss": "a", "status": "done", "acc": 50.0, "acc_few": 10.0, "acc_medium": 40.0, "acc_many": 80.0},
+        {"loss": "a", "status": "done", "acc": 52.0, "acc_few": 12.0, "acc_medium": 42.0, "acc_many": 82.0},
+        {"loss": "a", "status": "diverged"},
+        {"loss": "b", "status": "done", "acc": 1.0},
+    ])
+    text = summary.estimate(runs, "acc", groups="acc", loss="a")
+    assert text.startswith("51.0 ± 12.7 (11.0/41.0/81.0)") and text.endswith("[1 diverged]")
+    assert summary.estimate(runs, "acc", loss="c") == "-"
+
+
+def test_comparison_table_puts_ours_beside_the_paper_and_writes_markdown():
+    table = summary.comparison_table([("x", "X")], [(1, "K=1"), (5, "K=5")], ours=lambda r, c: f"o{c}",
+                                     paper=lambda r, c: f"p{c}", row_name="loss", column_name="K")
+    assert list(table.loc["X"]) == ["o1", "p1", "o5", "p5"]
+    assert summary.to_markdown(table).splitlines()[0] == "| loss | K=1 ours | K=1 paper | K=5 ours | K=5 paper |"
+
+
+def test_claim_1_holds_on_table_2_and_breaks_if_eps_0_learns():
+    assert claims.claim_1(_frame(paper.TABLE_2, "epsilon")).status == claims.REPRODUCED
+    learned = claims.claim_1(_frame({**paper.TABLE_2, 0.0: 90.0}, "epsilon"))
+    assert learned.status == claims.NOT_REPRODUCED and learned.evidence[0].startswith("✗ eps = 0 fails")
+
+
+def test_claim_2_needs_sparse_gradients_rising_with_eps_and_learning():
+    sparsity = _frame({0.0: 2.0, 1e-4: 2.0, 1e-2: 2.8, 1.0: 3.9, 100.0: 3.95}, "epsilon")
+    table2 = _frame(paper.TABLE_2, "epsilon")
+    assert claims.claim_2(sparsity, 3, 100, table2).status == claims.REPRODUCED
+    dense = _frame({0.0: 2.0, 1e-4: 2.0, 1.0: 60.0}, "epsilon")
+    assert claims.claim_2(dense, 3, 100, table2).status == claims.NOT_REPRODUCED
+
+
+def test_claim_3_holds_on_table_3_and_breaks_when_b_matters():
+    assert claims.claim_3(_frame(paper.TABLE_3, "B")).status == claims.REPRODUCED
+    assert claims.claim_3(_frame({**paper.TABLE_3, 1: 80.0}, "B")).status == claims.NOT_REPRODUCED
+
+
+def test_claim_4_flat_noised_time_and_growing_smoothed_time():
+    rows = [("noised_balanced B=3", 1, 60.0), ("noised_balanced B=3", 50, 62.0),
+            ("smooth_hinge", 1, 70.0), ("smooth_hinge", 50, 200.0)]
+    frame = pd.DataFrame(rows, columns=["loss", "K", "epoch_seconds"])
+    assert claims.claim_4(frame).status == claims.REPRODUCED
+    frame.loc[1, "epoch_seconds"] = 120.0
+    assert claims.claim_4(frame).status == claims.NOT_REPRODUCED
+
+
+def test_claim_5_holds_on_table_4_and_breaks_if_ce_wins_under_noise():
+    table4 = pd.DataFrame([{"loss": loss, "p": p, "mean": values[i][0]} for loss, values in paper.TABLE_4.items()
+                           for i, p in enumerate(paper.LABEL_NOISE)])
+    assert claims.claim_5(table4).status == claims.REPRODUCED
+    table4.loc[(table4["loss"] == "cross_entropy") & (table4["p"] == 0.3), "mean"] = 95.0
+    assert claims.claim_5(table4).status == claims.NOT_REPRODUCED
+
+
+def test_claim_6_holds_on_table_5_and_breaks_if_ldam_wins():
+    table5 = pd.DataFrame([{"loss": loss, "K": k, "mean": v[0], "few": v[2][0]}
+                           for k, row in paper.TABLE_5.items() for loss, v in row.items()])
+    assert claims.claim_6(table5).status == claims.REPRODUCED
+    table5.loc[(table5["loss"] == "ldam") & (table5["K"] == 3), "mean"] = 70.0
+    assert claims.claim_6(table5).status == claims.NOT_REPRODUCED
+
+
+def test_claim_7_allows_three_standard_errors_and_no_more():
+    frame = pd.DataFrame([{"K": 1, "L": 10, "epsilon": 1.0, "observed": 1.0, "standard_error": 0.1, "bound": 0.8}])
+    assert claims.claim_7(frame).status == claims.REPRODUCED  # 1.0 - 0.3 <= 0.8
+    frame["standard_error"] = 0.01
+    assert claims.claim_7(frame).status == claims.NOT_REPRODUCED
+
+
+def test_a_verdict_not_run_keeps_what_the_check_computed():
+    verdict = claims.Verdict.from_parts(3, [(True, "a"), (False, "b")])
+    assert verdict.status == claims.NOT_REPRODUCED and verdict.evidence == ("✓ a", "✗ b")
+    skipped = verdict.not_run("too short")
+    assert skipped.status == claims.NOT_RUN and "would have said 'not reproduced'" in skipped.evidence[0]
+    assert skipped.evidence[1:] == verdict.evidence

@@ -1,0 +1,120 @@
+"""The notebooks' plumbing: the catalogue matches the source notebooks, every profile's grids are valid configs, the
+harness stops on missing real data and survives a diverged run, and the report marks failures and stays offline."""
+
+import json
+
+import nbformat
+import pytest
+import torch
+
+from data_prep import MissingDataError
+from experiments import analytic, catalogue, grids, harness, latex, report
+from experiments.paths import NOTEBOOKS
+from experiments.profiles import PROFILES, QUICK, SMOKE
+
+ALL_GRIDS = (grids.table2, grids.figure2, grids.table3, grids.figure3, grids.label_noise, grids.plantnet,
+             grids.imagenet_lt, grids.imagenet)
+
+
+def test_every_source_notebook_is_catalogued_output_free_and_has_one_parameters_cell():
+    names = sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb"))
+    assert names == sorted(catalogue.BY_NOTEBOOK)
+    for name in names:
+        notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+        code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+        assert all(not cell.outputs and cell.execution_count is None for cell in code), name
+        assert sum("parameters" in cell.metadata.get("tags", []) for cell in code) == 1, name
+        assert f'harness.start("{name}"' in code[1].source, name
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_profile_builds_valid_configs_for_every_grid(profile):
+    for grid in ALL_GRIDS:
+        cells = grid(PROFILES[profile])
+        assert cells and len({cell.config.key() for cell in cells}) == len(cells), grid.__name__
+
+
+def test_shared_runs_have_the_same_config_so_the_store_trains_them_once():
+    table3 = {c.config.key() for c in grids.table3(QUICK) if c.labels["B"] == 10}
+    clean = {c.config.key() for c in grids.label_noise(QUICK) if c.labels == {"loss": "noised_balanced", "p": 0.0,
+                                                                               "seed": c.labels["seed"]}}
+    assert table3 and table3 <= clean
+
+
+def test_a_real_dataset_without_a_data_root_stops_with_the_data_prep_command(tmp_path):
+    ctx = harness.start("table3_samples", "paper", store=tmp_path / "store", figures=tmp_path / "figures")
+    with pytest.raises(MissingDataError, match="python -m data_prep cifar100 --root"):
+        ctx.run(grids.table3(ctx.profile)[:1])
+
+
+def test_a_diverged_run_is_a_row_not_a_failed_notebook(tmp_path, monkeypatch):
+    def diverge(*args, **kwargs):
+        raise FloatingPointError("the training loss became NaN in epoch 1")
+
+    monkeypatch.setattr(harness, "run", diverge)
+    ctx = harness.start("table3_samples", "smoke", store=tmp_path / "store", figures=tmp_path / "figures")
+    frame = ctx.run(grids.table3(SMOKE)[:2], progress=False)
+    assert list(frame["status"]) == ["diverged", "diverged"] and "NaN" in frame["error"].iloc[0]
+
+
+def test_a_smoke_run_writes_its_outputs_with_profile_and_data(tmp_path):
+    ctx = harness.start("table3_samples", "smoke", store=tmp_path / "store", figures=tmp_path / "figures")
+    frame = ctx.run(grids.table3(SMOKE)[:1], progress=False)
+    assert frame["status"].iloc[0] == "done" and 0 <= frame["test_top5"].iloc[0] <= 100
+    ctx.save_table(frame[["B", "test_top5"]].set_index("B"), "t", "a title", show=False)
+    markdown = (tmp_path / "figures" / "t.md").read_text()
+    assert markdown.startswith("**a title**") and "smoke profile · synthetic CIFAR-100-like" in markdown
+    manifest = json.loads((tmp_path / "figures" / "manifests" / "table3_samples.json").read_text())
+    assert manifest["outputs"] == ["t.csv", "t.md"] and manifest["profile"] == "smoke"
+
+
+def _executed(path, outputs):
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x", outputs=outputs)])
+    notebook.metadata["papermill"] = {"duration": 1.5}
+    nbformat.write(notebook, path)
+
+
+def test_the_report_marks_failed_and_missing_notebooks_and_loads_nothing_remote(tmp_path):
+    executed, figures, out = tmp_path / "executed", tmp_path / "figures", tmp_path / "report"
+    executed.mkdir()
+    (figures / "manifests").mkdir(parents=True)
+    (figures / "claims").mkdir()
+    (figures / "table1.csv").write_text("loss,expression\n$\\ell$,$a+b$\n")
+    (figures / "table1.md").write_text("**Table 1**\n\n|...|\n\n*smoke profile · no data (analytic)*\n")
+    (figures / "manifests" / "table1_losses.json").write_text(json.dumps(
+        {"notebook": "table1_losses", "profile": "smoke", "device": "cpu", "data": [],
+         "outputs": ["table1.csv", "table1.md"]}))
+    _executed(executed / "table1_losses.ipynb", [nbformat.v4.new_output("display_data", {"text/html": "<b>ok</b>"})])
+    _executed(executed / "table3_samples.failed.ipynb",
+              [nbformat.v4.new_output("error", ename="ValueError", evalue="bad", traceback=[])])
+    runs = report.render("smoke", executed, figures, out)
+    status = {run.item.notebook: run.status for run in runs}
+    assert status["table1_losses"] == report.OK and status["table3_samples"] == report.FAILED
+    assert status["table9_imagenet"] == report.MISSING
+    problems = report.check(runs)
+    assert "table3_samples: failed; ValueError: bad" in problems and not any(p.startswith("table1_") for p in problems)
+    index = (out / "index.html").read_text()
+    assert "<math" in index and "the notebook table3_samples failed" in index
+    for page in out.glob("*.html"):
+        assert "cdnjs" not in page.read_text() and "require.min.js" not in page.read_text()
+
+
+def test_offline_strips_cdn_scripts_and_refuses_other_remote_resources():
+    page = '<head><script src="https://cdnjs.cloudflare.com/x.js"></script></head><a href="https://ok.org">link</a>'
+    assert report.offline(page) == '<head></head><a href="https://ok.org">link</a>'
+    with pytest.raises(ValueError, match="remote resource"):
+        report.offline('<img src="https://example.org/x.png">')
+
+
+def test_latex_cells_become_mathml_and_the_rest_is_escaped():
+    assert latex.to_html("a < b: $x^2$").startswith("a &lt; b: <math")
+    with pytest.raises(ValueError, match="unbalanced"):
+        latex.to_html("$x")
+
+
+def test_level_sets_cover_the_scaled_simplex_and_are_rescaled_to_unit_range():
+    grid = analytic.simplex_grid(10)
+    assert grid.shape == (66, 3) and torch.allclose(grid.sum(1), torch.full((66,), 2.0, dtype=torch.float64))
+    for panel in analytic.figure_1_panels(2):
+        values = analytic.level_set_values(panel, 10, 2, replications=2)
+        assert values.min() == 0 and values.max() == 1, panel.title
