@@ -21,7 +21,7 @@ PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-pr
 	-p profile $(PROFILE) -p device $(DEVICE) -p threads $(THREADS) $(if $(DATA),-p data_root $(abspath $(DATA)))
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test bench paper-figures notebooks report lab clean clean-results
+.PHONY: help venv test bench paper-figures notebooks report check-report lab clean clean-results
 
 help: ## List the targets
 	@grep -E '^[a-z][a-zA-Z_-]*:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
@@ -63,6 +63,13 @@ build/$(PROFILE)/%.ipynb: notebooks/%.ipynb $(SOURCES) | $(STAMP)
 
 report: | $(STAMP) ## Re-render build/report/index.html from the executed notebooks of PROFILE
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.report --profile $(PROFILE)
+
+check-report: | $(STAMP) ## Fail unless every notebook of PROFILE ran and wrote its outputs; screenshot the report (chromium)
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.report --profile $(PROFILE) --check
+	chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+		--disable-component-update --disable-sync --user-data-dir=$$(mktemp -d) --window-size=1200,1600 \
+		--screenshot=$(CURDIR)/build/report/screenshot.png file://$(CURDIR)/build/report/index.html 2>/dev/null
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.report --check-screenshot build/report/screenshot.png
 
 lab: $(STAMP) ## Open the notebooks in JupyterLab
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/jupyter lab notebooks

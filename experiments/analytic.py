@@ -47,8 +47,13 @@ class Panel:
 
 
 def _noised(k, epsilon, n_samples, margin=1.0):
-    return lambda s, y, generator: losses.noised_hinge(s, y, k, epsilon, n_samples, margins=margin,
-                                                       generator=generator, reduction="none")
+    """The noised loss with one draw of B noise vectors shared by every point of the grid (common random numbers),
+    so that a panel shows the loss a training step would see, not independent noise at each point."""
+    def loss(s, y, generator):
+        shared = torch.randn(n_samples, 1, s.shape[-1], generator=generator, dtype=s.dtype)
+        return losses.noised_hinge(s, y, k, epsilon, n_samples, margins=margin, noise=shared.expand(-1, len(s), -1),
+                                   reduction="none")
+    return loss
 
 
 def figure_1_panels(k: int) -> list[Panel]:
@@ -70,7 +75,7 @@ def figure_1_panels(k: int) -> list[Panel]:
 
 def noise_parameter_panels(k: int, parameter: str) -> list[Panel]:
     """Fig. 4 (``parameter="B"``: eps = 1, B in {1, 3, 10, 50}) or Fig. 5 (``"epsilon"``: B = 50,
-    eps in {0.1, 0.5, 1, 2}); one noise draw each, as the figures show the Monte Carlo estimate itself."""
+    eps in {0.1, 0.5, 1, 2}); one draw of the B noise vectors each, as the figures show the Monte Carlo estimate."""
     if parameter == "B":
         return [Panel(f"K = {k}\nε = 1, B = {b}", _noised(k, 1.0, b), noised=True) for b in (1, 3, 10, 50)]
     if parameter == "epsilon":

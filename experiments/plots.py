@@ -20,7 +20,9 @@ def level_sets(panels: list[tuple[str, object]], points: int, true_class: int, *
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(2.4 * columns, 2.5 * rows + 0.4), squeeze=False)
     for ax, (name, values) in zip(axes.flat, panels):
-        filled = ax.tricontourf(triangulation, values.numpy(), levels=[i / 10 for i in range(11)], cmap="viridis")
+        # bins of width 0.1, the outer edges widened so that values of exactly 0 and 1 are filled too
+        edges = [-1e-9] + [i / 10 for i in range(1, 10)] + [1 + 1e-9]
+        filled = ax.tricontourf(triangulation, values.numpy(), levels=edges, cmap="viridis")
         ax.tricontour(triangulation, values.numpy(), levels=[i / 10 for i in range(1, 10)], colors="white",
                       linewidths=0.3)
         ax.set_title(name, fontsize=8)

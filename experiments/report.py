@@ -243,6 +243,19 @@ def _git(*args: str) -> str:
         return "unknown"
 
 
+def screenshot_problems(path: Path) -> list[str]:
+    """A screenshot of the entry page must exist and show something (not one flat colour)."""
+    from PIL import Image
+
+    if not path.exists():
+        return [f"no screenshot at {path}"]
+    image = Image.open(path).convert("L")
+    low, high = image.getextrema()
+    if high - low < 64:
+        return [f"the screenshot {path} is blank (grey levels {low} to {high})"]
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="quick")
@@ -250,7 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--figures", type=Path, default=FIGURES)
     parser.add_argument("--out", type=Path, default=BUILD / "report")
     parser.add_argument("--check", action="store_true", help="exit 1 if a notebook failed or an output is missing")
+    parser.add_argument("--check-screenshot", type=Path, metavar="PNG", help="only check a screenshot of the report")
     args = parser.parse_args(argv)
+    if args.check_screenshot:
+        problems = screenshot_problems(args.check_screenshot)
+        print("\n".join(problems) or f"screenshot: {args.check_screenshot} shows the report", file=sys.stderr)
+        return 1 if problems else 0
     runs = render(args.profile, args.executed or BUILD / args.profile, args.figures, args.out)
     print(f"report: {args.out / 'index.html'}")
     problems = check(runs)
