@@ -18,7 +18,7 @@ STATUSES = (REPRODUCED, NOT_REPRODUCED, NOT_RUN)
 
 FAILS_BELOW = 0.5  #: "fails to learn": below half the best setting's accuracy
 LEARNS_ABOVE = 0.9  #: "learns": at least 90% of the best setting's accuracy
-LITTLE_IMPACT_POINTS = 1.0  #: "little impact": means within 1 point, or within the widest 95% interval if wider
+LITTLE_IMPACT_POINTS = 1.0  #: "little impact": means within 1 point, or two standard errors of a mean if wider
 FLAT_RATIO = 1.15  #: "barely depends on K": epoch time at the largest K within 15% of K = 1's
 GROWS_RATIO = 1.25  #: "grows with K": epoch time at the largest K at least 25% above K = 1's
 TAIL_FAILURE_RATIO = 0.6  #: "fails on tail classes": few-shot accuracy below 60% of cross-entropy's (paper: 52%, 27%)
@@ -93,15 +93,15 @@ def claim_2(figure2: pd.DataFrame, n_samples: int, n_classes: int, table2: pd.Da
 
 
 def claim_3(table3: pd.DataFrame) -> Verdict:
-    """B has little impact, B in 3..10 is enough. ``table3``: B, mean, half (best val top-5)."""
+    """B has little impact, B in 3..10 is enough. ``table3``: B, mean, se (best val top-5; se may be NaN)."""
     means = _by(table3, "B")
-    widest = max((h for h in table3["half"] if math.isfinite(h)), default=0.0)
-    tolerance = max(LITTLE_IMPACT_POINTS, widest)
+    largest_se = max((s for s in table3.get("se", []) if math.isfinite(s)), default=0.0)
+    tolerance = max(LITTLE_IMPACT_POINTS, 2 * largest_se)
     spread = max(means.values()) - min(means.values())
     small_best = max(v for b, v in means.items() if 3 <= b <= 10)
     return Verdict.from_parts(3, [
         (spread <= tolerance, f"the means over B span {spread:.2f} points <= {tolerance:.2f} "
-                              f"(1 point or the widest 95% interval)"),
+                              f"(1 point, or 2 standard errors of a mean if larger)"),
         (small_best >= max(means.values()) - tolerance,
          f"the best B in 3..10 ({_fmt(small_best)}) is within {tolerance:.2f} of the best B ({_fmt(max(means.values()))})"),
     ])

@@ -99,7 +99,7 @@ QUICK = Profile(
     imagenet=Setup("imagenet_like", **_small_cnn(16), epochs=10, batch_size=64, lr=0.05, weight_decay=5e-4,
                    milestones=(6, 8), seeds=(0, 1), dataset_options={"per_class_train": 40, "per_class_val": 10,
                                                                      "per_class_test": 10, "n_classes": 200}),
-    sweep_seeds=(0, 1), figure3_ks=(1, 5, 10, 20, 50), figure3_epochs=2, judges_training=True,
+    sweep_seeds=(0, 1, 2), figure3_ks=(1, 5, 10, 20, 50), figure3_epochs=2, judges_training=True,
     level_set_points=90, replications=100, bound_samples=4000,
 )
 

@@ -22,13 +22,14 @@ def mean_interval(values) -> tuple[float, float, int]:
 
 
 def summarise(frame: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
-    """One row per group of ``by``: ``mean``, ``half`` (95% interval half-width) and ``n`` (seeds) of ``value``.
-    Rows whose run diverged count as missing values (they lower ``n``)."""
+    """One row per group of ``by``: ``mean``, ``half`` (95% interval half-width), ``se`` (standard error of the mean)
+    and ``n`` (seeds) of ``value``. Rows whose run diverged count as missing values (they lower ``n``)."""
     rows = []
     for key, group in frame.groupby(by, dropna=False, sort=False):
         mean, half, n = mean_interval(group[value])
-        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "mean": mean, "half": half, "n": n,
-                     "runs": len(group)})
+        se = half / float(stats.t.ppf(0.975, n - 1)) if n > 1 else math.nan
+        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "mean": mean, "half": half, "se": se,
+                     "n": n, "runs": len(group)})
     return pd.DataFrame(rows)
 
 

@@ -10,7 +10,8 @@ from experiments import claims, paper, summary
 
 
 def _frame(values: dict, column: str) -> pd.DataFrame:
-    return pd.DataFrame({column: list(values), "mean": list(values.values()), "half": [0.2] * len(values)})
+    return pd.DataFrame({column: list(values), "mean": list(values.values()), "half": [0.2] * len(values),
+                         "se": [0.1] * len(values)})
 
 
 def test_mean_interval_is_the_student_t_95_interval():
@@ -56,6 +57,8 @@ def test_claim_2_needs_sparse_gradients_rising_with_eps_and_learning():
 def test_claim_3_holds_on_table_3_and_breaks_when_b_matters():
     assert claims.claim_3(_frame(paper.TABLE_3, "B")).status == claims.REPRODUCED
     assert claims.claim_3(_frame({**paper.TABLE_3, 1: 80.0}, "B")).status == claims.NOT_REPRODUCED
+    noisy = _frame({**paper.TABLE_3, 1: 91.0}, "B").assign(se=2.0)  # 3.6 points apart, within 2 standard errors
+    assert claims.claim_3(noisy).status == claims.REPRODUCED
 
 
 def test_claim_4_flat_noised_time_and_growing_smoothed_time():
