@@ -101,7 +101,7 @@ class Context:
     # -- outputs ------------------------------------------------------------------------------------------------
     def stamp(self, data: str | None = None) -> str:
         """The line every output carries: profile and data."""
-        used = data or ("; ".join(self.data) if self.data else "no data (analytic)")
+        used = data or (_data_line(self.data) if self.data else "no data (analytic)")
         return f"{self.profile.name} profile · {used}"
 
     def save_figure(self, fig: plt.Figure, name: str, *, data: str | None = None) -> plt.Figure:
@@ -164,6 +164,19 @@ def flatten(record: dict) -> dict:
         row[f"classes_{group}"] = values["n_classes"]
         row.update({f"test_macro_top{k}_{group}": 100 * v for k, v in values.items() if k != "n_classes"})
     return row
+
+
+def _data_line(descriptions: list[str]) -> str:
+    """Several datasets that differ only in their last fields (label noise) as one line: the shared fields, then the
+    variants."""
+    fields = [d.split(", ") for d in descriptions]
+    shared = 0
+    while all(len(f) > shared and f[shared] == fields[0][shared] for f in fields):
+        shared += 1
+    if len(descriptions) == 1 or shared == 0:
+        return "; ".join(descriptions)
+    variants = [", ".join(f[shared:]) or "as is" for f in fields]
+    return ", ".join(fields[0][:shared]) + "; variants: " + " | ".join(variants)
 
 
 def _display_html(html: str) -> None:

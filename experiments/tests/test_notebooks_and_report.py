@@ -118,3 +118,9 @@ def test_level_sets_cover_the_scaled_simplex_and_are_rescaled_to_unit_range():
     for panel in analytic.figure_1_panels(2):
         values = analytic.level_set_values(panel, 10, 2, replications=2)
         assert values.min() == 0 and values.max() == 1, panel.title
+
+
+def test_datasets_differing_by_label_noise_share_one_data_line():
+    line = harness._data_line(["synthetic, 16px, seed 0", "synthetic, 16px, seed 0, label noise p = 0.1 (flip 0.08)"])
+    assert line == "synthetic, 16px, seed 0; variants: as is | label noise p = 0.1 (flip 0.08)"
+    assert harness._data_line(["a, b", "c, d"]) == "a, b; c, d"
