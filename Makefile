@@ -51,7 +51,7 @@ notebooks: $(EXECUTED)
 
 build/$(PROFILE)/%.ipynb: notebooks/%.ipynb $(SOURCES) | $(STAMP)
 	@mkdir -p $(@D)
-	@rm -f build/$(PROFILE)/$*.failed.ipynb
+	@rm -f $@ build/$(PROFILE)/$*.failed.ipynb
 	@echo "notebook $* ($(PROFILE) profile) ..."
 	@start=$$(date +%s); \
 	if $(PAPERMILL) $< build/$(PROFILE)/.$*.running.ipynb; then \
