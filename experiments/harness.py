@@ -104,16 +104,15 @@ class Context:
         used = data or (_data_line(self.data) if self.data else "no data (analytic)")
         return f"{self.profile.name} profile · {used}"
 
-    def save_figure(self, fig: plt.Figure, name: str, *, data: str | None = None) -> plt.Figure:
+    def save_figure(self, fig: plt.Figure, name: str, *, data: str | None = None) -> None:
         """``figures/<name>.png`` and ``.pdf``, with the profile and data written under the axes."""
         fig.text(0.01, 0.0, self.stamp(data), fontsize=7, color="0.35", ha="left", va="top")  # under the axes
         for suffix in ("png", "pdf"):
             fig.savefig(self.figures / f"{name}.{suffix}", dpi=150 if suffix == "png" else None, bbox_inches="tight")
         self._add_output(f"{name}.png", f"{name}.pdf")
-        return fig
 
     def save_table(self, table: pd.DataFrame, name: str, title: str, *, data: str | None = None,
-                   show: bool = True) -> pd.DataFrame:
+                   show: bool = True) -> None:
         """``figures/<name>.csv`` and ``.md`` (title, table, then the profile and data); shown unless ``show=False``."""
         flat = table.set_axis([" ".join(map(str, c)).strip() if isinstance(c, tuple) else c for c in table.columns], axis=1)
         flat.to_csv(self.figures / f"{name}.csv")  # one header row: ("p=0.1", "ours") -> "p=0.1 ours"
@@ -121,9 +120,8 @@ class Context:
         self._add_output(f"{name}.csv", f"{name}.md")
         if show:
             _display_html(f"<p><b>{title}</b></p>{table.to_html()}<p><i>{self.stamp(data)}</i></p>")
-        return table
 
-    def judge(self, verdict: Verdict) -> Verdict:
+    def judge(self, verdict: Verdict) -> None:
         """Write a claim's verdict to ``figures/claims/claim<N>.json``; on the smoke profile (and any profile too short
         to train), training claims are "not run at this profile", with what the check computed kept as evidence."""
         if verdict.training and not self.profile.judges_training:
@@ -133,7 +131,6 @@ class Context:
         path.write_text(json.dumps(payload, indent=1))
         self._add_output(f"claims/{path.name}")
         _display_html(verdict.to_html())
-        return verdict
 
     def _add_output(self, *names: str) -> None:
         self.outputs += [n for n in names if n not in self.outputs]

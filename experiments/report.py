@@ -158,7 +158,15 @@ def offline(page: str) -> str:
 
 
 def _with_code_toggle(page: str) -> str:
-    return re.sub(r"<body([^>]*)>", lambda m: f'<body{m.group(1)} class="hide-code">{TOGGLE}', page, count=1)
+    """Code hidden by default: ``hide-code`` joins the body's classes; the button toggles it."""
+    def hide(match: re.Match) -> str:
+        attributes = match.group(1)
+        if re.search(r'\bclass="', attributes):
+            attributes = re.sub(r'\bclass="', 'class="hide-code ', attributes, count=1)
+        else:
+            attributes += ' class="hide-code"'
+        return f"<body{attributes}>{TOGGLE}"
+    return re.sub(r"<body([^>]*)>", hide, page, count=1)
 
 
 def _index(profile: str, figures: Path, runs: list[NotebookRun]) -> str:

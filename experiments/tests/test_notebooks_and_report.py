@@ -124,3 +124,9 @@ def test_datasets_differing_by_label_noise_share_one_data_line():
     line = harness._data_line(["synthetic, 16px, seed 0", "synthetic, 16px, seed 0, label noise p = 0.1 (flip 0.08)"])
     assert line == "synthetic, 16px, seed 0; variants: as is | label noise p = 0.1 (flip 0.08)"
     assert harness._data_line(["a, b", "c, d"]) == "a, b; c, d"
+
+
+def test_code_is_hidden_by_default_whatever_the_body_classes():
+    assert report._with_code_toggle('<body class="jp-Notebook" data-x="1">').startswith(
+        '<body class="hide-code jp-Notebook" data-x="1">')
+    assert report._with_code_toggle("<body>").startswith('<body class="hide-code">')
