@@ -46,7 +46,7 @@ th { background: #f3f3f3; }
 img { max-width: 100%; } .muted { color: #666; font-size: 0.9em; } section { margin-bottom: 2.5em; }
 """
 TOGGLE = """
-<style>body.hide-code .jp-Cell-inputWrapper, body.hide-code .jp-InputPrompt { display: none; }
+<style>body.hide-code .jp-CodeCell .jp-Cell-inputWrapper { display: none; }
 #toggle-code { position: fixed; top: 8px; right: 8px; z-index: 10; }</style>
 <button id="toggle-code" onclick="document.body.classList.toggle('hide-code')">show / hide code</button>
 <p><a href="index.html">&larr; back to the report</a></p>
