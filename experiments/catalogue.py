@@ -35,7 +35,7 @@ ITEMS = (
     Item("sec32_worked_example", "Section 3.2: the worked example", tables=("worked_example",)),
     Item("prop35_bound", "Prop. 3.5: the approximation bound, measured", figures=("prop35_bound",),
          tables=("prop35_bound",)),
-    Item("table2_fig2_epsilon", "Table 2 and Fig. 2: the effect of eps, gradient sparsity", figures=("fig2",),
+    Item("table2_fig2_epsilon", "Table 2 and Fig. 2: the effect of eps, gradient sparsity", figures=("table2", "fig2"),
          tables=("table2", "fig2"), training=True),
     Item("table3_samples", "Table 3: the effect of B", tables=("table3",), training=True),
     Item("fig3_epoch_time", "Fig. 3: epoch time against K", figures=("fig3",), tables=("fig3",), training=True),

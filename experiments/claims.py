@@ -131,11 +131,11 @@ def claim_5(table4: pd.DataFrame) -> Verdict:
     parts = []
     for loss in ("smooth_hinge", "noised_balanced"):
         parts.append((all(means[loss, p] > means["cross_entropy", p] for p in noisy),
-                      f"{loss} beats CE for every p > 0: " + ", ".join(
+                      f"{loss} > CE for every p > 0 (test top-5, {loss} vs CE): " + ", ".join(
                           f"p={p:g}: {_fmt(means[loss, p])} vs {_fmt(means['cross_entropy', p])}" for p in noisy)))
     later = [p for p in noisy if p >= 0.2]
     parts.append((all(means["noised_balanced", p] >= means["smooth_hinge", p] for p in later),
-                  "noised >= smoothed for p >= 0.2: " + ", ".join(
+                  "noised >= smoothed for p >= 0.2 (noised vs smoothed): " + ", ".join(
                       f"p={p:g}: {_fmt(means['noised_balanced', p])} vs {_fmt(means['smooth_hinge', p])}" for p in later)))
     return Verdict.from_parts(5, parts)
 
@@ -152,8 +152,8 @@ def claim_6(table5: pd.DataFrame) -> Verdict:
     for k in ks:
         rivals = {loss: mean[loss, k] for loss in ("ldam", "focal", "cross_entropy")}
         parts.append((all(mean["noised_imbalanced", k] > v for v in rivals.values()),
-                      f"K={k}: noised imbalanced {_fmt(mean['noised_imbalanced', k])} beats " +
-                      ", ".join(f"{loss} {_fmt(v)}" for loss, v in rivals.items())))
+                      f"K={k}: noised imbalanced > {', '.join(rivals)} (macro top-{k}): "
+                      f"{_fmt(mean['noised_imbalanced', k])} vs " + ", ".join(_fmt(v) for v in rivals.values())))
     return Verdict.from_parts(6, parts)
 
 
