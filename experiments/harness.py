@@ -25,7 +25,7 @@ from experiments.grids import Cell
 from experiments.paths import FIGURES, RESULTS
 from experiments.profiles import Profile, get_profile
 from experiments.store import ResultsStore
-from experiments.summary import to_markdown
+from experiments.summary import column_labels, to_markdown
 from experiments.train import run
 
 DEVICES = ("cpu", "cuda")
@@ -65,7 +65,7 @@ class Context:
         rows = []
         for i, cell in enumerate(cells, 1):
             tick = time.perf_counter()
-            cached = self.store.finished(cell.config.key()) is not None
+            cached = self.store.record_path(cell.config.key()).exists()
             try:
                 record = run(cell.config, self.store, device=self.device, data_root=self._root(cell))
                 row = flatten(record)
@@ -114,8 +114,7 @@ class Context:
     def save_table(self, table: pd.DataFrame, name: str, title: str, *, data: str | None = None,
                    show: bool = True) -> None:
         """``figures/<name>.csv`` and ``.md`` (title, table, then the profile and data); shown unless ``show=False``."""
-        flat = table.set_axis([" ".join(map(str, c)).strip() if isinstance(c, tuple) else c for c in table.columns], axis=1)
-        flat.to_csv(self.figures / f"{name}.csv")  # one header row: ("p=0.1", "ours") -> "p=0.1 ours"
+        table.set_axis(column_labels(table), axis=1).to_csv(self.figures / f"{name}.csv")  # one header row
         (self.figures / f"{name}.md").write_text(f"**{title}**\n\n{to_markdown(table)}\n*{self.stamp(data)}*\n")
         self._add_output(f"{name}.csv", f"{name}.md")
         if show:

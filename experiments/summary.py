@@ -57,10 +57,14 @@ def format_published(value, digits: int = 1) -> str:
     return text
 
 
+def column_labels(frame: pd.DataFrame) -> list[str]:
+    """One label per column: a two-level column ``("p=0.1", "ours")`` becomes ``"p=0.1 ours"``."""
+    return [" ".join(map(str, c)).strip() if isinstance(c, tuple) else str(c) for c in frame.columns]
+
+
 def to_markdown(frame: pd.DataFrame) -> str:
     """A GitHub Markdown table of ``frame`` (index included, as the first column)."""
-    header = [str(frame.index.name or "")] + [" ".join(map(str, c)) if isinstance(c, tuple) else str(c)
-                                               for c in frame.columns]
+    header = [str(frame.index.name or "")] + column_labels(frame)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for index, row in frame.iterrows():
         lines.append("| " + " | ".join([str(index)] + [str(v) for v in row]) + " |")
