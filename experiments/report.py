@@ -61,6 +61,7 @@ class NotebookRun:
     seconds: float | None
     errors: list[str]
     missing_outputs: list[str]
+    manifest: dict | None  #: what the notebook wrote, if it wrote it at this profile
 
 
 def collect(profile: str, executed: Path, figures: Path) -> list[NotebookRun]:
@@ -80,10 +81,11 @@ def collect(profile: str, executed: Path, figures: Path) -> list[NotebookRun]:
             if errors:
                 status = FAILED
         manifest = _read_json(figures / "manifests" / f"{item.notebook}.json")
-        fresh = manifest is not None and manifest.get("profile") == profile
-        missing = [o for o in item.expected_outputs() if not (fresh and o in manifest["outputs"]
+        if manifest is not None and manifest.get("profile") != profile:
+            manifest = None
+        missing = [o for o in item.expected_outputs() if not (manifest and o in manifest["outputs"]
                                                               and (figures / o).exists())]
-        runs.append(NotebookRun(item, status, path, seconds, errors, missing))
+        runs.append(NotebookRun(item, status, path, seconds, errors, missing, manifest))
     return runs
 
 
@@ -100,15 +102,15 @@ def verdicts(profile: str, figures: Path, runs: list[NotebookRun]) -> list[dict]
     return out
 
 
-def provenance(profile: str, figures: Path, runs: list[NotebookRun]) -> dict:
+def provenance(profile: str, runs: list[NotebookRun]) -> dict:
     import torch
     import torchvision
 
     import topk
 
-    manifests = [m for m in (_read_json(figures / "manifests" / f"{r.item.notebook}.json") for r in runs) if m]
-    data = sorted({d for m in manifests if m.get("profile") == profile for d in m.get("data", [])})
-    devices = sorted({m["device"] for m in manifests if m.get("profile") == profile})
+    manifests = [run.manifest for run in runs if run.manifest]
+    data = sorted({d for m in manifests for d in m.get("data", [])})
+    devices = sorted({m["device"] for m in manifests})
     return {
         "profile": f"{profile}: {get_profile(profile).description}",
         "data": "; ".join(data) or "none",
@@ -119,7 +121,8 @@ def provenance(profile: str, figures: Path, runs: list[NotebookRun]) -> dict:
                     f"{torchvision.__version__}, topk {topk.__version__}",
         "device": ", ".join(devices) or "-",
         "machine": f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} torch threads",
-        "notebook run time": f"{sum(r.seconds or 0 for r in runs) / 60:.1f} min in total",
+        "notebook run time": f"{sum(r.seconds or 0 for r in runs) / 60:.1f} min in total for this execution "
+                             "(runs already in the results store are read back, not retrained)",
     }
 
 
@@ -200,7 +203,7 @@ def _index(profile: str, figures: Path, runs: list[NotebookRun]) -> str:
     for run in runs:
         parts.append(_item_section(run, figures))
     parts.append("<section><h2>Provenance</h2><table>" + "".join(
-        f"<tr><th>{k}</th><td>{html.escape(str(v))}</td></tr>" for k, v in provenance(profile, figures, runs).items())
+        f"<tr><th>{k}</th><td>{html.escape(str(v))}</td></tr>" for k, v in provenance(profile, runs).items())
         + "</table></section>")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>topk reproduction report ({profile})</title>"
             f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
@@ -213,9 +216,13 @@ def _item_section(run: NotebookRun, figures: Path) -> str:
                      "shown.</p></section>")
         return "".join(parts)
     for name in run.item.figures:
+        if f"{name}.png" in run.missing_outputs:  # listed as missing in the notebooks table
+            continue
         data = base64.b64encode((figures / f"{name}.png").read_bytes()).decode()
         parts.append(f"<p><img alt='{name}' src='data:image/png;base64,{data}'></p>")
     for name in run.item.tables:
+        if f"{name}.csv" in run.missing_outputs or f"{name}.md" in run.missing_outputs:
+            continue
         lines = (figures / f"{name}.md").read_text().splitlines()
         table = pd.read_csv(figures / f"{name}.csv", index_col=0)
         parts.append(f"<p><b>{html.escape(lines[0].strip('*'))}</b></p>{_table_html(table)}"

@@ -85,6 +85,7 @@ def test_the_report_marks_failed_and_missing_notebooks_and_loads_nothing_remote(
         {"notebook": "table1_losses", "profile": "smoke", "device": "cpu", "data": [],
          "outputs": ["table1.csv", "table1.md"]}))
     _executed(executed / "table1_losses.ipynb", [nbformat.v4.new_output("display_data", {"text/html": "<b>ok</b>"})])
+    _executed(executed / "sec32_worked_example.ipynb", [])  # ran, but wrote none of its outputs
     _executed(executed / "table3_samples.failed.ipynb",
               [nbformat.v4.new_output("error", ename="ValueError", evalue="bad", traceback=[])])
     runs = report.render("smoke", executed, figures, out)
@@ -93,6 +94,7 @@ def test_the_report_marks_failed_and_missing_notebooks_and_loads_nothing_remote(
     assert status["table9_imagenet"] == report.MISSING
     problems = report.check(runs)
     assert "table3_samples: failed; ValueError: bad" in problems and not any(p.startswith("table1_") for p in problems)
+    assert "sec32_worked_example: missing output figures/worked_example.csv" in problems
     index = (out / "index.html").read_text()
     assert "<math" in index and "the notebook table3_samples failed" in index
     for page in out.glob("*.html"):
