@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import torch
 
@@ -73,10 +74,14 @@ def check_labels(y: object, s: torch.Tensor, name: str = "y") -> torch.Tensor:
     return y.long()
 
 
+def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"'{name}' should be one of {choices}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
 def check_reduction(reduction: object) -> str:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"'reduction' should be one of {REDUCTIONS}, got {reduction!r}")
-    return reduction  # type: ignore[return-value]
+    return check_choice(reduction, "reduction", REDUCTIONS)
 
 
 def check_noise(noise: object, n_samples: int, s: torch.Tensor) -> torch.Tensor:
@@ -118,3 +123,23 @@ def check_margins(margins: object, s: torch.Tensor) -> float | torch.Tensor:
     if not bool(torch.isfinite(margins).all()):
         raise ValueError(f"'margins' should be finite, got {margins.tolist()}")
     return margins
+
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def check_backend(backend: object, s: torch.Tensor, k: int) -> str:
+    """``"auto"``, ``"torch"`` or ``"triton"``; Triton needs the package, CUDA scores (or its interpreter,
+    ``TRITON_INTERPRET=1``) and ``k + 1 <= topk.fused.MAX_K``."""
+    if check_choice(backend, "backend", BACKENDS) != "triton":
+        return backend
+    from topk import fused
+
+    if not fused.available():
+        raise ValueError("backend='triton' needs the triton package (pip install triton), which is not installed")
+    if not s.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"backend='triton' needs CUDA scores, got scores on {s.device} "
+                         "(set TRITON_INTERPRET=1 to run the kernel in Triton's interpreter)")
+    if k + 1 > fused.MAX_K:
+        raise ValueError(f"backend='triton' needs k + 1 <= {fused.MAX_K}, got k = {k}")
+    return backend

@@ -14,10 +14,14 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from topk import fused
 from topk._validation import (
+    check_backend,
+    check_generator,
     check_int,
     check_labels,
     check_margins,
+    check_noise,
     check_real,
     check_reduction,
     check_scores,
@@ -222,6 +226,7 @@ def noised_hinge(
     generator: torch.Generator | None = None,
     noise: torch.Tensor | None = None,
     reduction: str = "mean",
+    backend: str = "auto",
 ) -> torch.Tensor:
     """The noised top-K hinge ``(m_y + top_{K+1,eps,B}(s) - s_y)_+`` of Garcin et al. (ICML 2022).
 
@@ -231,13 +236,33 @@ def noised_hinge(
     ``generator`` or given as ``noise`` of shape ``(n_samples, *s.shape)``. The gradient is the estimator
     of Eq. 12, ``1{m_y + top_{K+1,eps,B}(s) > s_y} (mean one-hot - e_y)`` (Prop. 3.7), whose rows sum to 0.
     ``epsilon = 0`` is the calibrated hinge (Eq. 5) exactly. Needs ``k + 1 <= L``.
+
+    ``backend`` chooses the implementation: ``"torch"`` (:func:`topk.smooth_top_k`), ``"triton"`` (the fused
+    kernel of :mod:`topk.fused`: noise generated in the kernel by Philox from one seed drawn from
+    ``generator``, nothing of size ``n_samples x L`` stored) or ``"auto"``: Triton for CUDA scores when it is
+    installed, ``epsilon > 0`` and ``k + 1 <= topk.fused.MAX_K``, PyTorch otherwise. Both give the same
+    estimator; for the same ``generator`` state they draw different noise, for the same ``noise`` the same loss.
     """
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1] - 1, " (k + 1 must not exceed the number of classes)")
+    epsilon = check_real(epsilon, "epsilon", low=0.0)
+    n_samples = check_int(n_samples, "n_samples", 1)
     margins = check_margins(margins, s)
+    generator = check_generator(generator, s)
+    if noise is not None:
+        check_noise(noise, n_samples, s)
     true_margin = margins.to(s.dtype)[y] if isinstance(margins, torch.Tensor) else margins
+    if _use_fused(check_backend(backend, s, k), s, k, epsilon):
+        loss = fused.noised_hinge_rows(s, y, true_margin, k, epsilon, n_samples, generator=generator, noise=noise)
+        return _reduce(loss, reduction)
     smoothed = smooth_top_k(s, k + 1, epsilon, n_samples, generator=generator, noise=noise)
     return _reduce(F.relu(true_margin + smoothed - _true_scores(s, y)), reduction)
+
+
+def _use_fused(backend: str, s: torch.Tensor, k: int, epsilon: float) -> bool:
+    if backend != "auto":
+        return backend == "triton"
+    return s.is_cuda and epsilon > 0 and k + 1 <= fused.MAX_K and fused.available()
 
 
 def class_margins(class_counts: Sequence[int] | torch.Tensor, max_margin: float) -> torch.Tensor:

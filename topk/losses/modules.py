@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from topk._validation import check_int, check_real, check_reduction
+from topk._validation import BACKENDS, check_choice, check_int, check_real, check_reduction
 from topk.losses import functional as LF
 
 __all__ = ["ZeroOneTopK", "CrossEntropy", "Focal", "LDAM", "LapinHinge", "ConvexHinge", "CalibratedHinge", "SmoothHinge",
@@ -26,6 +26,7 @@ _EARLY_CHECKS: dict[str, Callable[[object], object]] = {
     "tau": lambda v: check_real(v, "tau", low=0.0, strict=True),
     "alpha": lambda v: check_real(v, "alpha", low=0.0),
     "reduction": check_reduction,
+    "backend": lambda v: check_choice(v, "backend", BACKENDS),
 }
 
 
@@ -158,9 +159,10 @@ class NoisedHinge(_LossModule):
         margins: float | torch.Tensor = 1.0,
         generator: torch.Generator | None = None,
         reduction: str = "mean",
+        backend: str = "auto",
     ):
         super().__init__(k=k, epsilon=epsilon, n_samples=n_samples, margins=margins, generator=generator,
-                         reduction=reduction)
+                         reduction=reduction, backend=backend)
 
     @classmethod
     def imbalanced(cls, k: int, epsilon: float, n_samples: int, class_counts: Sequence[int] | torch.Tensor,

@@ -74,7 +74,7 @@ def build_loss(name: str, **parameters) -> nn.Module:
     """The loss module registered as ``name``, built with ``parameters``.
 
     >>> build_loss("noised_balanced", k=5, epsilon=0.2, n_samples=10)
-    NoisedHinge(k=5, epsilon=0.2, n_samples=10, margins=1.0, generator=None, reduction=mean)
+    NoisedHinge(k=5, epsilon=0.2, n_samples=10, margins=1.0, generator=None, reduction=mean, backend=auto)
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; the registered losses are {sorted(LOSSES)}")

@@ -4,6 +4,11 @@ import os
 
 import pytest
 import torch
+
+# Without a GPU the Triton kernel of topk.fused runs in Triton's interpreter, which must be chosen before
+# triton is first imported (its library functions, e.g. tl.randn, are built at import time).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from hypothesis import HealthCheck, settings
 
 # `ci` (used by `make test`): derandomized, so a run is reproducible; `dev`: more examples.

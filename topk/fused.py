@@ -1,0 +1,248 @@
+"""A fused Triton kernel for the perturbed K-th largest score, behind the noised hinge losses on CUDA.
+
+The noised losses of Garcin et al. (ICML 2022, Eq. 10 and 13) need, for every row ``s`` of scores and every
+noise sample ``b``, the (K+1)-th largest entry of ``s + eps Z_b`` and its position (Eq. 11-12). The PyTorch
+path (:mod:`topk.operators`) materialises the perturbed scores and calls ``torch.topk`` on them. This kernel
+reads each score once and keeps nothing of size ``n_samples x L``:
+
+- the noise is generated in the kernel by Philox from one seed (``tl.randn``), never stored; an explicit
+  ``noise`` tensor can be given instead, so the kernel can be tested exactly against the PyTorch path;
+- each program streams its rows' scores tile by tile and keeps, per noise sample, the K largest perturbed
+  values seen so far with their positions; a tile value enters only if it beats the current K-th largest,
+  and at most K enter per tile, so no sort is done;
+- long rows are split into chunks handled by separate programs, whose K candidates are merged on the host
+  (``torch.topk`` over ``n_chunks x K`` numbers per row and sample).
+
+The output is the K-th largest perturbed value (in float32, float64 for float64 scores) and its position
+(int32), shape ``(n_samples, rows)``. The backward pass of the loss only scatters at those positions.
+
+Triton is optional: :func:`available` says whether it can be used. On a CPU the kernel runs under Triton's
+interpreter (``TRITON_INTERPRET=1`` set before the first call), which is how its tests run without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+#: The largest K handled by the kernel; the buffer of the K largest values lives in registers.
+MAX_K = 128
+#: Perturbed values in one tile of one program (samples x classes); a power of two.
+TILE_ELEMENTS = 4096
+#: Chunks are not made shorter than this many classes: below it the merge would cost more than it saves.
+MIN_CHUNK = 2048
+
+
+def available() -> bool:
+    """Whether Triton can be imported (it ships with the Linux x86-64 wheels of PyTorch)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def _kernel():
+    """The jitted kernel, built on first use, so that ``TRITON_INTERPRET`` is read when it is needed."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def perturbed_kth_largest(
+        s_ptr, noise_ptr, seed_ptr, epsilon_ptr, out_values_ptr, out_positions_ptr,
+        n_rows, n_classes, n_samples, row_stride, chunk_length, n_chunks,
+        K: tl.constexpr, HAS_NOISE: tl.constexpr, FINAL: tl.constexpr,
+        BLOCK_B: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        samples = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
+        sample_ok = samples < n_samples
+        slots = tl.arange(0, BLOCK_K)  # [BK]
+        lanes = tl.arange(0, BLOCK_L)  # [BL]
+        epsilon = tl.load(epsilon_ptr)
+        accumulate = epsilon.dtype
+        if not HAS_NOISE:
+            seed = tl.load(seed_ptr)
+        chunk_start = chunk * chunk_length
+        chunk_stop = tl.minimum(chunk_start + chunk_length, n_classes)
+        # the K largest so far, per sample; the padding slots (>= K) hold +inf so they are never the minimum
+        best = tl.where(slots[None, :] < K, float("-inf"), float("inf")).to(accumulate) + tl.zeros(
+            (BLOCK_B, BLOCK_K), accumulate)
+        best_at = tl.zeros((BLOCK_B, BLOCK_K), tl.int32) + chunk_start
+        kth = tl.min(best, axis=1)  # [BB], the current K-th largest
+        has_nan = tl.zeros((BLOCK_L,), tl.int1)
+        counter_base = (samples.to(tl.int64) * n_rows + row) * n_classes  # [BB], noise[b, row, :] starts here
+        for start in range(chunk_start, chunk_stop, BLOCK_L):
+            columns = start + lanes
+            column_ok = columns < chunk_stop
+            scores = tl.load(s_ptr + row.to(tl.int64) * row_stride + columns, mask=column_ok, other=0.0)
+            scores = scores.to(accumulate)
+            has_nan = has_nan | (scores != scores)
+            counters = counter_base[:, None] + columns[None, :]  # [BB, BL]
+            inside = sample_ok[:, None] & column_ok[None, :]
+            if HAS_NOISE:
+                z = tl.load(noise_ptr + counters, mask=inside, other=0.0).to(accumulate)
+            else:
+                z = tl.randn(seed, counters).to(accumulate)
+            perturbed = tl.where(inside, scores[None, :] + epsilon * z, float("-inf"))
+            # insert the tile's largest while it beats the K-th largest: at most K times per sample
+            while tl.max(tl.where(perturbed > kth[:, None], 1, 0)) > 0:
+                top = tl.max(perturbed, axis=1)
+                top_lane = tl.argmax(perturbed, axis=1)
+                enters = top > kth
+                replaced = enters[:, None] & (slots[None, :] == tl.argmin(best, axis=1)[:, None])
+                best = tl.where(replaced, top[:, None], best)
+                best_at = tl.where(replaced, (start + top_lane)[:, None], best_at)
+                perturbed = tl.where(lanes[None, :] == top_lane[:, None], float("-inf"), perturbed)
+                kth = tl.min(best, axis=1)
+        nan = tl.max(has_nan.to(tl.int32)) > 0
+        if FINAL:
+            kth_at = tl.sum(tl.where(slots[None, :] == tl.argmin(best, axis=1)[:, None], best_at, 0), axis=1)
+            kth = tl.where(nan, float("nan"), kth)
+            out = samples * n_rows + row
+            tl.store(out_values_ptr + out, kth, mask=sample_ok)
+            tl.store(out_positions_ptr + out, kth_at, mask=sample_ok)
+        else:
+            best = tl.where(nan, float("nan"), best)
+            out = ((samples[:, None] * n_rows + row) * n_chunks + chunk) * K + slots[None, :]
+            keep = sample_ok[:, None] & (slots[None, :] < K)
+            tl.store(out_values_ptr + out, best, mask=keep)
+            tl.store(out_positions_ptr + out, best_at, mask=keep)
+
+    return perturbed_kth_largest
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How the work is split: tiles of ``block_samples x block_classes``, rows cut into ``n_chunks`` chunks."""
+
+    block_samples: int
+    block_classes: int
+    block_k: int
+    n_chunks: int
+    chunk_length: int
+
+
+def launch_plan(n_rows: int, n_classes: int, n_samples: int, k: int, device: torch.device,
+                n_chunks: int | None = None) -> LaunchPlan:
+    """Tile sizes from ``n_samples`` and ``k``; chunks so that about 4 programs per multiprocessor run."""
+    block_samples = min(triton_next_power_of_2(n_samples), 16)
+    block_classes = max(16, TILE_ELEMENTS // block_samples)
+    block_k = max(2, triton_next_power_of_2(k))
+    if n_chunks is None:
+        programs = n_rows * math.ceil(n_samples / block_samples)
+        wanted = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        n_chunks = max(1, min(math.ceil(wanted / programs), n_classes // MIN_CHUNK))
+    chunk_length = math.ceil(n_classes / n_chunks)
+    if chunk_length < k and n_chunks > 1:
+        raise ValueError(f"'n_chunks' = {n_chunks} leaves chunks of {chunk_length} classes, fewer than k = {k}")
+    return LaunchPlan(block_samples, block_classes, block_k, math.ceil(n_classes / chunk_length), chunk_length)
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def perturbed_kth_largest(
+    s: torch.Tensor,
+    k: int,
+    epsilon: float,
+    n_samples: int,
+    *,
+    seed: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+    n_chunks: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k``-th largest of ``s + epsilon Z_b`` and its position, for each row of ``s`` and each sample ``b``.
+
+    Args:
+        s: scores of shape ``(rows, L)`` with a unit stride on the class dimension.
+        k: ``1 <= k <= min(L, MAX_K)``.
+        epsilon: the noise scale, ``> 0``.
+        n_samples: ``B >= 1``.
+        seed: a one-element int64 tensor on ``s``'s device, the Philox seed of the in-kernel noise.
+        noise: instead of ``seed``, the standard normal draws themselves, shape ``(n_samples, rows, L)``.
+        n_chunks: how many programs share one row (default: from :func:`launch_plan`).
+
+    Returns:
+        ``(values, positions)``, both of shape ``(n_samples, rows)``: float32 (float64 for float64 scores) and
+        int32. A row holding a NaN gets NaN values.
+    """
+    if (seed is None) == (noise is None):
+        raise ValueError("give exactly one of 'seed' (in-kernel noise) and 'noise' (explicit draws)")
+    n_rows, n_classes = s.shape
+    if not 1 <= k <= min(n_classes, MAX_K):
+        raise ValueError(f"'k' should be in [1, {min(n_classes, MAX_K)}] for the fused kernel, got {k}")
+    if s.stride(-1) != 1:
+        s = s.contiguous()
+    accumulate = torch.float64 if s.dtype == torch.float64 else torch.float32
+    plan = launch_plan(n_rows, n_classes, n_samples, k, s.device, n_chunks)
+    final = plan.n_chunks == 1
+    width = 1 if final else plan.n_chunks * k
+    values = torch.empty((n_samples, n_rows, width), dtype=accumulate, device=s.device)
+    positions = torch.empty((n_samples, n_rows, width), dtype=torch.int32, device=s.device)
+    epsilon_tensor = torch.tensor([epsilon], dtype=accumulate, device=s.device)
+    grid = (n_rows, plan.n_chunks, math.ceil(n_samples / plan.block_samples))
+    _kernel()[grid](
+        s, noise.contiguous() if noise is not None else s, seed if seed is not None else positions,
+        epsilon_tensor, values, positions,
+        n_rows, n_classes, n_samples, s.stride(0), plan.chunk_length, plan.n_chunks,
+        K=k, HAS_NOISE=noise is not None, FINAL=final,
+        BLOCK_B=plan.block_samples, BLOCK_L=plan.block_classes, BLOCK_K=plan.block_k,
+    )
+    if final:
+        return values.squeeze(-1), positions.squeeze(-1)
+    top, slot = torch.topk(values, k, dim=-1)  # merge the chunks' candidates: [B, rows, n_chunks * k] -> [B, rows, k]
+    return top[..., -1], positions.gather(-1, slot[..., -1:]).squeeze(-1)
+
+
+class FusedNoisedHinge(torch.autograd.Function):
+    """Per-row noised hinge ``(m_y + top_{K+1,eps,B}(s) - s_y)_+`` (Eq. 10 / 13) on the fused kernel.
+
+    Forward saves only the ``B x rows`` int32 positions; backward writes the gradient of Eq. 12,
+    ``1{loss > 0} (mean one-hot - e_y)``, in one dense tensor (one write of ``rows x L`` numbers).
+    """
+
+    @staticmethod
+    def forward(ctx, s, y, true_margin, k, epsilon, n_samples, seed, noise, n_chunks):
+        values, positions = perturbed_kth_largest(s, k + 1, epsilon, n_samples, seed=seed, noise=noise,
+                                                  n_chunks=n_chunks)
+        smoothed = (values.sum(0) / n_samples).to(s.dtype)  # [B, rows] -> [rows]
+        loss = torch.relu(true_margin + smoothed - s.gather(1, y[:, None]).squeeze(1))
+        ctx.save_for_backward(positions, y, loss > 0)
+        ctx.n_classes = s.shape[1]
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        positions, y, active = ctx.saved_tensors
+        n_samples = positions.shape[0]
+        weight = torch.where(active, grad_loss, torch.zeros_like(grad_loss))  # [rows]
+        grad_s = torch.zeros((weight.shape[0], ctx.n_classes), dtype=grad_loss.dtype, device=grad_loss.device)
+        grad_s.scatter_add_(1, positions.T.long(), (weight / n_samples)[:, None].expand(-1, n_samples))
+        grad_s.scatter_add_(1, y[:, None], -weight[:, None])
+        return grad_s, None, None, None, None, None, None, None, None
+
+
+def noised_hinge_rows(s, y, true_margin, k, epsilon, n_samples, *, generator=None, noise=None, n_chunks=None):
+    """The unreduced noised hinge of scores ``(..., L)`` on the fused kernel; arguments already checked.
+
+    Without ``noise``, the Philox seed is one int64 drawn from ``generator`` (or the device's default
+    generator) on the scores' device, so no host synchronisation is needed.
+    """
+    shape = s.shape[:-1]
+    rows = s.reshape(-1, s.shape[-1])
+    if isinstance(true_margin, torch.Tensor):
+        true_margin = true_margin.reshape(-1)
+    seed = None
+    if noise is None:
+        seed = torch.randint(0, 2**62, (1,), generator=generator, device=s.device)
+    else:
+        noise = noise.reshape(noise.shape[0], -1, s.shape[-1])
+    loss = FusedNoisedHinge.apply(rows, y.reshape(-1), true_margin, k, epsilon, n_samples, seed, noise, n_chunks)
+    return loss.reshape(shape)

@@ -1,0 +1,234 @@
+"""The fused Triton kernel (:mod:`topk.fused`) against the PyTorch path, exactly given the noise, and in
+distribution when the noise is drawn in the kernel.
+
+Without a GPU the kernel runs in Triton's interpreter on CPU tensors (same kernel source, NumPy arithmetic,
+the same Philox generator); with one, on CUDA.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from topk import fused, losses
+from topk.tests.optional import require
+
+require("triton")
+
+
+@pytest.fixture(scope="module")
+def kernel_device():
+    """CUDA when present, else the CPU under Triton's interpreter (``conftest.py`` sets ``TRITON_INTERPRET=1``)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no CUDA device and TRITON_INTERPRET is not 1")
+    return torch.device("cpu")
+
+
+def _reference_kth(s, k, epsilon, noise):
+    """The k-th largest of ``s + epsilon Z_b`` and its position by ``torch.topk`` on the materialised scores."""
+    values, positions = torch.topk(s + epsilon * noise, k, dim=-1)
+    return values[..., -1], positions[..., -1]
+
+
+SHAPES = [  # rows, L, n_samples, k, n_chunks
+    (5, 37, 3, 4, None),
+    (3, 300, 10, 6, 3),  # a row split into 3 programs, merged on the host
+    (4, 100, 20, 1, None),  # two sample blocks, the second one partial
+    (2, 50, 3, 50, None),  # k = L
+    (2, 2100, 2, 51, 2),  # k = 51: a 64-slot buffer; chunks of 1050 classes, several tiles each
+]
+
+
+@pytest.mark.parametrize("rows, n_classes, n_samples, k, n_chunks", SHAPES)
+def test_kernel_equals_topk_of_the_perturbed_scores_given_the_noise(kernel_device, rows, n_classes, n_samples, k,
+                                                                  n_chunks):
+    """Float64, explicit noise: the same K-th largest value (bit for bit) and the same position as ``torch.topk``."""
+    generator = torch.Generator().manual_seed(rows * n_classes + k)
+    s = torch.randn(rows, n_classes, dtype=torch.float64, generator=generator).to(kernel_device)
+    noise = torch.randn(n_samples, rows, n_classes, dtype=torch.float64, generator=generator).to(kernel_device)
+    values, positions = fused.perturbed_kth_largest(s, k, 0.7, n_samples, noise=noise, n_chunks=n_chunks)
+    expected_values, expected_positions = _reference_kth(s, k, 0.7, noise)
+    assert positions.dtype == torch.int32 and positions.shape == (n_samples, rows)
+    assert torch.equal(values, expected_values)
+    assert torch.equal(positions.long(), expected_positions)
+
+
+@given(rows=st.integers(1, 4), n_classes=st.integers(2, 70), n_samples=st.integers(1, 12), data=st.data())
+def test_kernel_equals_topk_on_random_shapes(kernel_device, rows, n_classes, n_samples, data):
+    """Property: any shape, k, epsilon and chunking gives ``torch.topk``'s K-th largest value and position."""
+    device = kernel_device
+    k = data.draw(st.integers(1, n_classes))
+    n_chunks = data.draw(st.integers(1, max(1, n_classes // k)))
+    epsilon = data.draw(st.floats(1e-3, 10.0))
+    seed = data.draw(st.integers(0, 2**31))
+    generator = torch.Generator().manual_seed(seed)
+    s = torch.randn(rows, n_classes, dtype=torch.float64, generator=generator).to(device)
+    noise = torch.randn(n_samples, rows, n_classes, dtype=torch.float64, generator=generator).to(device)
+    values, positions = fused.perturbed_kth_largest(s, k, epsilon, n_samples, noise=noise, n_chunks=n_chunks)
+    expected_values, expected_positions = _reference_kth(s, k, epsilon, noise)
+    assert torch.equal(values, expected_values)
+    assert torch.equal(positions.long(), expected_positions)
+
+
+@pytest.mark.parametrize("margins", ["balanced", "imbalanced"])
+def test_fused_loss_and_gradient_equal_the_torch_path_given_the_noise(kernel_device, margins):
+    """Eq. 10 and 13 and their gradient (Eq. 12) in float64, with leading batch dimensions: the same gradient and
+    the same loss up to rounding (``torch.add(s, z, alpha=eps)`` may fuse the multiply-add, the kernel need not)."""
+    generator = torch.Generator().manual_seed(3)
+    s = torch.randn(6, 2, 40, dtype=torch.float64, generator=generator).to(kernel_device)
+    y = torch.randint(0, 40, (6, 2), generator=generator).to(kernel_device)
+    noise = torch.randn(5, 6, 2, 40, dtype=torch.float64, generator=generator).to(kernel_device)
+    m = (torch.rand(40, dtype=torch.float64, generator=generator) + 0.5).to(kernel_device) if margins == "imbalanced" else 1.0
+    results = {}
+    for backend in ("torch", "triton"):
+        scores = s.clone().requires_grad_()
+        loss = losses.noised_hinge(scores, y, 3, 0.5, 5, margins=m, noise=noise, backend=backend, reduction="none")
+        loss.backward(torch.linspace(0.5, 2.0, loss.numel(), dtype=loss.dtype, device=loss.device).view(loss.shape))
+        results[backend] = (loss.detach(), scores.grad)
+    assert (results["torch"][0] > 0).sum() >= 6, "too few active samples for the gradient to be compared"
+    assert torch.allclose(results["torch"][0], results["triton"][0], rtol=1e-14, atol=0)
+    assert torch.equal(results["torch"][1], results["triton"][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fused_loss_in_low_precision_agrees_with_float64(kernel_device, dtype):
+    """Half precision scores: the kernel perturbs and selects in float32, so it stays within the scores' rounding
+    of the float64 loss computed from the same (rounded) scores and noise."""
+    generator = torch.Generator().manual_seed(4)
+    s = torch.randn(32, 60, generator=generator).to(dtype)
+    noise = torch.randn(4, 32, 60, generator=generator).to(dtype)
+    y = torch.randint(0, 60, (32,), generator=generator)
+    exact = losses.noised_hinge(s.double(), y, 2, 0.3, 4, noise=noise.double(), backend="torch", reduction="none")
+    fast = losses.noised_hinge(s.to(kernel_device), y.to(kernel_device), 2, 0.3, 4, noise=noise.to(kernel_device),
+                               backend="triton", reduction="none")
+    assert fast.dtype == dtype
+    tolerance = 4 * torch.finfo(dtype).eps * (exact.abs() + 1)
+    assert bool(((fast.double().cpu() - exact).abs() <= tolerance).all())
+
+
+def test_fused_loss_with_epsilon_zero_is_the_calibrated_hinge(kernel_device):
+    """eps = 0 (Prop. 3.7): the kernel returns the calibrated hinge (Eq. 5) and its gradient exactly."""
+    generator = torch.Generator().manual_seed(5)
+    s = torch.randn(16, 30, dtype=torch.float64, generator=generator).to(kernel_device)
+    y = torch.randint(0, 30, (16,), generator=generator).to(kernel_device)
+    fast, exact = s.clone().requires_grad_(), s.clone().requires_grad_()
+    losses.noised_hinge(fast, y, 4, 0.0, 3, backend="triton", reduction="sum").backward()
+    losses.calibrated_hinge(exact, y, 4, reduction="sum").backward()
+    assert torch.equal(fast.grad, exact.grad)
+    assert torch.allclose(losses.noised_hinge(s, y, 4, 0.0, 3, backend="triton"), losses.calibrated_hinge(s, y, 4),
+                          rtol=0, atol=1e-15)
+
+
+def test_fused_gradient_rows_sum_to_zero_with_at_most_b_plus_one_nonzeros(kernel_device):
+    """Prop. 3.7 with in-kernel noise: each gradient row sums to 0 and has at most B + 1 non-zero entries."""
+    torch.manual_seed(6)
+    s = torch.randn(64, 200, device=kernel_device, requires_grad=True)
+    y = torch.randint(0, 200, (64,), device=kernel_device)
+    losses.noised_hinge(s, y, 5, 1.0, 3, backend="triton", reduction="sum").backward()
+    assert torch.allclose(s.grad.sum(-1), torch.zeros(64, device=kernel_device), atol=1e-6)
+    assert int((s.grad != 0).sum(-1).max()) <= 3 + 1
+    assert int((s.grad != 0).any(-1).sum()) > 32, "most samples should be active at initialisation"
+
+
+def _ks_statistic(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical distribution functions."""
+    a, b = a.double().sort().values, b.double().sort().values
+    points = torch.cat([a, b])
+    gap = torch.searchsorted(a, points, right=True) / len(a) - torch.searchsorted(b, points, right=True) / len(b)
+    return float(gap.abs().max())
+
+
+def _ks_critical(n: int, m: int, alpha: float) -> float:
+    """Asymptotic critical value of the two-sample KS statistic at false-alarm rate ``alpha``."""
+    return math.sqrt(-math.log(alpha / 2) / 2) * math.sqrt((n + m) / (n * m))
+
+
+#: False-alarm rate of each statistical test below: a correct kernel fails one in 10,000 runs.
+ALPHA = 1e-4
+
+
+def test_in_kernel_noise_is_standard_normal_and_independent(kernel_device):
+    """With L = 1 and k = 1 the kernel returns ``s + eps Z`` itself: Z passes a KS test against N(0, 1) draws
+    (false alarm ``ALPHA``), and neighbouring samples and rows are uncorrelated (|r| < 4.4 / sqrt(n), two-sided
+    false alarm about 1e-5 each)."""
+    seed = torch.tensor([2022], dtype=torch.int64, device=kernel_device)
+    s = torch.zeros(256, 1, device=kernel_device)
+    values, _ = fused.perturbed_kth_largest(s, 1, 1.0, 16, seed=seed)  # [16, 256]
+    z = values.cpu().double()
+    reference = torch.randn(z.numel(), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert _ks_statistic(z.flatten(), reference) < _ks_critical(z.numel(), reference.numel(), ALPHA)
+    for a, b in ((z[1:].flatten(), z[:-1].flatten()), (z[:, 1:].flatten(), z[:, :-1].flatten())):
+        r = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+        assert abs(r) < 4.4 / math.sqrt(len(a))
+
+
+def test_in_kernel_noise_gives_the_torch_estimator_in_distribution(kernel_device):
+    """The (K+1)-th largest of ``s + eps Z_b`` with in-kernel Philox noise and with ``torch.randn`` noise follow the
+    same law: two-sample KS test at false-alarm rate ``ALPHA``, 8,192 draws each, on a fixed score vector."""
+    s = torch.linspace(-2, 2, 50, device=kernel_device).expand(512, 50).contiguous()
+    seed = torch.tensor([7], dtype=torch.int64, device=kernel_device)
+    kernel_values, _ = fused.perturbed_kth_largest(s, 6, 0.5, 16, seed=seed)
+    noise = torch.randn(16, 512, 50, generator=torch.Generator().manual_seed(8)).to(kernel_device)
+    torch_values, _ = _reference_kth(s, 6, 0.5, noise)
+    n = kernel_values.numel()
+    assert _ks_statistic(kernel_values.flatten().cpu(), torch_values.flatten().cpu()) < _ks_critical(n, n, ALPHA)
+
+
+def test_in_kernel_noise_is_reproducible_from_the_generator(kernel_device):
+    """The Philox seed is drawn from ``generator``: the same state gives the same loss, another state another one."""
+    s = torch.randn(32, 100, device=kernel_device)
+    y = torch.randint(0, 100, (32,), device=kernel_device)
+
+    def loss(seed):
+        generator = torch.Generator(kernel_device).manual_seed(seed)
+        return losses.noised_hinge(s, y, 5, 1.0, 10, generator=generator, backend="triton", reduction="none")
+
+    assert torch.equal(loss(1), loss(1))
+    assert not torch.equal(loss(1), loss(2))
+
+
+@pytest.mark.parametrize("n_chunks", [1, 3])
+def test_a_nan_score_gives_a_nan_loss_for_its_row_only(kernel_device, n_chunks):
+    s = torch.randn(4, 90, device=kernel_device)
+    s[2, 50] = float("nan")
+    seed = torch.tensor([1], dtype=torch.int64, device=kernel_device)
+    values, _ = fused.perturbed_kth_largest(s, 3, 0.5, 5, seed=seed, n_chunks=n_chunks)
+    assert bool(values[:, 2].isnan().all()) and bool(values[:, [0, 1, 3]].isfinite().all())
+
+
+def test_auto_backend_uses_the_kernel_only_on_cuda(kernel_device, monkeypatch):
+    """``backend="auto"`` picks the kernel for CUDA scores with eps > 0 and the PyTorch path otherwise."""
+    calls = []
+    real = fused.noised_hinge_rows
+    monkeypatch.setattr(fused, "noised_hinge_rows", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    s = torch.randn(8, 20, device=kernel_device)
+    y = torch.randint(0, 20, (8,), device=kernel_device)
+    losses.noised_hinge(s, y, 2, 0.5, 3)
+    assert len(calls) == (1 if kernel_device.type == "cuda" else 0)
+    losses.noised_hinge(s, y, 2, 0.0, 3)
+    assert len(calls) == (1 if kernel_device.type == "cuda" else 0)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda s, y: losses.noised_hinge(s, y, 2, 0.5, 3, backend="cuda"), "'backend' should be one of"),
+    (lambda s, y: losses.noised_hinge(s, y, fused.MAX_K, 0.5, 3, backend="triton"), "k + 1 <= 128"),
+    (lambda s, y: fused.perturbed_kth_largest(s, 2, 0.5, 3), "exactly one of 'seed'"),
+    (lambda s, y: fused.perturbed_kth_largest(s, 300, 0.5, 3, seed=torch.zeros(1, dtype=torch.long)), "'k' should be"),
+])
+def test_bad_fused_arguments_are_refused(call, message):
+    s = torch.randn(4, 200)
+    y = torch.randint(0, 200, (4,))
+    with pytest.raises(ValueError, match=message.replace("+", r"\+")):
+        call(s, y)
+
+
+def test_triton_backend_on_cpu_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "TRITON_INTERPRET" not in os.environ
+    with pytest.raises(ValueError, match="needs CUDA scores, got scores on cpu"):
+        losses.noised_hinge(torch.randn(4, 10), torch.zeros(4, dtype=torch.long), 2, 0.5, 3, backend="triton")
