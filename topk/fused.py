@@ -30,8 +30,15 @@ import torch
 
 #: The largest K handled by the kernel; the buffer of the K largest values lives in registers.
 MAX_K = 128
-#: Perturbed values in one tile of one program (samples x classes); a power of two.
-TILE_ELEMENTS = 4096
+#: Perturbed values in one tile of one program (samples x classes), a power of two, and the warps of a program:
+#: 16 values per thread. Compiled for sm_90 (``benchmarks/kernel_resources.py``), 4096 values need about 165
+#: registers per thread and 2048 about 60, without spills.
+TILE_ELEMENTS = 2048
+NUM_WARPS = 4
+#: Noise samples handled by one program; more samples are spread over programs (which re-read the scores).
+MAX_BLOCK_SAMPLES = 8
+#: At most this many (sample, slot) entries in the buffer of the K largest: 4 per thread.
+BUFFER_ELEMENTS = 512
 #: Chunks are not made shorter than this many classes: below it the merge would cost more than it saves.
 MIN_CHUNK = 2048
 
@@ -126,14 +133,16 @@ class LaunchPlan:
     block_k: int
     n_chunks: int
     chunk_length: int
+    num_warps: int = NUM_WARPS
 
 
-def launch_plan(n_rows: int, n_classes: int, n_samples: int, k: int, device: torch.device,
+def launch_plan(n_rows: int, n_classes: int, n_samples: int, k: int, dtype: torch.dtype, device: torch.device,
                 n_chunks: int | None = None) -> LaunchPlan:
     """Tile sizes from ``n_samples`` and ``k``; chunks so that about 4 programs per multiprocessor run."""
-    block_samples = min(triton_next_power_of_2(n_samples), 16)
-    block_classes = max(16, TILE_ELEMENTS // block_samples)
     block_k = max(2, triton_next_power_of_2(k))
+    block_samples = min(triton_next_power_of_2(n_samples), MAX_BLOCK_SAMPLES, max(1, BUFFER_ELEMENTS // block_k))
+    tile = TILE_ELEMENTS // 2 if dtype == torch.float64 else TILE_ELEMENTS  # float64 takes two registers
+    block_classes = max(16, tile // block_samples)
     if n_chunks is None:
         programs = n_rows * math.ceil(n_samples / block_samples)
         wanted = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
@@ -181,7 +190,7 @@ def perturbed_kth_largest(
     if s.stride(-1) != 1:
         s = s.contiguous()
     accumulate = torch.float64 if s.dtype == torch.float64 else torch.float32
-    plan = launch_plan(n_rows, n_classes, n_samples, k, s.device, n_chunks)
+    plan = launch_plan(n_rows, n_classes, n_samples, k, s.dtype, s.device, n_chunks)
     final = plan.n_chunks == 1
     width = 1 if final else plan.n_chunks * k
     values = torch.empty((n_samples, n_rows, width), dtype=accumulate, device=s.device)
@@ -193,7 +202,7 @@ def perturbed_kth_largest(
         epsilon_tensor, values, positions,
         n_rows, n_classes, n_samples, s.stride(0), plan.chunk_length, plan.n_chunks,
         K=k, HAS_NOISE=noise is not None, FINAL=final,
-        BLOCK_B=plan.block_samples, BLOCK_L=plan.block_classes, BLOCK_K=plan.block_k,
+        BLOCK_B=plan.block_samples, BLOCK_L=plan.block_classes, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
     )
     if final:
         return values.squeeze(-1), positions.squeeze(-1)

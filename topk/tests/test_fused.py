@@ -7,6 +7,9 @@ the same Philox generator); with one, on CUDA.
 
 import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -232,3 +235,16 @@ def test_triton_backend_on_cpu_without_the_interpreter_is_refused(monkeypatch):
     assert "TRITON_INTERPRET" not in os.environ
     with pytest.raises(ValueError, match="needs CUDA scores, got scores on cpu"):
         losses.noised_hinge(torch.randn(4, 10), torch.zeros(4, dtype=torch.long), 2, 0.5, 3, backend="triton")
+
+
+def test_kernel_compiles_for_sm90_without_register_spills():
+    """Every launch configuration of ``benchmarks/kernel_resources.py`` compiles for the H100/H200 target
+    (sm_90a, by Triton and its bundled ptxas; no GPU needed) and keeps all its values in registers."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_resources.py"
+    if not script.exists():
+        pytest.skip("benchmarks/ is not installed with the package")
+    environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(script), "--arch", "90", "--check"], env=environment,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("\n") >= 2 + 7, run.stdout

@@ -1,0 +1,104 @@
+"""Compile the fused kernel of :mod:`topk.fused` ahead of time for an NVIDIA target and report its resources.
+
+No GPU is needed: Triton compiles to PTX and its bundled ``ptxas`` assembles it for the target, whose
+``-v`` report gives the registers per thread and any spill to local memory. This is the static half of
+the GPU work; the timings need the device (``benchmarks/bench_fused_kernel.py``).
+
+    python benchmarks/kernel_resources.py [--arch 90] [--check]
+
+``--check`` exits 1 if any configuration spills. Run without ``TRITON_INTERPRET`` set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from topk import fused  # noqa: E402
+
+TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
+
+#: (scores dtype, k as passed to the kernel (K + 1 of the loss), n_samples, explicit noise, rows split in chunks)
+CONFIGURATIONS = [
+    (torch.float32, 2, 3, False, False),
+    (torch.float32, 6, 10, False, False),
+    (torch.float32, 6, 10, False, True),
+    (torch.float32, 51, 50, False, False),
+    (torch.float16, 6, 10, False, False),
+    (torch.bfloat16, 6, 3, False, True),
+    (torch.float64, 6, 10, True, False),
+]
+
+
+def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, chunked: bool, arch: int):
+    """The kernel compiled for ``sm_<arch>`` with the launch plan the library would choose."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    plan = fused.launch_plan(256, 10**5 if chunked else 1000, n_samples, k, dtype, torch.device("cpu"),
+                             n_chunks=8 if chunked else 1)
+    scores = TRITON_TYPES[dtype]
+    accumulate = "fp64" if dtype == torch.float64 else "fp32"
+    signature = {
+        "s_ptr": f"*{scores}", "noise_ptr": f"*{scores}", "seed_ptr": "*i64", "epsilon_ptr": f"*{accumulate}",
+        "out_values_ptr": f"*{accumulate}", "out_positions_ptr": "*i32",
+        **dict.fromkeys(("n_rows", "n_classes", "n_samples", "row_stride", "chunk_length", "n_chunks"), "i32"),
+    }
+    constants = {"K": k, "HAS_NOISE": has_noise, "FINAL": not chunked, "BLOCK_B": plan.block_samples,
+                 "BLOCK_L": plan.block_classes, "BLOCK_K": plan.block_k}
+    kernel = fused._kernel()
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
+    return plan, triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": plan.num_warps})
+
+
+def ptxas_report(ptx: str, arch: int) -> dict[str, int]:
+    """Registers per thread and spill bytes from ``ptxas -v`` for ``sm_<arch>a``."""
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "kernel.ptx"
+        source.write_text(ptx)
+        run = subprocess.run([str(ptxas), "-v", "--gpu-name", f"sm_{arch}a", str(source), "-o", str(Path(folder) / "k.o")],
+                             capture_output=True, text=True, check=True)
+    number = lambda pattern: int(re.search(pattern, run.stderr).group(1))  # noqa: E731
+    return {"registers": number(r"Used (\d+) registers"), "spill_stores": number(r"(\d+) bytes spill stores"),
+            "spill_loads": number(r"(\d+) bytes spill loads")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200) or 80 (A100)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if any configuration spills")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        parser.error("unset TRITON_INTERPRET: the interpreter does not compile")
+    print(f"triton kernel of topk.fused for sm_{args.arch}: tile of {fused.TILE_ELEMENTS} values, {fused.NUM_WARPS} warps")
+    print("dtype     k   B  noise  chunked  block(BxLxK)   regs  spill(st/ld)  compile_s")
+    spilled = False
+    for dtype, k, n_samples, has_noise, chunked in CONFIGURATIONS:
+        start = time.perf_counter()
+        plan, compiled = compile_kernel(dtype, k, n_samples, has_noise, chunked, args.arch)
+        report = ptxas_report(compiled.asm["ptx"], args.arch)
+        spilled |= report["spill_stores"] + report["spill_loads"] > 0
+        block = f"{plan.block_samples}x{plan.block_classes}x{plan.block_k}"
+        print(f"{TRITON_TYPES[dtype]:8s} {k:3d} {n_samples:3d}  {str(has_noise):5s}  {str(chunked):7s}  {block:13s}"
+              f" {report['registers']:5d}  {report['spill_stores']:5d}/{report['spill_loads']:<5d}"
+              f"  {time.perf_counter() - start:8.1f}")
+    return 1 if args.check and spilled else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
