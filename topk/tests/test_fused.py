@@ -248,3 +248,22 @@ def test_kernel_compiles_for_sm90_without_register_spills():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count("\n") >= 2 + 7, run.stdout
+
+
+def test_benchmark_script_appends_each_configuration_once(tmp_path):
+    """``benchmarks/bench_fused_kernel.py`` on its smoke grid (the kernel interpreted on CPU): one CSV row per
+    method and configuration, and a rerun skips what is already there."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_fused_kernel.py"
+    if not script.exists() or torch.cuda.is_available():
+        pytest.skip("needs benchmarks/ and a CPU-only machine (on CUDA, run the script itself)")
+    out = tmp_path / "bench.csv"
+    command = [sys.executable, str(script), "--device", "cpu", "--grid", "smoke", "--budget-s", "0.01", "--out", str(out)]
+    environment = {**os.environ, "TRITON_INTERPRET": "1"}
+    for _ in range(2):
+        run = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr
+    rows = out.read_text().splitlines()[1:]
+    methods = {row.split(",")[6] for row in rows}
+    assert {"fused", "torch", "cross_entropy"} <= methods
+    assert len(rows) == 4 * len(methods)  # 2 class counts x 2 values of k, each method once
+    assert all(",ok," in row for row in rows)
