@@ -120,12 +120,14 @@ class Context:
         if show:
             _display_html(f"<p><b>{title}</b></p>{table.to_html()}<p><i>{self.stamp(data)}</i></p>")
 
-    def judge(self, verdict: Verdict) -> None:
+    def judge(self, verdict: Verdict, *, data: str | None = None) -> None:
         """Write a claim's verdict to ``figures/claims/claim<N>.json``; on the smoke profile (and any profile too short
-        to train), training claims are "not run at this profile", with what the check computed kept as evidence."""
+        to train), training claims are "not run at this profile", with what the check computed kept as evidence.
+        ``data`` names evidence that did not come from this profile's runs (e.g. GPU timings)."""
         if verdict.training and not self.profile.judges_training:
             verdict = verdict.not_run(f"the {self.profile.name} profile trains too little to test a training claim")
-        payload = {**verdict.to_dict(), "profile": self.profile.name, "notebook": self.notebook, "data": self.stamp()}
+        payload = {**verdict.to_dict(), "profile": self.profile.name, "notebook": self.notebook,
+                   "data": self.stamp(data)}
         path = self.figures / "claims" / f"claim{verdict.claim}.json"
         path.write_text(json.dumps(payload, indent=1))
         self._add_output(f"claims/{path.name}")

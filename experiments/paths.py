@@ -7,3 +7,4 @@ NOTEBOOKS = PROJECT_ROOT / "notebooks"  #: the source notebooks, output-free
 FIGURES = PROJECT_ROOT / "figures"  #: generated figures, tables, claim verdicts and per-notebook manifests
 RESULTS = PROJECT_ROOT / "results"  #: the results store of each profile (results/<profile>), kept across reruns
 BUILD = PROJECT_ROOT / "build"  #: executed notebooks (build/<profile>/) and the rendered report (build/report/)
+BENCHMARK_RESULTS = PROJECT_ROOT / "benchmarks" / "results"  #: CSVs of the benchmark scripts, committed with the code

@@ -1,4 +1,4 @@
-"""Figure helpers shared by the notebooks: level sets on the simplex and mean-with-interval curves."""
+"""Figure helpers shared by the notebooks: level sets on the simplex, mean-with-interval curves, epoch times."""
 
 from __future__ import annotations
 
@@ -45,3 +45,20 @@ def interval_curves(ax: plt.Axes, summary: pd.DataFrame, x: str, *, group: str |
         label = (labels or {}).get(name, name)
         half = part["half"].fillna(0.0)
         ax.errorbar(part[x], part["mean"], yerr=half, marker="o", capsize=3, label=label, **style)
+
+
+def epoch_time_against_k(times: pd.DataFrame, title: str) -> plt.Figure:
+    """Fig. 3: epoch time and time in the loss against K, one curve per loss, cross-entropy (no K) dashed.
+    ``times``: loss, K (NaN for cross-entropy), epoch_seconds, loss_seconds."""
+    ce = times[times["loss"] == "cross_entropy"].iloc[0]
+    by_k = times.dropna(subset=["K"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, column, label in zip(axes, ("epoch_seconds", "loss_seconds"),
+                                 ("average epoch time (s)", "time in the loss per epoch (s)")):
+        for loss, part in by_k.groupby("loss"):
+            ax.plot(part["K"], part[column], marker="o", label=loss)
+        ax.axhline(ce[column], color="k", ls="--", label="cross_entropy (no K)")
+        ax.set(xlabel="K", ylabel=label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    return fig

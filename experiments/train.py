@@ -65,7 +65,7 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
     while state["epoch"] < config.epochs:
         epoch = state["epoch"]
         loader = _train_loader(splits.train, config, epoch, num_workers, rank, world)
-        seconds, loss_seconds, mean_loss, grad_nonzero = _train_epoch(trained, loss_fn, loader, optimiser, device,
+        seconds, loss_seconds, mean_loss, grad_nonzero = train_epoch(trained, loss_fn, loader, optimiser, device,
                                                                       progress, epoch)
         schedule.step()
         validation = evaluate(model, splits.val, config.eval_ks, splits.class_counts, device, config.batch_size)
@@ -139,7 +139,7 @@ def _train_loader(dataset, config: RunConfig, epoch: int, num_workers: int, rank
                       num_workers=num_workers, drop_last=True)
 
 
-def _train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> tuple[float, float, float, float]:
+def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> tuple[float, float, float, float]:
     """One epoch; returns (wall seconds, seconds in the loss's forward, mean loss, mean number of non-zero coordinates
     of the loss's gradient with respect to a sample's scores: the sparsity of Fig. 2)."""
     model.train()
@@ -206,16 +206,25 @@ def _selection_value(metrics: dict, selection: str) -> float:
     return metrics["macro_top" if macro else "top"][k]
 
 
+def git_commit() -> str:
+    """The project's checked-out commit, or "unknown" outside a git checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's processor (machine) name."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+
+
 def _provenance(device: torch.device, world: int, model: nn.Module) -> dict:
     import torchvision
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                                check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    return {"git_commit": commit, "python": platform.python_version(), "torch": torch.__version__,
-            "torchvision": torchvision.__version__, "topk": topk.__version__, "device": f"{device.type}: {name}",
+    return {"git_commit": git_commit(), "python": platform.python_version(), "torch": torch.__version__,
+            "torchvision": torchvision.__version__, "topk": topk.__version__,
+            "device": f"{device.type}: {device_name(device)}",
             "processes": world, "cpu_threads": torch.get_num_threads(), "parameters": parameter_count(model),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -1,0 +1,118 @@
+"""Fig. 3 in device seconds: the epoch time of the paper's CIFAR-100 set-up against K, by loss.
+
+The paper's model and optimiser (DenseNet-BC 40-40, SGD with Nesterov momentum, batch 64; the ``paper``
+profile of ``experiments/profiles.py``) are trained by the training engine's own epoch function
+(``experiments.train.train_epoch``: bfloat16 autocast and channels-last on CUDA) on CIFAR-100-shaped
+synthetic tensors already on the device. Timing does not depend on the images' content, so synthetic
+tensors are honest here; data loading is not included. Each point times ``--batches`` batches after
+``--warmup`` untimed ones and is scaled to the paper's epoch of 45,000 training images.
+
+    python benchmarks/bench_epoch_time.py                        # on CUDA, the paper's K grid
+    python benchmarks/bench_epoch_time.py --device cpu --model small_cnn --batches 2 --ks 1 5   # check the script
+
+Rows are appended to ``--out`` as they finish, with the device's name; a rerun skips the rows already there.
+The ``fig3_epoch_time`` notebook draws the CUDA rows next to its own CPU runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from experiments.models import build_model  # noqa: E402
+from experiments.profiles import PAPER  # noqa: E402
+from experiments.train import device_name, git_commit, train_epoch  # noqa: E402
+from topk.losses import build_loss  # noqa: E402
+
+TRAIN_IMAGES = 45_000  #: CIFAR-100's training part in the paper (50,000 minus 5,000 for validation)
+EPSILON = 1.0
+FIELDS = ["device", "device_name", "model", "loss", "backend", "K", "B", "batch_size", "batches", "seconds_per_batch",
+          "loss_ms_per_batch", "epoch_seconds", "torch", "commit"]
+
+
+def points(ks: list[int], samples: list[int], backends: list[str]) -> list[dict]:
+    """Cross-entropy once (it has no K), then for each K the smoothed hinge (tau = 1) and the noised loss."""
+    chosen = [{"loss": "cross_entropy", "backend": "", "K": "", "B": "", "options": {}}]
+    for k in ks:
+        chosen.append({"loss": "smooth_hinge", "backend": "", "K": k, "B": "", "options": {"k": k, "tau": 1.0}})
+        chosen += [{"loss": f"noised_balanced B={b}", "backend": backend, "K": k, "B": b,
+                    "options": {"k": k, "epsilon": EPSILON, "n_samples": b, "backend": backend}}
+                   for b in samples for backend in backends]
+    return chosen
+
+
+def _identity(row: dict) -> tuple:
+    return tuple(str(row[name]) for name in ("device_name", "model", "loss", "backend", "K", "batch_size"))
+
+
+def time_point(point: dict, model, device: torch.device, batches: list, warmup: int, optimiser) -> tuple[float, float]:
+    """Seconds per batch and loss milliseconds per batch of the engine's training epoch over ``batches``."""
+    loss = build_loss(point["loss"].split(" ")[0], **point["options"]).to(device)
+    train_epoch(model, loss, batches[:warmup], optimiser, device, progress=False, epoch=0)
+    seconds, loss_seconds, _, _ = train_epoch(model, loss, batches[warmup:], optimiser, device, progress=False, epoch=0)
+    timed = len(batches) - warmup
+    return seconds / timed, 1e3 * loss_seconds / timed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--model", default=PAPER.cifar.model)
+    parser.add_argument("--batch-size", type=int, default=PAPER.cifar.batch_size)
+    parser.add_argument("--batches", type=int, default=100, help="timed batches per point")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed batches before each point")
+    parser.add_argument("--ks", type=int, nargs="+", default=list(PAPER.figure3_ks))
+    parser.add_argument("--samples", type=int, nargs="+", default=[3, 10, 50], help="values of B")
+    parser.add_argument("--backends", nargs="+", default=["auto", "torch"], choices=["auto", "torch", "triton"],
+                        help="implementations of the noised loss (auto: the fused kernel on CUDA)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fig3_epoch_time.csv")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device: use --device cpu (with a small --model) to check the script")
+    name = device_name(device)
+    torch.manual_seed(0)
+    model = build_model(args.model, 100).to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    optimiser = torch.optim.SGD(model.parameters(), lr=PAPER.cifar.lr, momentum=0.9, nesterov=True,
+                                weight_decay=PAPER.cifar.weight_decay)
+    batches = [(torch.randn(args.batch_size, 3, 32, 32, device=device),
+                torch.randint(0, 100, (args.batch_size,), device=device)) for _ in range(args.warmup + args.batches)]
+    done = set()
+    if args.out.exists():
+        with args.out.open() as handle:
+            done = {_identity(row) for row in csv.DictReader(handle)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    per_epoch = math.ceil(TRAIN_IMAGES / args.batch_size)
+    print(f"{name}: {args.model}, batch {args.batch_size}, {args.batches} timed batches per point, "
+          f"scaled to {per_epoch} batches per epoch", flush=True)
+    for point in points(args.ks, args.samples, args.backends):
+        row = {"device": device.type, "device_name": name, "model": args.model, "batch_size": args.batch_size,
+               **{key: point[key] for key in ("loss", "backend", "K", "B")}}
+        if _identity(row) in done:
+            continue
+        start = time.perf_counter()
+        seconds, loss_ms = time_point(point, model, device, batches, args.warmup, optimiser)
+        row.update(batches=args.batches, seconds_per_batch=round(seconds, 6), loss_ms_per_batch=round(loss_ms, 4),
+                   epoch_seconds=round(seconds * per_epoch, 2), torch=torch.__version__, commit=git_commit())
+        new = not args.out.exists()
+        with args.out.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=FIELDS)
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+        print(f"{row['loss']:24s} {row['backend']:6s} K={str(row['K']):3s}: {row['epoch_seconds']:8.2f} s/epoch, "
+              f"loss {loss_ms:7.3f} ms/batch ({time.perf_counter() - start:.0f} s)", flush=True)
+    print(f"CSV: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Fig. 3 from ``benchmarks/bench_epoch_time.py``: the script's CSV is read back, drawn and judged (here with a real
+CPU run of the script on a small model; on a GPU the notebook reads the CUDA rows the same way)."""
+
+import subprocess
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from experiments import claims, paths, plots, timings  # noqa: E402
+
+
+def test_epoch_time_benchmark_is_read_back_drawn_and_judged(tmp_path):
+    out = tmp_path / "fig3.csv"
+    command = [sys.executable, str(paths.PROJECT_ROOT / "benchmarks" / "bench_epoch_time.py"), "--device", "cpu",
+               "--model", "small_cnn", "--batch-size", "16", "--batches", "2", "--warmup", "1", "--ks", "1", "5",
+               "--samples", "3", "--out", str(out)]
+    for _ in range(2):  # the second call finds every point done and appends nothing
+        run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr
+    assert timings.load_epoch_times(out, device="cuda") is None
+    times = timings.load_epoch_times(out, device="cpu")
+    # cross-entropy, then for K = 1 and 5: the smoothed hinge and the noised loss (auto and torch path)
+    assert len(times) == 1 + 2 * 3
+    assert set(times["loss"]) == {"cross_entropy", "smooth_hinge", "noised_balanced B=3",
+                                  "noised_balanced B=3 (torch path)"}
+    assert (times["epoch_seconds"] > 0).all() and (times["loss_seconds"] > 0).all()
+    assert "small_cnn, batch 16, 2 timed batches per point" in timings.describe(times)
+    figure = plots.epoch_time_against_k(times, "test")
+    assert len(figure.axes[0].lines) == 3 + 1  # three losses with K, cross-entropy's line
+    verdict = claims.claim_4_measured(times)
+    assert not verdict.training
+    assert not any("torch path" in line for line in verdict.evidence)
+    assert len(verdict.evidence) == 2  # the smoothed hinge and the noised loss
