@@ -21,7 +21,7 @@ PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-pr
 	-p profile $(PROFILE) -p device $(DEVICE) -p threads $(THREADS) $(if $(DATA),-p data_root $(abspath $(DATA)))
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test bench paper-figures notebooks report check-report lab clean clean-results
+.PHONY: help venv test bench bench-gpu kernel-resources paper-figures notebooks report check-report lab clean clean-results
 
 help: ## List the targets
 	@grep -E '^[a-z][a-zA-Z_-]*:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
@@ -41,6 +41,13 @@ test: $(STAMP) ## Run the test suite (the paper's propositions as tests) on 2 pr
 bench: $(STAMP) ## Loss benchmarks vs pytopk, the smoothed hinge's reference (REFERENCE=path) and CE (CSV in benchmarks/results/)
 	$(PY) benchmarks/bench_noised_losses.py
 	$(PY) benchmarks/bench_smooth_hinge.py $(if $(REFERENCE),--reference $(REFERENCE))
+
+bench-gpu: $(STAMP) ## On a CUDA machine: the fused kernel's grid and Fig. 3 in GPU seconds (CSV in benchmarks/results/)
+	$(PY) benchmarks/bench_fused_kernel.py --device cuda
+	PYTHONPATH=$(CURDIR) $(PY) benchmarks/bench_epoch_time.py --device cuda
+
+kernel-resources: $(STAMP) ## Compile the fused kernel for sm_90a (no GPU needed) and print its registers and spills
+	env -u TRITON_INTERPRET $(PY) benchmarks/kernel_resources.py --arch 90 --check
 
 paper-figures: $(STAMP) ## Run every notebook [PROFILE=quick|smoke|paper DATA=path DEVICE=cuda], render build/report/index.html
 	@status=0; $(MAKE) --no-print-directory -k notebooks || status=$$?; \
