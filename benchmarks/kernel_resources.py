@@ -53,8 +53,9 @@ def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, 
         "s_ptr": f"*{scores}", "noise_ptr": f"*{scores}", "seed_ptr": "*i64", "epsilon_ptr": f"*{accumulate}",
         "out_values_ptr": f"*{accumulate}", "out_positions_ptr": "*i32",
         **dict.fromkeys(("n_rows", "n_classes", "n_samples", "row_stride", "chunk_length", "n_chunks"), "i32"),
+        "reach": "fp32", "slack": "fp32",
     }
-    constants = {"K": k, "HAS_NOISE": has_noise, "FINAL": not chunked, "BLOCK_B": plan.block_samples,
+    constants = {"K": k, "HAS_NOISE": has_noise, "FINAL": not chunked, "PRUNE": not has_noise, "BLOCK_B": plan.block_samples,
                  "BLOCK_L": plan.block_classes, "BLOCK_K": plan.block_k}
     kernel = fused._kernel()
     signature.update(dict.fromkeys(constants, "constexpr"))

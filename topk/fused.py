@@ -11,7 +11,13 @@ reads each score once and keeps nothing of size ``n_samples x L``:
   values seen so far with their positions; a tile value enters only if it beats the current K-th largest,
   and at most K enter per tile, so no sort is done;
 - long rows are split into chunks handled by separate programs, whose K candidates are merged on the host
-  (``torch.topk`` over ``n_chunks x K`` numbers per row and sample).
+  (``torch.topk`` over ``n_chunks x K`` numbers per row and sample);
+- exact pruning: Triton's ``tl.randn`` is Box-Muller with the uniform clamped at 1e-7, so its draws satisfy
+  ``|Z| <= Z_MAX = sqrt(2 ln 1e7) ~ 5.68`` (a true N(0, 1) exceeds that radius with probability 1e-7, which
+  this noise puts on the radius itself). A tile whose largest score ``+ eps Z_MAX`` is below every sample's
+  current K-th largest cannot change the result, so its noise is not generated. This is exact, not
+  probable, for the in-kernel noise; it saves work when most scores lie far below the top (many classes,
+  wide logits, small eps) and never applies to explicit noise.
 
 The output is the K-th largest perturbed value (in float32, float64 for float64 scores) and its position
 (int32), shape ``(n_samples, rows)``. The backward pass of the loss only scatters at those positions.
@@ -27,6 +33,11 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+#: The largest |Z| that ``tl.randn`` can return: Box-Muller radius with the uniform clamped at 1e-7.
+Z_MAX = math.sqrt(-2.0 * math.log(1e-7))
+#: Relative slack on the pruning bound, above float32 rounding of ``s + eps z`` (2^-22 at most).
+PRUNE_SLACK = 2.0**-20
 
 #: The largest K handled by the kernel; the buffer of the K largest values lives in registers.
 MAX_K = 128
@@ -61,8 +72,8 @@ def _kernel():
     @triton.jit
     def perturbed_kth_largest(
         s_ptr, noise_ptr, seed_ptr, epsilon_ptr, out_values_ptr, out_positions_ptr,
-        n_rows, n_classes, n_samples, row_stride, chunk_length, n_chunks,
-        K: tl.constexpr, HAS_NOISE: tl.constexpr, FINAL: tl.constexpr,
+        n_rows, n_classes, n_samples, row_stride, chunk_length, n_chunks, reach, slack,
+        K: tl.constexpr, HAS_NOISE: tl.constexpr, FINAL: tl.constexpr, PRUNE: tl.constexpr,
         BLOCK_B: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         row = tl.program_id(0)
@@ -90,23 +101,28 @@ def _kernel():
             scores = tl.load(s_ptr + row.to(tl.int64) * row_stride + columns, mask=column_ok, other=0.0)
             scores = scores.to(accumulate)
             has_nan = has_nan | (scores != scores)
-            counters = counter_base[:, None] + columns[None, :]  # [BB, BL]
-            inside = sample_ok[:, None] & column_ok[None, :]
-            if HAS_NOISE:
-                z = tl.load(noise_ptr + counters, mask=inside, other=0.0).to(accumulate)
-            else:
-                z = tl.randn(seed, counters).to(accumulate)
-            perturbed = tl.where(inside, scores[None, :] + epsilon * z, float("-inf"))
-            # insert the tile's largest while it beats the K-th largest: at most K times per sample
-            while tl.max(tl.where(perturbed > kth[:, None], 1, 0)) > 0:
-                top = tl.max(perturbed, axis=1)
-                top_lane = tl.argmax(perturbed, axis=1)
-                enters = top > kth
-                replaced = enters[:, None] & (slots[None, :] == tl.argmin(best, axis=1)[:, None])
-                best = tl.where(replaced, top[:, None], best)
-                best_at = tl.where(replaced, (start + top_lane)[:, None], best_at)
-                perturbed = tl.where(lanes[None, :] == top_lane[:, None], float("-inf"), perturbed)
-                kth = tl.min(best, axis=1)
+            reachable = True
+            if PRUNE:  # can any s + eps z of this tile (|z| <= Z_MAX) beat some sample's K-th largest?
+                tile_max = tl.max(tl.where(column_ok, scores, float("-inf")))
+                reachable = tile_max + reach + slack * tl.abs(tile_max) >= tl.min(tl.where(sample_ok, kth, float("inf")))
+            if reachable:
+                counters = counter_base[:, None] + columns[None, :]  # [BB, BL]
+                inside = sample_ok[:, None] & column_ok[None, :]
+                if HAS_NOISE:
+                    z = tl.load(noise_ptr + counters, mask=inside, other=0.0).to(accumulate)
+                else:
+                    z = tl.randn(seed, counters).to(accumulate)
+                perturbed = tl.where(inside, scores[None, :] + epsilon * z, float("-inf"))
+                # insert the tile's largest while it beats the K-th largest: at most K times per sample
+                while tl.max(tl.where(perturbed > kth[:, None], 1, 0)) > 0:
+                    top = tl.max(perturbed, axis=1)
+                    top_lane = tl.argmax(perturbed, axis=1)
+                    enters = top > kth
+                    replaced = enters[:, None] & (slots[None, :] == tl.argmin(best, axis=1)[:, None])
+                    best = tl.where(replaced, top[:, None], best)
+                    best_at = tl.where(replaced, (start + top_lane)[:, None], best_at)
+                    perturbed = tl.where(lanes[None, :] == top_lane[:, None], float("-inf"), perturbed)
+                    kth = tl.min(best, axis=1)
         nan = tl.max(has_nan.to(tl.int32)) > 0
         if FINAL:
             kth_at = tl.sum(tl.where(slots[None, :] == tl.argmin(best, axis=1)[:, None], best_at, 0), axis=1)
@@ -166,6 +182,7 @@ def perturbed_kth_largest(
     seed: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
     n_chunks: int | None = None,
+    prune: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k``-th largest of ``s + epsilon Z_b`` and its position, for each row of ``s`` and each sample ``b``.
 
@@ -177,6 +194,7 @@ def perturbed_kth_largest(
         seed: a one-element int64 tensor on ``s``'s device, the Philox seed of the in-kernel noise.
         noise: instead of ``seed``, the standard normal draws themselves, shape ``(n_samples, rows, L)``.
         n_chunks: how many programs share one row (default: from :func:`launch_plan`).
+        prune: skip the tiles that cannot reach the top (exact; in-kernel noise only, see the module's docstring).
 
     Returns:
         ``(values, positions)``, both of shape ``(n_samples, rows)``: float32 (float64 for float64 scores) and
@@ -197,11 +215,13 @@ def perturbed_kth_largest(
     positions = torch.empty((n_samples, n_rows, width), dtype=torch.int32, device=s.device)
     epsilon_tensor = torch.tensor([epsilon], dtype=accumulate, device=s.device)
     grid = (n_rows, plan.n_chunks, math.ceil(n_samples / plan.block_samples))
+    # a computed s + eps z is at most tile_max + eps Z_MAX (1 + 2u) + u |tile_max| (u: unit roundoff, <= 2^-24)
+    reach = epsilon * Z_MAX * (1 + PRUNE_SLACK)
     _kernel()[grid](
         s, noise.contiguous() if noise is not None else s, seed if seed is not None else positions,
         epsilon_tensor, values, positions,
-        n_rows, n_classes, n_samples, s.stride(0), plan.chunk_length, plan.n_chunks,
-        K=k, HAS_NOISE=noise is not None, FINAL=final,
+        n_rows, n_classes, n_samples, s.stride(0), plan.chunk_length, plan.n_chunks, reach, PRUNE_SLACK,
+        K=k, HAS_NOISE=noise is not None, FINAL=final, PRUNE=prune and noise is None,
         BLOCK_B=plan.block_samples, BLOCK_L=plan.block_classes, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
     )
     if final:
