@@ -169,6 +169,13 @@ def launch_plan(n_rows: int, n_classes: int, n_samples: int, k: int, dtype: torc
     return LaunchPlan(block_samples, block_classes, block_k, math.ceil(n_classes / chunk_length), chunk_length)
 
 
+@functools.lru_cache(maxsize=64)
+def _scalar_tensor(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``value`` as a one-element tensor on ``device``, made once: a host-to-device copy would synchronise every
+    call. (A Python float would reach the kernel as float32, too coarse for the float64 path.)"""
+    return torch.tensor([value], dtype=dtype, device=device)
+
+
 def triton_next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -213,7 +220,7 @@ def perturbed_kth_largest(
     width = 1 if final else plan.n_chunks * k
     values = torch.empty((n_samples, n_rows, width), dtype=accumulate, device=s.device)
     positions = torch.empty((n_samples, n_rows, width), dtype=torch.int32, device=s.device)
-    epsilon_tensor = torch.tensor([epsilon], dtype=accumulate, device=s.device)
+    epsilon_tensor = _scalar_tensor(float(epsilon), accumulate, s.device)
     grid = (n_rows, plan.n_chunks, math.ceil(n_samples / plan.block_samples))
     # a computed s + eps z is at most tile_max + eps Z_MAX (1 + 2u) + u |tile_max| (u: unit roundoff, <= 2^-24)
     reach = epsilon * Z_MAX * (1 + PRUNE_SLACK)
