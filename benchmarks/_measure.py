@@ -97,3 +97,14 @@ def write_csv(rows: list[dict], fields: list[str], out: Path) -> None:
         writer.writeheader()
         writer.writerows(rows)
     tmp.replace(out)
+
+
+def append_csv_row(row: dict, fields: list[str], out: Path) -> None:
+    """Append one row (with a header if the file is new): a finished measurement survives an interrupted run."""
+    new = not out.exists()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)

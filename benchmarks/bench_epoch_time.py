@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _measure import append_csv_row  # noqa: E402
 from experiments.models import build_model  # noqa: E402
 from experiments.profiles import PAPER  # noqa: E402
 from experiments.train import device_name, git_commit, train_epoch  # noqa: E402
@@ -90,7 +91,6 @@ def main() -> None:
     if args.out.exists():
         with args.out.open() as handle:
             done = {_identity(row) for row in csv.DictReader(handle)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     per_epoch = math.ceil(TRAIN_IMAGES / args.batch_size)
     print(f"{name}: {args.model}, batch {args.batch_size}, {args.batches} timed batches per point, "
           f"scaled to {per_epoch} batches per epoch", flush=True)
@@ -103,12 +103,7 @@ def main() -> None:
         seconds, loss_ms = time_point(point, model, device, batches, args.warmup, optimiser)
         row.update(batches=args.batches, seconds_per_batch=round(seconds, 6), loss_ms_per_batch=round(loss_ms, 4),
                    epoch_seconds=round(seconds * per_epoch, 2), torch=torch.__version__, commit=git_commit())
-        new = not args.out.exists()
-        with args.out.open("a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=FIELDS)
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
+        append_csv_row(row, FIELDS, args.out)
         print(f"{row['loss']:24s} {row['backend']:6s} K={str(row['K']):3s}: {row['epoch_seconds']:8.2f} s/epoch, "
               f"loss {loss_ms:7.3f} ms/batch ({time.perf_counter() - start:.0f} s)", flush=True)
     print(f"CSV: {args.out}")

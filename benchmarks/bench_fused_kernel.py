@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _measure import median_seconds  # noqa: E402
+from _measure import append_csv_row, median_seconds  # noqa: E402
 from topk.losses import noised_hinge  # noqa: E402
 
 GRIDS = {
@@ -85,17 +85,6 @@ def _done(out: Path) -> set[tuple]:
                  int(r["n_samples"]), r["method"]) for r in csv.DictReader(handle)}
 
 
-def _append(row: dict, out: Path) -> None:
-    new = not out.exists()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
-        handle.flush()
-
-
 def run(grid: dict, device: torch.device, out: Path, budget_s: float, logit_scale: float) -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     bandwidth = copy_bandwidth(device)
@@ -115,7 +104,7 @@ def run(grid: dict, device: torch.device, out: Path, budget_s: float, logit_scal
                 continue
             needed = 2 * 4 * batch * n_classes + extra_bytes(batch, n_classes, n_samples)
             if needed > 0.8 * free:
-                _append({**config, "method": method, "status": f"skipped: needs {needed / 2**30:.1f} GiB"}, out)
+                append_csv_row({**config, "method": method, "status": f"skipped: needs {needed / 2**30:.1f} GiB"}, FIELDS, out)
                 continue
             if s is None:
                 g = torch.Generator(device=device).manual_seed(0)
@@ -130,10 +119,9 @@ def run(grid: dict, device: torch.device, out: Path, budget_s: float, logit_scal
                 times[method] = median_seconds(step, device, min_repeats=3, budget_s=budget_s)
             except torch.OutOfMemoryError:
                 torch.cuda.empty_cache()
-                _append({**config, "method": method, "status": "out of memory"}, out)
+                append_csv_row({**config, "method": method, "status": "out of memory"}, FIELDS, out)
                 continue
-            _append({**config, "method": method, "status": "ok", "ms": round(times[method] * 1e3, 5)}, out)
-        del s, y
+            append_csv_row({**config, "method": method, "status": "ok", "ms": round(times[method] * 1e3, 5)}, FIELDS, out)
         if "fused" in times:
             ratios = [f"fused {times['fused'] * 1e3:9.3f} ms = floor x{times['fused'] / floor:6.2f}"]
             ratios += [f"{m} / fused x{times[m] / times['fused']:6.2f}" for m in ("pytopk", "torch", "cross_entropy") if m in times]
