@@ -128,9 +128,10 @@ def check_margins(margins: object, s: torch.Tensor) -> float | torch.Tensor:
 BACKENDS = ("auto", "torch", "triton")
 
 
-def check_backend(backend: object, s: torch.Tensor, k: int) -> str:
+def check_backend(backend: object, s: torch.Tensor, rank: int) -> str:
     """``"auto"``, ``"torch"`` or ``"triton"``; Triton needs the package, CUDA scores (or its interpreter,
-    ``TRITON_INTERPRET=1``) and ``k + 1 <= topk.fused.MAX_K``."""
+    ``TRITON_INTERPRET=1``) and a selected rank (``k`` of the operator, ``k + 1`` of the loss) of at most
+    ``topk.fused.MAX_K``."""
     if check_choice(backend, "backend", BACKENDS) != "triton":
         return backend
     from topk import fused
@@ -140,6 +141,7 @@ def check_backend(backend: object, s: torch.Tensor, k: int) -> str:
     if not s.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"backend='triton' needs CUDA scores, got scores on {s.device} "
                          "(set TRITON_INTERPRET=1 to run the kernel in Triton's interpreter)")
-    if k + 1 > fused.MAX_K:
-        raise ValueError(f"backend='triton' needs k + 1 <= {fused.MAX_K}, got k = {k}")
+    if rank > fused.MAX_K:
+        raise ValueError(f"backend='triton' selects at most the {fused.MAX_K}-th largest score, got rank {rank} "
+                         "(k + 1 for the noised hinge)")
     return backend

@@ -63,6 +63,14 @@ def available() -> bool:
     return True
 
 
+def use_kernel(backend: str, s: torch.Tensor, rank: int, epsilon: float) -> bool:
+    """Whether a checked ``backend`` means this kernel for selecting the ``rank``-th largest of ``s``: always for
+    ``"triton"``; for ``"auto"``, on CUDA scores with ``epsilon > 0`` and ``rank <= MAX_K`` when Triton is installed."""
+    if backend != "auto":
+        return backend == "triton"
+    return s.is_cuda and epsilon > 0 and rank <= MAX_K and available()
+
+
 @functools.cache
 def _kernel():
     """The jitted kernel, built on first use, so that ``TRITON_INTERPRET`` is read when it is needed."""
@@ -271,14 +279,43 @@ def noised_hinge_rows(s, y, true_margin, k, epsilon, n_samples, *, generator=Non
     Without ``noise``, the Philox seed is one int64 drawn from ``generator`` (or the device's default
     generator) on the scores' device, so no host synchronisation is needed.
     """
-    shape = s.shape[:-1]
-    rows = s.reshape(-1, s.shape[-1])
+    rows, seed, noise = _seed_and_rows(s, noise, generator)
     if isinstance(true_margin, torch.Tensor):
         true_margin = true_margin.reshape(-1)
-    seed = None
-    if noise is None:
-        seed = torch.randint(0, 2**62, (1,), generator=generator, device=s.device)
-    else:
-        noise = noise.reshape(noise.shape[0], -1, s.shape[-1])
     loss = FusedNoisedHinge.apply(rows, y.reshape(-1), true_margin, k, epsilon, n_samples, seed, noise, n_chunks)
-    return loss.reshape(shape)
+    return loss.reshape(s.shape[:-1])
+
+
+class FusedSmoothTopK(torch.autograd.Function):
+    """``top_{K,eps,B}(s)`` (Definition 3.4, Eq. 11) of scores ``(rows, L)`` on the kernel; backward scatters
+    ``1 / B`` at the saved positions (Prop. 3.3)."""
+
+    @staticmethod
+    def forward(ctx, s, k, epsilon, n_samples, seed, noise):
+        values, positions = perturbed_kth_largest(s, k, epsilon, n_samples, seed=seed, noise=noise)
+        ctx.save_for_backward(positions)
+        ctx.n_classes = s.shape[1]
+        return (values.sum(0) / n_samples).to(s.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_value):
+        (positions,) = ctx.saved_tensors
+        n_samples = positions.shape[0]
+        grad_s = torch.zeros((grad_value.shape[0], ctx.n_classes), dtype=grad_value.dtype, device=grad_value.device)
+        grad_s.scatter_add_(1, positions.T.long(), (grad_value / n_samples)[:, None].expand(-1, n_samples))
+        return grad_s, None, None, None, None, None
+
+
+def _seed_and_rows(s, noise, generator):
+    """Scores as rows ``(rows, L)``, and either a Philox seed drawn from ``generator`` on the scores' device (no host
+    synchronisation) or the explicit noise as ``(n_samples, rows, L)``."""
+    rows = s.reshape(-1, s.shape[-1])
+    if noise is None:
+        return rows, torch.randint(0, 2**62, (1,), generator=generator, device=s.device), None
+    return rows, None, noise.reshape(noise.shape[0], -1, s.shape[-1])
+
+
+def smooth_top_k_rows(s, k, epsilon, n_samples, *, generator=None, noise=None):
+    """:func:`topk.smooth_top_k` of scores ``(..., L)`` on the kernel; arguments already checked."""
+    rows, seed, noise = _seed_and_rows(s, noise, generator)
+    return FusedSmoothTopK.apply(rows, k, epsilon, n_samples, seed, noise).reshape(s.shape[:-1])

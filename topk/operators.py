@@ -21,7 +21,8 @@ import threading
 
 import torch
 
-from topk._validation import check_generator, check_int, check_noise, check_real, check_scores
+from topk import fused
+from topk._validation import check_backend, check_generator, check_int, check_noise, check_real, check_scores
 
 #: Automatic chunking: at most this many perturbed scores are materialised at once (about 16 MB in
 #: float32); a single sample is always allowed, so memory stays O(batch x L) however large L is.
@@ -128,7 +129,7 @@ class _PerturbedTop(torch.autograd.Function):
         return grad_s, None, None, None, None, None, None, None
 
 
-def _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, kth_only):
+def _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, kth_only, backend="torch"):
     check_scores(s)
     k = check_int(k, "k", 1, s.shape[-1], " (the number of classes)")
     epsilon = check_real(epsilon, "epsilon", low=0.0)
@@ -137,6 +138,8 @@ def _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, kth_o
     if noise is not None:
         check_noise(noise, n_samples, s)
     chunk = _samples_per_chunk(n_samples, s, samples_per_chunk)
+    if fused.use_kernel(check_backend(backend, s, k), s, k, epsilon):
+        return fused.smooth_top_k_rows(s, k, epsilon, n_samples, generator=generator, noise=noise)
     if epsilon == 0.0:
         return top_k(s, k) if kth_only else top_sum_k(s, k)
     return _PerturbedTop.apply(s, k, kth_only, epsilon, n_samples, generator, noise, chunk)
@@ -185,6 +188,7 @@ def smooth_top_k(
     generator: torch.Generator | None = None,
     noise: torch.Tensor | None = None,
     samples_per_chunk: int | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Monte Carlo estimate of ``top_{K,eps}(s) = topSigma_{K,eps}(s) - topSigma_{K-1,eps}(s)`` (Definition 3.4).
 
@@ -192,7 +196,9 @@ def smooth_top_k(
     ``k``-th largest perturbed score; it is computed that way, without the cancellation of a
     subtraction. The gradient is the mean of the one-hots ``arg top_K(s + eps Z_b)``: its rows sum to 1.
     Arguments as in :func:`smooth_top_sum_k`; ``|top_{K,eps}(s) - top_K(s)| <= eps K sqrt(2 log L)``
-    (Prop. 3.5).
+    (Prop. 3.5). ``backend``: ``"torch"``, ``"triton"`` (:mod:`topk.fused`, in-kernel noise seeded from
+    ``generator``; ``samples_per_chunk`` does not apply) or ``"auto"`` (Triton for CUDA scores with
+    ``epsilon > 0`` and ``k <= 128`` when it is installed).
 
     The worked example of Section 3.2 (L = 4, K = 2, B = 3, eps = 1):
 
@@ -202,4 +208,4 @@ def smooth_top_k(
     >>> round(value.item(), 4), s.grad
     (2.4667, tensor([0.3333, 0.3333, 0.3333, 0.0000]))
     """
-    return _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, kth_only=True)
+    return _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, kth_only=True, backend=backend)

@@ -252,17 +252,11 @@ def noised_hinge(
     if noise is not None:
         check_noise(noise, n_samples, s)
     true_margin = margins.to(s.dtype)[y] if isinstance(margins, torch.Tensor) else margins
-    if _use_fused(check_backend(backend, s, k), s, k, epsilon):
+    if fused.use_kernel(check_backend(backend, s, k + 1), s, k + 1, epsilon):
         loss = fused.noised_hinge_rows(s, y, true_margin, k, epsilon, n_samples, generator=generator, noise=noise)
         return _reduce(loss, reduction)
-    smoothed = smooth_top_k(s, k + 1, epsilon, n_samples, generator=generator, noise=noise)
+    smoothed = smooth_top_k(s, k + 1, epsilon, n_samples, generator=generator, noise=noise, backend="torch")
     return _reduce(F.relu(true_margin + smoothed - _true_scores(s, y)), reduction)
-
-
-def _use_fused(backend: str, s: torch.Tensor, k: int, epsilon: float) -> bool:
-    if backend != "auto":
-        return backend == "triton"
-    return s.is_cuda and epsilon > 0 and k + 1 <= fused.MAX_K and fused.available()
 
 
 def class_margins(class_counts: Sequence[int] | torch.Tensor, max_margin: float) -> torch.Tensor:

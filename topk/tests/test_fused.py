@@ -17,6 +17,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import topk
 from topk import fused, losses
 from topk.tests.optional import require
 
@@ -97,6 +98,29 @@ def test_fused_loss_and_gradient_equal_the_torch_path_given_the_noise(kernel_dev
     assert (results["torch"][0] > 0).sum() >= 6, "too few active samples for the gradient to be compared"
     assert torch.allclose(results["torch"][0], results["triton"][0], rtol=1e-14, atol=0)
     assert torch.equal(results["torch"][1], results["triton"][1])
+
+
+def test_fused_operator_and_gradient_equal_the_torch_path_given_the_noise(kernel_device):
+    """``smooth_top_k`` (Definition 3.4, gradient of Prop. 3.3) on the kernel, float64, leading batch dimensions."""
+    generator = torch.Generator().manual_seed(9)
+    s = torch.randn(3, 4, 70, dtype=torch.float64, generator=generator).to(kernel_device)
+    noise = torch.randn(6, 3, 4, 70, dtype=torch.float64, generator=generator).to(kernel_device)
+    results = {}
+    for backend in ("torch", "triton"):
+        scores = s.clone().requires_grad_()
+        value = topk.smooth_top_k(scores, 5, 0.8, 6, noise=noise, backend=backend)
+        value.backward(torch.linspace(-1.0, 2.0, 12, dtype=value.dtype, device=value.device).view(3, 4))
+        results[backend] = (value.detach(), scores.grad)
+    assert torch.allclose(results["torch"][0], results["triton"][0], rtol=1e-14, atol=0)
+    assert torch.equal(results["torch"][1], results["triton"][1])
+
+
+def test_fused_operator_gradient_rows_sum_to_one(kernel_device):
+    """Prop. 3.3 with in-kernel noise: the gradient of ``top_{K,eps,B}`` is a mean of B one-hots (rows sum to 1)."""
+    s = torch.randn(16, 300, device=kernel_device, requires_grad=True)
+    topk.smooth_top_k(s, 5, 1.0, 4, backend="triton").sum().backward()
+    assert torch.allclose(s.grad.sum(-1), torch.ones(16, device=kernel_device))
+    assert int((s.grad != 0).sum(-1).max()) <= 4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -216,11 +240,14 @@ def test_auto_backend_uses_the_kernel_only_on_cuda(kernel_device, monkeypatch):
     assert len(calls) == (1 if kernel_device.type == "cuda" else 0)
     losses.noised_hinge(s, y, 2, 0.0, 3)
     assert len(calls) == (1 if kernel_device.type == "cuda" else 0)
+    losses.noised_hinge(s, y, 2, 0.5, 3, backend="torch")  # the PyTorch path uses the operator's PyTorch path too
+    assert len(calls) == (1 if kernel_device.type == "cuda" else 0)
 
 
 @pytest.mark.parametrize("call, message", [
     (lambda s, y: losses.noised_hinge(s, y, 2, 0.5, 3, backend="cuda"), "'backend' should be one of"),
-    (lambda s, y: losses.noised_hinge(s, y, fused.MAX_K, 0.5, 3, backend="triton"), "k + 1 <= 128"),
+    (lambda s, y: losses.noised_hinge(s, y, fused.MAX_K, 0.5, 3, backend="triton"), "at most the 128-th largest score, got rank 129"),
+    (lambda s, y: topk.smooth_top_k(s, 2, 0.5, 3, backend="gpu"), "'backend' should be one of"),
     (lambda s, y: fused.perturbed_kth_largest(s, 2, 0.5, 3), "exactly one of 'seed'"),
     (lambda s, y: fused.perturbed_kth_largest(s, 300, 0.5, 3, seed=torch.zeros(1, dtype=torch.long)), "'k' should be"),
 ])
