@@ -6,7 +6,8 @@ the GPU work; the timings need the device (``benchmarks/bench_fused_kernel.py``)
 
     python benchmarks/kernel_resources.py [--arch 90] [--check]
 
-``--check`` exits 1 if any configuration spills. Run without ``TRITON_INTERPRET`` set.
+``--check`` exits 1 if a float32, float16 or bfloat16 configuration spills (the training dtypes; the float64
+path, kept for exact tests, is reported but not checked). Run without ``TRITON_INTERPRET`` set.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def ptxas_report(ptx: str, arch: int) -> dict[str, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200) or 80 (A100)")
-    parser.add_argument("--check", action="store_true", help="exit 1 if any configuration spills")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a configuration other than float64 spills")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the interpreter does not compile")
@@ -93,7 +94,7 @@ def main() -> int:
         start = time.perf_counter()
         plan, compiled = compile_kernel(dtype, k, n_samples, has_noise, chunked, args.arch)
         report = ptxas_report(compiled.asm["ptx"], args.arch)
-        spilled |= report["spill_stores"] + report["spill_loads"] > 0
+        spilled |= dtype != torch.float64 and report["spill_stores"] + report["spill_loads"] > 0
         block = f"{plan.block_samples}x{plan.block_classes}x{plan.block_k}"
         print(f"{TRITON_TYPES[dtype]:8s} {k:3d} {n_samples:3d}  {str(has_noise):5s}  {str(chunked):7s}  {block:13s}"
               f" {report['registers']:5d}  {report['spill_stores']:5d}/{report['spill_loads']:<5d}"

@@ -5,14 +5,15 @@ noise sample ``b``, the (K+1)-th largest entry of ``s + eps Z_b`` and its positi
 path (:mod:`topk.operators`) materialises the perturbed scores and calls ``torch.topk`` on them. This kernel
 reads each score once and keeps nothing of size ``n_samples x L``:
 
-- the noise is generated in the kernel by Philox from one seed (``tl.randn``), never stored; an explicit
+- the noise is generated in the kernel by Philox from one seed (``tl.randn4x``: four normals per counter),
+  never stored; an explicit
   ``noise`` tensor can be given instead, so the kernel can be tested exactly against the PyTorch path;
 - each program streams its rows' scores tile by tile and keeps, per noise sample, the K largest perturbed
   values seen so far with their positions; a tile value enters only if it beats the current K-th largest,
   and at most K enter per tile, so no sort is done;
 - long rows are split into chunks handled by separate programs, whose K candidates are merged on the host
   (``torch.topk`` over ``n_chunks x K`` numbers per row and sample);
-- exact pruning: Triton's ``tl.randn`` is Box-Muller with the uniform clamped at 1e-7, so its draws satisfy
+- exact pruning: Triton's ``tl.randn4x`` is Box-Muller with the uniform clamped at 1e-7, so its draws satisfy
   ``|Z| <= Z_MAX = sqrt(2 ln 1e7) ~ 5.68`` (a true N(0, 1) exceeds that radius with probability 1e-7, which
   this noise puts on the radius itself). A tile whose largest score ``+ eps Z_MAX`` is below every sample's
   current K-th largest cannot change the result, so its noise is not generated. This is exact, not
@@ -34,17 +35,17 @@ from dataclasses import dataclass
 
 import torch
 
-#: The largest |Z| that ``tl.randn`` can return: Box-Muller radius with the uniform clamped at 1e-7.
+#: The largest |Z| that ``tl.randn4x`` can return: Box-Muller radius with the uniform clamped at 1e-7.
 Z_MAX = math.sqrt(-2.0 * math.log(1e-7))
 #: Relative slack on the pruning bound, above float32 rounding of ``s + eps z`` (2^-22 at most).
 PRUNE_SLACK = 2.0**-20
 
 #: The largest K handled by the kernel; the buffer of the K largest values lives in registers.
 MAX_K = 128
-#: Perturbed values in one tile of one program (samples x classes), a power of two, and the warps of a program:
-#: 16 values per thread. Compiled for sm_90 (``benchmarks/kernel_resources.py``), 4096 values need about 165
-#: registers per thread and 2048 about 60, without spills.
-TILE_ELEMENTS = 2048
+#: Perturbed values in one tile of one program (samples x classes, four quarters of classes), a power of two, and
+#: the warps of a program: 32 values per thread. Compiled for sm_90 (``benchmarks/kernel_resources.py``), float32
+#: tiles of 4096 values need about 120 registers per thread and do not spill; 1024 and 2048 spilled a few bytes.
+TILE_ELEMENTS = 4096
 NUM_WARPS = 4
 #: Noise samples handled by one program; more samples are spread over programs (which re-read the scores).
 MAX_BLOCK_SAMPLES = 8
@@ -73,77 +74,8 @@ def use_kernel(backend: str, s: torch.Tensor, rank: int, epsilon: float) -> bool
 
 @functools.cache
 def _kernel():
-    """The jitted kernel, built on first use, so that ``TRITON_INTERPRET`` is read when it is needed."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def perturbed_kth_largest(
-        s_ptr, noise_ptr, seed_ptr, epsilon_ptr, out_values_ptr, out_positions_ptr,
-        n_rows, n_classes, n_samples, row_stride, chunk_length, n_chunks, reach, slack,
-        K: tl.constexpr, HAS_NOISE: tl.constexpr, FINAL: tl.constexpr, PRUNE: tl.constexpr,
-        BLOCK_B: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):
-        row = tl.program_id(0)
-        chunk = tl.program_id(1)
-        samples = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
-        sample_ok = samples < n_samples
-        slots = tl.arange(0, BLOCK_K)  # [BK]
-        lanes = tl.arange(0, BLOCK_L)  # [BL]
-        epsilon = tl.load(epsilon_ptr)
-        accumulate = epsilon.dtype
-        if not HAS_NOISE:
-            seed = tl.load(seed_ptr)
-        chunk_start = chunk * chunk_length
-        chunk_stop = tl.minimum(chunk_start + chunk_length, n_classes)
-        # the K largest so far, per sample; the padding slots (>= K) hold +inf so they are never the minimum
-        best = tl.where(slots[None, :] < K, float("-inf"), float("inf")).to(accumulate) + tl.zeros(
-            (BLOCK_B, BLOCK_K), accumulate)
-        best_at = tl.zeros((BLOCK_B, BLOCK_K), tl.int32) + chunk_start
-        kth = tl.min(best, axis=1)  # [BB], the current K-th largest
-        has_nan = tl.zeros((BLOCK_L,), tl.int1)
-        counter_base = (samples.to(tl.int64) * n_rows + row) * n_classes  # [BB], noise[b, row, :] starts here
-        for start in range(chunk_start, chunk_stop, BLOCK_L):
-            columns = start + lanes
-            column_ok = columns < chunk_stop
-            scores = tl.load(s_ptr + row.to(tl.int64) * row_stride + columns, mask=column_ok, other=0.0)
-            scores = scores.to(accumulate)
-            has_nan = has_nan | (scores != scores)
-            reachable = True
-            if PRUNE:  # can any s + eps z of this tile (|z| <= Z_MAX) beat some sample's K-th largest?
-                tile_max = tl.max(tl.where(column_ok, scores, float("-inf")))
-                reachable = tile_max + reach + slack * tl.abs(tile_max) >= tl.min(tl.where(sample_ok, kth, float("inf")))
-            if reachable:
-                counters = counter_base[:, None] + columns[None, :]  # [BB, BL]
-                inside = sample_ok[:, None] & column_ok[None, :]
-                if HAS_NOISE:
-                    z = tl.load(noise_ptr + counters, mask=inside, other=0.0).to(accumulate)
-                else:
-                    z = tl.randn(seed, counters).to(accumulate)
-                perturbed = tl.where(inside, scores[None, :] + epsilon * z, float("-inf"))
-                # insert the tile's largest while it beats the K-th largest: at most K times per sample
-                while tl.max(tl.where(perturbed > kth[:, None], 1, 0)) > 0:
-                    top = tl.max(perturbed, axis=1)
-                    top_lane = tl.argmax(perturbed, axis=1)
-                    enters = top > kth
-                    replaced = enters[:, None] & (slots[None, :] == tl.argmin(best, axis=1)[:, None])
-                    best = tl.where(replaced, top[:, None], best)
-                    best_at = tl.where(replaced, (start + top_lane)[:, None], best_at)
-                    perturbed = tl.where(lanes[None, :] == top_lane[:, None], float("-inf"), perturbed)
-                    kth = tl.min(best, axis=1)
-        nan = tl.max(has_nan.to(tl.int32)) > 0
-        if FINAL:
-            kth_at = tl.sum(tl.where(slots[None, :] == tl.argmin(best, axis=1)[:, None], best_at, 0), axis=1)
-            kth = tl.where(nan, float("nan"), kth)
-            out = samples * n_rows + row
-            tl.store(out_values_ptr + out, kth, mask=sample_ok)
-            tl.store(out_positions_ptr + out, kth_at, mask=sample_ok)
-        else:
-            best = tl.where(nan, float("nan"), best)
-            out = ((samples[:, None] * n_rows + row) * n_chunks + chunk) * K + slots[None, :]
-            keep = sample_ok[:, None] & (slots[None, :] < K)
-            tl.store(out_values_ptr + out, best, mask=keep)
-            tl.store(out_positions_ptr + out, best_at, mask=keep)
+    """The jitted kernel, imported on first use, so that ``TRITON_INTERPRET`` is read when it is needed."""
+    from topk._fused_kernel import perturbed_kth_largest
 
     return perturbed_kth_largest
 
@@ -171,7 +103,8 @@ def launch_plan(n_rows: int, n_classes: int, n_samples: int, k: int, dtype: torc
         programs = n_rows * math.ceil(n_samples / block_samples)
         wanted = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         n_chunks = max(1, min(math.ceil(wanted / programs), n_classes // MIN_CHUNK))
-    chunk_length = math.ceil(n_classes / n_chunks)
+    # chunks start at multiples of the tile, so that the tiles' Philox counters never overlap
+    chunk_length = math.ceil(math.ceil(n_classes / n_chunks) / block_classes) * block_classes
     if chunk_length < k and n_chunks > 1:
         raise ValueError(f"'n_chunks' = {n_chunks} leaves chunks of {chunk_length} classes, fewer than k = {k}")
     return LaunchPlan(block_samples, block_classes, block_k, math.ceil(n_classes / chunk_length), chunk_length)

@@ -1,0 +1,107 @@
+"""The Triton source of :mod:`topk.fused` (imported on first use, so that ``TRITON_INTERPRET`` is read then).
+
+One program handles one row of scores, one chunk of its classes and a block of noise samples; see
+:mod:`topk.fused` for the algorithm and the exact pruning.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def insert_tile(best, best_at, kth, scores, z, first_column, column_ok, sample_ok, epsilon,
+                QUARTER: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Insert the tile's perturbed values into the K largest while they beat the K-th: at most K times."""
+    lanes = tl.arange(0, QUARTER)
+    slots = tl.arange(0, BLOCK_K)
+    perturbed = tl.where(sample_ok[:, None] & column_ok[None, :], scores[None, :] + epsilon * z, float("-inf"))
+    while tl.max(tl.where(perturbed > kth[:, None], 1, 0)) > 0:
+        top = tl.max(perturbed, axis=1)
+        top_lane = tl.argmax(perturbed, axis=1)
+        enters = top > kth
+        replaced = enters[:, None] & (slots[None, :] == tl.argmin(best, axis=1)[:, None])
+        best = tl.where(replaced, top[:, None], best)
+        best_at = tl.where(replaced, (first_column + top_lane)[:, None], best_at)
+        perturbed = tl.where(lanes[None, :] == top_lane[:, None], float("-inf"), perturbed)
+        kth = tl.min(best, axis=1)
+    return best, best_at, kth
+
+
+@triton.jit
+def perturbed_kth_largest(
+    s_ptr, noise_ptr, seed_ptr, epsilon_ptr, out_values_ptr, out_positions_ptr,
+    n_rows, n_classes, n_samples, row_stride, chunk_length, n_chunks, reach, slack,
+    K: tl.constexpr, HAS_NOISE: tl.constexpr, FINAL: tl.constexpr, PRUNE: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    QUARTER: tl.constexpr = BLOCK_L // 4
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    samples = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
+    sample_ok = samples < n_samples
+    slots = tl.arange(0, BLOCK_K)  # [BK]
+    lanes = tl.arange(0, QUARTER)  # [Q]
+    epsilon = tl.load(epsilon_ptr)
+    accumulate = epsilon.dtype
+    if not HAS_NOISE:
+        seed = tl.load(seed_ptr)
+    chunk_start = chunk * chunk_length
+    chunk_stop = tl.minimum(chunk_start + chunk_length, n_classes)
+    # the K largest so far, per sample; the padding slots (>= K) hold +inf so they are never the minimum
+    best = tl.where(slots[None, :] < K, float("-inf"), float("inf")).to(accumulate) + tl.zeros(
+        (BLOCK_B, BLOCK_K), accumulate)
+    best_at = tl.zeros((BLOCK_B, BLOCK_K), tl.int32) + chunk_start
+    kth = tl.min(best, axis=1)  # [BB], the current K-th largest
+    has_nan = tl.zeros((QUARTER,), tl.int1)
+    counter_base = (samples.to(tl.int64) * n_rows + row) * n_classes  # [BB], noise[b, row, :] starts here
+    row_scores = s_ptr + row.to(tl.int64) * row_stride
+    # a tile is four quarters of QUARTER classes; in-kernel noise: counter start/4 + q gives quarter j its z_j
+    for start in range(chunk_start, chunk_stop, BLOCK_L):
+        c0 = start + lanes
+        c1 = c0 + QUARTER
+        c2 = c1 + QUARTER
+        c3 = c2 + QUARTER
+        s0 = tl.load(row_scores + c0, mask=c0 < chunk_stop, other=0.0).to(accumulate)
+        s1 = tl.load(row_scores + c1, mask=c1 < chunk_stop, other=0.0).to(accumulate)
+        s2 = tl.load(row_scores + c2, mask=c2 < chunk_stop, other=0.0).to(accumulate)
+        s3 = tl.load(row_scores + c3, mask=c3 < chunk_stop, other=0.0).to(accumulate)
+        has_nan = has_nan | (s0 != s0) | (s1 != s1) | (s2 != s2) | (s3 != s3)
+        reachable = True
+        if PRUNE:  # can any s + eps z of this tile (|z| <= Z_MAX) beat some sample's K-th largest?
+            tile_max = tl.maximum(
+                tl.maximum(tl.max(tl.where(c0 < chunk_stop, s0, float("-inf"))),
+                           tl.max(tl.where(c1 < chunk_stop, s1, float("-inf")))),
+                tl.maximum(tl.max(tl.where(c2 < chunk_stop, s2, float("-inf"))),
+                           tl.max(tl.where(c3 < chunk_stop, s3, float("-inf")))))
+            reachable = tile_max + reach + slack * tl.abs(tile_max) >= tl.min(tl.where(sample_ok, kth, float("inf")))
+        if reachable:
+            if HAS_NOISE:
+                noise = noise_ptr + counter_base[:, None]
+                inside = sample_ok[:, None]
+                z0 = tl.load(noise + c0[None, :], mask=inside & (c0 < chunk_stop)[None, :], other=0.0)
+                z1 = tl.load(noise + c1[None, :], mask=inside & (c1 < chunk_stop)[None, :], other=0.0)
+                z2 = tl.load(noise + c2[None, :], mask=inside & (c2 < chunk_stop)[None, :], other=0.0)
+                z3 = tl.load(noise + c3[None, :], mask=inside & (c3 < chunk_stop)[None, :], other=0.0)
+            else:
+                z0, z1, z2, z3 = tl.randn4x(seed, counter_base[:, None] + (start // 4 + lanes)[None, :])
+            best, best_at, kth = insert_tile(best, best_at, kth, s0, z0.to(accumulate), start, c0 < chunk_stop,
+                                             sample_ok, epsilon, QUARTER, BLOCK_K)
+            best, best_at, kth = insert_tile(best, best_at, kth, s1, z1.to(accumulate), start + QUARTER,
+                                             c1 < chunk_stop, sample_ok, epsilon, QUARTER, BLOCK_K)
+            best, best_at, kth = insert_tile(best, best_at, kth, s2, z2.to(accumulate), start + 2 * QUARTER,
+                                             c2 < chunk_stop, sample_ok, epsilon, QUARTER, BLOCK_K)
+            best, best_at, kth = insert_tile(best, best_at, kth, s3, z3.to(accumulate), start + 3 * QUARTER,
+                                             c3 < chunk_stop, sample_ok, epsilon, QUARTER, BLOCK_K)
+    nan = tl.max(has_nan.to(tl.int32)) > 0
+    if FINAL:
+        kth_at = tl.sum(tl.where(slots[None, :] == tl.argmin(best, axis=1)[:, None], best_at, 0), axis=1)
+        kth = tl.where(nan, float("nan"), kth)
+        out = samples * n_rows + row
+        tl.store(out_values_ptr + out, kth, mask=sample_ok)
+        tl.store(out_positions_ptr + out, kth_at, mask=sample_ok)
+    else:
+        best = tl.where(nan, float("nan"), best)
+        out = ((samples[:, None] * n_rows + row) * n_chunks + chunk) * K + slots[None, :]
+        keep = sample_ok[:, None] & (slots[None, :] < K)
+        tl.store(out_values_ptr + out, best, mask=keep)
+        tl.store(out_positions_ptr + out, best_at, mask=keep)
