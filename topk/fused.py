@@ -72,6 +72,21 @@ def use_kernel(backend: str, s: torch.Tensor, rank: int, epsilon: float) -> bool
     return s.is_cuda and epsilon > 0 and rank <= MAX_K and available()
 
 
+def _run_eagerly(function):
+    """``torch.compiler.disable(function)``, made at the first call: importing ``torch._dynamo`` (which imports
+    triton) when :mod:`topk` is imported would fix Triton's interpreter mode before a test could choose it."""
+    disabled = None
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            disabled = torch.compiler.disable(function)
+        return disabled(*args, **kwargs)
+
+    return call
+
+
 @functools.cache
 def _kernel():
     """The jitted kernel, imported on first use, so that ``TRITON_INTERPRET`` is read when it is needed."""
@@ -206,11 +221,13 @@ class FusedNoisedHinge(torch.autograd.Function):
         return grad_s, None, None, None, None, None, None, None, None
 
 
+@_run_eagerly
 def noised_hinge_rows(s, y, true_margin, k, epsilon, n_samples, *, generator=None, noise=None, n_chunks=None):
     """The unreduced noised hinge of scores ``(..., L)`` on the fused kernel; arguments already checked.
 
     Without ``noise``, the Philox seed is one int64 drawn from ``generator`` (or the device's default
-    generator) on the scores' device, so no host synchronisation is needed.
+    generator) on the scores' device, so no host synchronisation is needed. Under ``torch.compile`` it runs
+    eagerly (a graph break): the kernel is already fused, and the model around it still compiles.
     """
     rows, seed, noise = _seed_and_rows(s, noise, generator)
     if isinstance(true_margin, torch.Tensor):
@@ -248,7 +265,9 @@ def _seed_and_rows(s, noise, generator):
     return rows, None, noise.reshape(noise.shape[0], -1, s.shape[-1])
 
 
+@_run_eagerly
 def smooth_top_k_rows(s, k, epsilon, n_samples, *, generator=None, noise=None):
-    """:func:`topk.smooth_top_k` of scores ``(..., L)`` on the kernel; arguments already checked."""
+    """:func:`topk.smooth_top_k` of scores ``(..., L)`` on the kernel; arguments already checked. Under
+    ``torch.compile`` it runs eagerly (a graph break), like :func:`noised_hinge_rows`."""
     rows, seed, noise = _seed_and_rows(s, noise, generator)
     return FusedSmoothTopK.apply(rows, k, epsilon, n_samples, seed, noise).reshape(s.shape[:-1])

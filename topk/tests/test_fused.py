@@ -341,3 +341,31 @@ def test_pruning_with_a_too_small_bound_would_be_seen(kernel_device, small_tiles
     monkeypatch.setattr(fused, "Z_MAX", 0.0)
     wrong = fused.perturbed_kth_largest(s, 6, 0.5, 4, seed=seed, prune=True)
     assert not torch.equal(wrong[1], full[1])
+
+
+def test_fused_loss_under_torch_compile_matches_eager(kernel_device):
+    """A compiled model with the fused loss (which runs eagerly inside the graph: a graph break) gives the eager
+    loss and gradients."""
+    torch.manual_seed(14)
+    model = torch.nn.Linear(16, 40).to(kernel_device)
+    x = torch.randn(8, 16, device=kernel_device)
+    y = torch.randint(0, 40, (8,), device=kernel_device)
+
+    def step(m):
+        generator = torch.Generator(kernel_device).manual_seed(3)
+        loss = losses.noised_hinge(m(x), y, 3, 0.5, 4, generator=generator, backend="triton")
+        loss.backward()
+        return loss.detach(), m.weight.grad.clone()
+
+    eager = step(model)
+    model.weight.grad = None
+    compiled = step(torch.compile(model, backend="aot_eager"))
+    assert torch.allclose(eager[0], compiled[0]) and torch.allclose(eager[1], compiled[1])
+
+
+def test_importing_topk_does_not_import_triton():
+    """Triton is imported at the kernel's first use: importing it earlier (also through ``torch._dynamo``) would fix
+    its interpreter mode before ``TRITON_INTERPRET`` could be set, and slow ``import topk`` for CPU users."""
+    run = subprocess.run([sys.executable, "-c", "import sys, topk; print('triton' in sys.modules)"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "False", run.stdout + run.stderr
