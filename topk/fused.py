@@ -110,8 +110,8 @@ class LaunchPlan:
 def launch_plan(n_rows: int, n_classes: int, n_samples: int, k: int, dtype: torch.dtype, device: torch.device,
                 n_chunks: int | None = None) -> LaunchPlan:
     """Tile sizes from ``n_samples`` and ``k``; chunks so that about 4 programs per multiprocessor run."""
-    block_k = max(2, triton_next_power_of_2(k))
-    block_samples = min(triton_next_power_of_2(n_samples), MAX_BLOCK_SAMPLES, max(1, BUFFER_ELEMENTS // block_k))
+    block_k = max(2, _next_power_of_2(k))
+    block_samples = min(_next_power_of_2(n_samples), MAX_BLOCK_SAMPLES, max(1, BUFFER_ELEMENTS // block_k))
     tile = TILE_ELEMENTS // 2 if dtype == torch.float64 else TILE_ELEMENTS  # float64 takes two registers
     block_classes = max(16, tile // block_samples)
     if n_chunks is None:
@@ -132,7 +132,7 @@ def _scalar_tensor(value: float, dtype: torch.dtype, device: torch.device) -> to
     return torch.tensor([value], dtype=dtype, device=device)
 
 
-def triton_next_power_of_2(n: int) -> int:
+def _next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
@@ -193,6 +193,14 @@ def perturbed_kth_largest(
     return top[..., -1], positions.gather(-1, slot[..., -1:]).squeeze(-1)
 
 
+def _mean_one_hots(positions: torch.Tensor, weight: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """``weight`` times the mean over the samples of the one-hots at ``positions`` (``B x rows`` int32): the
+    pathwise gradient of Prop. 3.3, as one dense ``rows x L`` tensor."""
+    n_samples = positions.shape[0]
+    grad_s = torch.zeros((weight.shape[0], n_classes), dtype=weight.dtype, device=weight.device)
+    return grad_s.scatter_add_(1, positions.T.long(), (weight / n_samples)[:, None].expand(-1, n_samples))
+
+
 class FusedNoisedHinge(torch.autograd.Function):
     """Per-row noised hinge ``(m_y + top_{K+1,eps,B}(s) - s_y)_+`` (Eq. 10 / 13) on the fused kernel.
 
@@ -213,11 +221,8 @@ class FusedNoisedHinge(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         positions, y, active = ctx.saved_tensors
-        n_samples = positions.shape[0]
         weight = torch.where(active, grad_loss, torch.zeros_like(grad_loss))  # [rows]
-        grad_s = torch.zeros((weight.shape[0], ctx.n_classes), dtype=grad_loss.dtype, device=grad_loss.device)
-        grad_s.scatter_add_(1, positions.T.long(), (weight / n_samples)[:, None].expand(-1, n_samples))
-        grad_s.scatter_add_(1, y[:, None], -weight[:, None])
+        grad_s = _mean_one_hots(positions, weight, ctx.n_classes).scatter_add_(1, y[:, None], -weight[:, None])
         return grad_s, None, None, None, None, None, None, None, None
 
 
@@ -250,10 +255,7 @@ class FusedSmoothTopK(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_value):
         (positions,) = ctx.saved_tensors
-        n_samples = positions.shape[0]
-        grad_s = torch.zeros((grad_value.shape[0], ctx.n_classes), dtype=grad_value.dtype, device=grad_value.device)
-        grad_s.scatter_add_(1, positions.T.long(), (grad_value / n_samples)[:, None].expand(-1, n_samples))
-        return grad_s, None, None, None, None, None
+        return _mean_one_hots(positions, grad_value, ctx.n_classes), None, None, None, None, None
 
 
 def _seed_and_rows(s, noise, generator):
