@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import sys
 import time
 from pathlib import Path
@@ -27,12 +26,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _measure import append_csv_row  # noqa: E402
+
 from experiments.models import build_model  # noqa: E402
 from experiments.profiles import PAPER  # noqa: E402
+from experiments.timings import batches_per_epoch  # noqa: E402
 from experiments.train import device_name, git_commit, train_epoch  # noqa: E402
 from topk.losses import build_loss  # noqa: E402
 
-TRAIN_IMAGES = 45_000  #: CIFAR-100's training part in the paper (50,000 minus 5,000 for validation)
 EPSILON = 1.0
 FIELDS = ["device", "device_name", "model", "loss", "backend", "K", "B", "batch_size", "batches", "seconds_per_batch",
           "loss_ms_per_batch", "epoch_seconds", "torch", "commit"]
@@ -40,11 +40,12 @@ FIELDS = ["device", "device_name", "model", "loss", "backend", "K", "B", "batch_
 
 def points(ks: list[int], samples: list[int], backends: list[str]) -> list[dict]:
     """Cross-entropy once (it has no K), then for each K the smoothed hinge (tau = 1) and the noised loss."""
-    chosen = [{"loss": "cross_entropy", "backend": "", "K": "", "B": "", "options": {}}]
+    chosen = [{"loss": "cross_entropy", "registered": "cross_entropy", "backend": "", "K": "", "B": "", "options": {}}]
     for k in ks:
-        chosen.append({"loss": "smooth_hinge", "backend": "", "K": k, "B": "", "options": {"k": k, "tau": 1.0}})
-        chosen += [{"loss": f"noised_balanced B={b}", "backend": backend, "K": k, "B": b,
-                    "options": {"k": k, "epsilon": EPSILON, "n_samples": b, "backend": backend}}
+        chosen.append({"loss": "smooth_hinge", "registered": "smooth_hinge", "backend": "", "K": k, "B": "",
+                       "options": {"k": k, "tau": 1.0}})
+        chosen += [{"loss": f"noised_balanced B={b}", "registered": "noised_balanced", "backend": backend, "K": k,
+                    "B": b, "options": {"k": k, "epsilon": EPSILON, "n_samples": b, "backend": backend}}
                    for b in samples for backend in backends]
     return chosen
 
@@ -55,7 +56,7 @@ def _identity(row: dict) -> tuple:
 
 def time_point(point: dict, model, device: torch.device, batches: list, warmup: int, optimiser) -> tuple[float, float]:
     """Seconds per batch and loss milliseconds per batch of the engine's training epoch over ``batches``."""
-    loss = build_loss(point["loss"].split(" ")[0], **point["options"]).to(device)
+    loss = build_loss(point["registered"], **point["options"]).to(device)
     train_epoch(model, loss, batches[:warmup], optimiser, device, progress=False, epoch=0)
     seconds, loss_seconds, _, _ = train_epoch(model, loss, batches[warmup:], optimiser, device, progress=False, epoch=0)
     timed = len(batches) - warmup
@@ -91,7 +92,7 @@ def main() -> None:
     if args.out.exists():
         with args.out.open() as handle:
             done = {_identity(row) for row in csv.DictReader(handle)}
-    per_epoch = math.ceil(TRAIN_IMAGES / args.batch_size)
+    per_epoch = batches_per_epoch(args.batch_size)
     print(f"{name}: {args.model}, batch {args.batch_size}, {args.batches} timed batches per point, "
           f"scaled to {per_epoch} batches per epoch", flush=True)
     for point in points(args.ks, args.samples, args.backends):

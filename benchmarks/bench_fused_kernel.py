@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
-import platform
+import os
 import sys
 from pathlib import Path
 
@@ -30,7 +30,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _measure import append_csv_row, median_seconds  # noqa: E402
+
+from experiments.train import device_name  # noqa: E402
 from topk.losses import noised_hinge  # noqa: E402
+from topk.operators import CHUNK_ELEMENTS  # noqa: E402
 
 GRIDS = {
     "issue": {"batch": (256, 4096), "n_classes": (100, 1000, 10**4, 10**5, 10**6), "k": (1, 5, 50), "n_samples": (3, 10, 50)},
@@ -57,16 +60,23 @@ def _pytopk_loss():
     return loss
 
 
-def methods(device: torch.device) -> dict:
+def methods() -> dict:
     """Each method with the bytes it needs beyond the scores and their gradient, as a function of the config."""
     table = {
         "fused": (lambda s, y, k, m: noised_hinge(s, y, k, EPSILON, m, backend="triton"), lambda b, n, m: 0),
-        "torch": (lambda s, y, k, m: noised_hinge(s, y, k, EPSILON, m, backend="torch"), lambda b, n, m: 2 * 4 * 2**22),
+        "torch": (lambda s, y, k, m: noised_hinge(s, y, k, EPSILON, m, backend="torch"), lambda b, n, m: 2 * 4 * max(CHUNK_ELEMENTS, b * n)),
         "cross_entropy": (lambda s, y, k, m: F.cross_entropy(s, y), lambda b, n, m: 2 * 4 * b * n),
     }
     if (pytopk := _pytopk_loss()) is not None:
         table["pytopk"] = (pytopk, lambda b, n, m: 3 * 4 * b * n * m)  # noise, perturbed scores, sorted copy
     return table
+
+
+def _free_bytes(device: torch.device) -> int:
+    """Free memory on ``device``: the CUDA allocator's view, or the host's available pages (Linux)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -86,17 +96,17 @@ def _done(out: Path) -> set[tuple]:
 
 
 def run(grid: dict, device: torch.device, out: Path, budget_s: float, logit_scale: float) -> None:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    name = device_name(device)
     bandwidth = copy_bandwidth(device)
     print(f"{name}: copy bandwidth {bandwidth / 1e9:.0f} GB/s; torch {torch.__version__}", flush=True)
-    done, table = _done(out), methods(device)
+    done, table = _done(out), methods()
     for batch, n_classes, k, n_samples in itertools.product(*grid.values()):
         if k + 1 > n_classes:
             continue
         floor = 2 * 4 * batch * n_classes / bandwidth
         config = {"device": device.type, "device_name": name, "logit_scale": logit_scale, "batch": batch, "n_classes": n_classes, "k": k,
                   "n_samples": n_samples, "floor_ms": round(floor * 1e3, 5), "copy_gb_per_s": round(bandwidth / 1e9, 1)}
-        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 8 * 2**30
+        free = _free_bytes(device)
         s = y = None
         times = {}
         for method, (loss, extra_bytes) in table.items():
@@ -124,7 +134,7 @@ def run(grid: dict, device: torch.device, out: Path, budget_s: float, logit_scal
             append_csv_row({**config, "method": method, "status": "ok", "ms": round(times[method] * 1e3, 5)}, FIELDS, out)
         if "fused" in times:
             ratios = [f"fused {times['fused'] * 1e3:9.3f} ms = floor x{times['fused'] / floor:6.2f}"]
-            ratios += [f"{m} / fused x{times[m] / times['fused']:6.2f}" for m in ("pytopk", "torch", "cross_entropy") if m in times]
+            ratios += [f"{m} / fused x{times[m] / times['fused']:.3g}" for m in ("pytopk", "torch", "cross_entropy") if m in times]
             print(f"scale {logit_scale:g} batch {batch:5d} L {n_classes:8d} K {k:2d} B {n_samples:2d}: " + ", ".join(ratios), flush=True)
 
 

@@ -13,6 +13,11 @@ EPOCH_TIME_CSV = paths.BENCHMARK_RESULTS / "fig3_epoch_time.csv"
 TRAIN_IMAGES = 45_000  #: the paper's CIFAR-100 training part, to which the timed batches are scaled
 
 
+def batches_per_epoch(batch_size: int) -> int:
+    """Batches in one epoch of the paper's CIFAR-100 training part."""
+    return math.ceil(TRAIN_IMAGES / batch_size)
+
+
 def load_epoch_times(path: Path = EPOCH_TIME_CSV, device: str = "cuda") -> pd.DataFrame | None:
     """The rows measured on ``device`` (on the last device name measured), or None if there are none.
 
@@ -28,8 +33,7 @@ def load_epoch_times(path: Path = EPOCH_TIME_CSV, device: str = "cuda") -> pd.Da
     rows = rows[rows["device_name"] == rows["device_name"].iloc[-1]].copy()
     torch_path = rows["backend"].fillna("") == "torch"
     rows.loc[torch_path, "loss"] = rows.loc[torch_path, "loss"] + " (torch path)"
-    per_epoch = (TRAIN_IMAGES / rows["batch_size"]).map(math.ceil)
-    rows["loss_seconds"] = rows["loss_ms_per_batch"] * per_epoch / 1e3
+    rows["loss_seconds"] = rows["loss_ms_per_batch"] * rows["batch_size"].map(batches_per_epoch) / 1e3
     return rows.reset_index(drop=True)
 
 
