@@ -108,3 +108,13 @@ def estimate(runs: pd.DataFrame, value: str, *, digits: int = 1, groups: str | N
 def _mean_text(values) -> str:
     mean = mean_interval(values if values is not None else [])[0]
     return f"{mean:.1f}" if math.isfinite(mean) else "-"
+
+
+def epoch_time_table(times: pd.DataFrame) -> pd.DataFrame:
+    """Fig. 3's data: epoch seconds by loss (rows) and K (columns "K=k (s)"), cross-entropy (no K) on every column.
+    ``times``: loss, K (NaN for cross-entropy), epoch_seconds."""
+    by_k = times.dropna(subset=["K"]).astype({"K": int})
+    table = by_k.pivot_table(index="loss", columns="K", values="epoch_seconds")
+    table.columns = [f"K={k} (s)" for k in table.columns]
+    table.loc["cross_entropy"] = times[times["loss"] == "cross_entropy"]["epoch_seconds"].iloc[0]
+    return table.round(2)

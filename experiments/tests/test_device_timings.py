@@ -8,7 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from experiments import claims, paths, plots, timings  # noqa: E402
+from experiments import claims, paths, plots, summary, timings  # noqa: E402
 
 
 def test_epoch_time_benchmark_is_read_back_drawn_and_judged(tmp_path):
@@ -27,6 +27,9 @@ def test_epoch_time_benchmark_is_read_back_drawn_and_judged(tmp_path):
                                   "noised_balanced B=3 (torch path)"}
     assert (times["epoch_seconds"] > 0).all() and (times["loss_seconds"] > 0).all()
     assert "small_cnn, batch 16, 2 timed batches per point" in timings.describe(times)
+    table = summary.epoch_time_table(times)
+    assert list(table.columns) == ["K=1 (s)", "K=5 (s)"] and len(table) == 4
+    assert (table.loc["cross_entropy"] == round(times["epoch_seconds"].iloc[0], 2)).all()
     figure = plots.epoch_time_against_k(times, "test")
     assert len(figure.axes[0].lines) == 3 + 1  # three losses with K, cross-entropy's line
     verdict = claims.claim_4_measured(times)
