@@ -1,8 +1,12 @@
 """Argument checks shared by the public functions.
 
-Every check runs before any computation and raises a ``TypeError`` (wrong kind of object) or a
-``ValueError`` (right kind, bad value) whose message names the argument, shows the bad value and says
-what was expected.
+The public functions check their arguments once, then call private cores that check nothing. A check
+raises a ``TypeError`` (wrong kind of object) or a ``ValueError`` (right kind, bad value) whose message
+names the argument, shows the bad value and says what was expected.
+
+No check reads a tensor's values on the host: types, shapes, dtypes and devices are metadata, and
+hyperparameters are Python numbers. The one check on values, the labels' range, is an asynchronous
+assertion (:func:`check_labels`), so a training step never waits for the device and compiles as one graph.
 """
 
 from __future__ import annotations
@@ -39,9 +43,7 @@ def check_int(value: object, name: str, low: int, high: int | None = None, what:
 
 
 def check_real(value: object, name: str, low: float | None = None, strict: bool = False) -> float:
-    """A finite real number, optionally ``> low`` (strict) or ``>= low``."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
+    """A finite real number (a Python or NumPy number, not a tensor), optionally ``> low`` (strict) or ``>= low``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"'{name}' should be a real number, got {value!r} ({type(value).__name__})")
     value = float(value)
@@ -53,7 +55,12 @@ def check_real(value: object, name: str, low: float | None = None, strict: bool 
 
 
 def check_labels(y: object, s: torch.Tensor, name: str = "y") -> torch.Tensor:
-    """Integer labels of shape ``s.shape[:-1]`` in ``[0, L)`` on ``s``'s device; returned as int64."""
+    """Integer labels of shape ``s.shape[:-1]`` in ``[0, L)`` on ``s``'s device; returned as int64.
+
+    The range is checked by ``torch._assert_async``, which reads nothing on the host: on CUDA a label out of
+    range is a device-side assertion (reported at the next synchronisation), under ``torch.compile`` an assertion
+    in the compiled kernel, and on a CPU in eager mode a ``ValueError`` naming the bad label.
+    """
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"'{name}' should be a torch.Tensor of class indices, got {type(y).__name__}")
     if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
@@ -65,13 +72,14 @@ def check_labels(y: object, s: torch.Tensor, name: str = "y") -> torch.Tensor:
         )
     if y.device != s.device:
         raise ValueError(f"'{name}' is on {y.device} but the scores are on {s.device}")
-    n_classes = s.shape[-1]
-    if y.numel() > 0:
-        low, high = int(y.min()), int(y.max())
-        if low < 0 or high >= n_classes:
-            bad = low if low < 0 else high
-            raise ValueError(f"'{name}' should hold class indices in [0, {n_classes - 1}], got {bad}")
-    return y.long()
+    y = y.long()
+    highest = s.shape[-1] - 1
+    expected = f"'{name}' should hold class indices in [0, {highest}]"
+    try:
+        torch._assert_async((y.clamp(0, highest) == y).all(), expected)
+    except RuntimeError:  # raised here only on a CPU, in eager mode, where reading the labels costs nothing
+        raise ValueError(f"{expected}, got {y[(y < 0) | (y > highest)][0].item()}") from None
+    return y
 
 
 def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
@@ -109,18 +117,27 @@ def check_generator(generator: object, s: torch.Tensor) -> torch.Generator | Non
 
 
 def check_margins(margins: object, s: torch.Tensor) -> float | torch.Tensor:
-    """A finite scalar margin, or one finite margin per class: a tensor of shape (L,) on ``s``'s device."""
-    if not isinstance(margins, torch.Tensor) or margins.dim() == 0:
+    """A finite scalar margin, or one margin per class: a floating tensor of shape (L,) on ``s``'s device.
+
+    A tensor's values are not read: :func:`topk.losses.class_margins` checks them where they are made.
+    """
+    if not isinstance(margins, torch.Tensor):
         return check_real(margins, "margins")
     n_classes = s.shape[-1]
     if margins.shape != (n_classes,):
-        raise ValueError(f"'margins' should be a scalar or have shape ({n_classes},) (one per class), "
-                         f"got {tuple(margins.shape)}")
+        raise ValueError(f"'margins' should be a real number or a tensor of shape ({n_classes},) (one per class), "
+                         f"got a tensor of shape {tuple(margins.shape)}")
     if not margins.is_floating_point():
         raise TypeError(f"'margins' should be a floating-point tensor, got dtype {margins.dtype}")
     if margins.device != s.device:
         raise ValueError(f"'margins' is on {margins.device} but the scores are on {s.device}")
-    if not bool(torch.isfinite(margins).all()):
+    return margins
+
+
+def check_margin_values(margins: object) -> object:
+    """Where margins are made or stored (a loss module's constructor): a tensor's values finite. Read on the host once,
+    so that the loss itself never reads them."""
+    if isinstance(margins, torch.Tensor) and not bool(torch.isfinite(margins).all()):
         raise ValueError(f"'margins' should be finite, got {margins.tolist()}")
     return margins
 
@@ -128,14 +145,21 @@ def check_margins(margins: object, s: torch.Tensor) -> float | torch.Tensor:
 BACKENDS = ("auto", "torch", "triton")
 
 
-def check_backend(backend: object, s: torch.Tensor, rank: int) -> str:
-    """``"auto"``, ``"torch"`` or ``"triton"``; Triton needs the package, CUDA scores (or its interpreter,
-    ``TRITON_INTERPRET=1``) and a selected rank (``k`` of the operator, ``k + 1`` of the loss) of at most
-    ``topk.fused.MAX_K``."""
-    if check_choice(backend, "backend", BACKENDS) != "triton":
-        return backend
+def choose_backend(backend: object, s: torch.Tensor, rank: int, epsilon: float) -> str:
+    """The one backend rule: ``"torch"`` or ``"triton"`` for selecting the ``rank``-th largest perturbed score
+    (``k`` of the operator, ``k + 1`` of the loss).
+
+    ``"auto"`` means Triton for CUDA scores with ``epsilon > 0`` and ``rank <= topk.fused.MAX_K`` when it is
+    installed, PyTorch otherwise. ``"triton"`` is refused, with the reason, where the kernel cannot run: without
+    the package, on CPU scores (unless ``TRITON_INTERPRET=1`` runs it in Triton's interpreter), or above ``MAX_K``.
+    """
     from topk import fused
 
+    check_choice(backend, "backend", BACKENDS)
+    if backend == "auto":
+        return "triton" if s.is_cuda and epsilon > 0 and rank <= fused.MAX_K and fused.available() else "torch"
+    if backend == "torch":
+        return backend
     if not fused.available():
         raise ValueError("backend='triton' needs the triton package (pip install triton), which is not installed")
     if not s.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":

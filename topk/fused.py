@@ -6,8 +6,9 @@ path (:mod:`topk.operators`) materialises the perturbed scores and calls ``torch
 reads each score once and keeps nothing of size ``n_samples x L``:
 
 - the noise is generated in the kernel by Philox from one seed (``tl.randn4x``: four normals per counter),
-  never stored; an explicit
-  ``noise`` tensor can be given instead, so the kernel can be tested exactly against the PyTorch path;
+  never stored; an explicit ``noise`` tensor can be given instead, so the kernel can be tested exactly
+  against the PyTorch path (``s + eps z`` is rounded twice, product then sum, as PyTorch does: the kernel is
+  compiled without fused multiply-adds);
 - each program streams its rows' scores tile by tile and keeps, per noise sample, the K largest perturbed
   values seen so far with their positions; a tile value enters only if it beats the current K-th largest,
   and at most K enter per tile, so no sort is done;
@@ -21,7 +22,8 @@ reads each score once and keeps nothing of size ``n_samples x L``:
   wide logits, small eps) and never applies to explicit noise.
 
 The output is the K-th largest perturbed value (in float32, float64 for float64 scores) and its position
-(int32), shape ``(n_samples, rows)``. The backward pass of the loss only scatters at those positions.
+(int32), shape ``(n_samples, rows)``. The backward pass of the loss only scatters at those positions. The
+losses reach the kernel through the custom operator ``topk::fused_perturbed_top`` (:mod:`topk._ops`).
 
 Triton is optional: :func:`available` says whether it can be used. On a CPU the kernel runs under Triton's
 interpreter (``TRITON_INTERPRET=1`` set before the first call), which is how its tests run without a GPU.
@@ -55,6 +57,7 @@ BUFFER_ELEMENTS = 512
 MIN_CHUNK = 2048
 
 
+@functools.cache
 def available() -> bool:
     """Whether Triton can be imported (it ships with the Linux x86-64 wheels of PyTorch)."""
     try:
@@ -62,29 +65,6 @@ def available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def use_kernel(backend: str, s: torch.Tensor, rank: int, epsilon: float) -> bool:
-    """Whether a checked ``backend`` means this kernel for selecting the ``rank``-th largest of ``s``: always for
-    ``"triton"``; for ``"auto"``, on CUDA scores with ``epsilon > 0`` and ``rank <= MAX_K`` when Triton is installed."""
-    if backend != "auto":
-        return backend == "triton"
-    return s.is_cuda and epsilon > 0 and rank <= MAX_K and available()
-
-
-def _run_eagerly(function):
-    """``torch.compiler.disable(function)``, made at the first call: importing ``torch._dynamo`` (which imports
-    triton) when :mod:`topk` is imported would fix Triton's interpreter mode before a test could choose it."""
-    disabled = None
-
-    @functools.wraps(function)
-    def call(*args, **kwargs):
-        nonlocal disabled
-        if disabled is None:
-            disabled = torch.compiler.disable(function)
-        return disabled(*args, **kwargs)
-
-    return call
 
 
 @functools.cache
@@ -116,7 +96,7 @@ def launch_plan(n_rows: int, n_classes: int, n_samples: int, k: int, dtype: torc
     block_classes = max(16, tile // block_samples)
     if n_chunks is None:
         programs = n_rows * math.ceil(n_samples / block_samples)
-        wanted = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        wanted = 4 * _multiprocessors(device) if device.type == "cuda" else 1
         n_chunks = max(1, min(math.ceil(wanted / programs), n_classes // MIN_CHUNK))
     # chunks start at multiples of the tile, so that the tiles' Philox counters never overlap
     chunk_length = math.ceil(math.ceil(n_classes / n_chunks) / block_classes) * block_classes
@@ -125,11 +105,9 @@ def launch_plan(n_rows: int, n_classes: int, n_samples: int, k: int, dtype: torc
     return LaunchPlan(block_samples, block_classes, block_k, math.ceil(n_classes / chunk_length), chunk_length)
 
 
-@functools.lru_cache(maxsize=64)
-def _scalar_tensor(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``value`` as a one-element tensor on ``device``, made once: a host-to-device copy would synchronise every
-    call. (A Python float would reach the kernel as float32, too coarse for the float64 path.)"""
-    return torch.tensor([value], dtype=dtype, device=device)
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _next_power_of_2(n: int) -> int:
@@ -176,7 +154,9 @@ def perturbed_kth_largest(
     width = 1 if final else plan.n_chunks * k
     values = torch.empty((n_samples, n_rows, width), dtype=accumulate, device=s.device)
     positions = torch.empty((n_samples, n_rows, width), dtype=torch.int32, device=s.device)
-    epsilon_tensor = _scalar_tensor(float(epsilon), accumulate, s.device)
+    # a tensor, not a Python float (which would reach the kernel as float32, too coarse for float64 scores); filled
+    # on the device, so nothing is copied from the host
+    epsilon_tensor = torch.full((1,), epsilon, dtype=accumulate, device=s.device)
     grid = (n_rows, plan.n_chunks, math.ceil(n_samples / plan.block_samples))
     # a computed s + eps z is at most tile_max + eps Z_MAX (1 + 2u) + u |tile_max| (u: unit roundoff, <= 2^-24)
     reach = epsilon * Z_MAX * (1 + PRUNE_SLACK)
@@ -186,90 +166,9 @@ def perturbed_kth_largest(
         n_rows, n_classes, n_samples, s.stride(0), plan.chunk_length, plan.n_chunks, reach, PRUNE_SLACK,
         K=k, HAS_NOISE=noise is not None, FINAL=final, PRUNE=prune and noise is None,
         BLOCK_B=plan.block_samples, BLOCK_L=plan.block_classes, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
+        enable_fp_fusion=False,  # s + eps z rounded twice, as PyTorch does: no fused multiply-add
     )
     if final:
         return values.squeeze(-1), positions.squeeze(-1)
     top, slot = torch.topk(values, k, dim=-1)  # merge the chunks' candidates: [B, rows, n_chunks * k] -> [B, rows, k]
     return top[..., -1], positions.gather(-1, slot[..., -1:]).squeeze(-1)
-
-
-def _mean_one_hots(positions: torch.Tensor, weight: torch.Tensor, n_classes: int) -> torch.Tensor:
-    """``weight`` times the mean over the samples of the one-hots at ``positions`` (``B x rows`` int32): the
-    pathwise gradient of Prop. 3.3, as one dense ``rows x L`` tensor."""
-    n_samples = positions.shape[0]
-    grad_s = torch.zeros((weight.shape[0], n_classes), dtype=weight.dtype, device=weight.device)
-    return grad_s.scatter_add_(1, positions.T.long(), (weight / n_samples)[:, None].expand(-1, n_samples))
-
-
-class FusedNoisedHinge(torch.autograd.Function):
-    """Per-row noised hinge ``(m_y + top_{K+1,eps,B}(s) - s_y)_+`` (Eq. 10 / 13) on the fused kernel.
-
-    Forward saves only the ``B x rows`` int32 positions; backward writes the gradient of Eq. 12,
-    ``1{loss > 0} (mean one-hot - e_y)``, in one dense tensor (one write of ``rows x L`` numbers).
-    """
-
-    @staticmethod
-    def forward(ctx, s, y, true_margin, k, epsilon, n_samples, seed, noise, n_chunks):
-        values, positions = perturbed_kth_largest(s, k + 1, epsilon, n_samples, seed=seed, noise=noise,
-                                                  n_chunks=n_chunks)
-        smoothed = (values.sum(0) / n_samples).to(s.dtype)  # [B, rows] -> [rows]
-        loss = torch.relu(true_margin + smoothed - s.gather(1, y[:, None]).squeeze(1))
-        ctx.save_for_backward(positions, y, loss > 0)
-        ctx.n_classes = s.shape[1]
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        positions, y, active = ctx.saved_tensors
-        weight = torch.where(active, grad_loss, torch.zeros_like(grad_loss))  # [rows]
-        grad_s = _mean_one_hots(positions, weight, ctx.n_classes).scatter_add_(1, y[:, None], -weight[:, None])
-        return grad_s, None, None, None, None, None, None, None, None
-
-
-@_run_eagerly
-def noised_hinge_rows(s, y, true_margin, k, epsilon, n_samples, *, generator=None, noise=None, n_chunks=None):
-    """The unreduced noised hinge of scores ``(..., L)`` on the fused kernel; arguments already checked.
-
-    Without ``noise``, the Philox seed is one int64 drawn from ``generator`` (or the device's default
-    generator) on the scores' device, so no host synchronisation is needed. Under ``torch.compile`` it runs
-    eagerly (a graph break): the kernel is already fused, and the model around it still compiles.
-    """
-    rows, seed, noise = _seed_and_rows(s, noise, generator)
-    if isinstance(true_margin, torch.Tensor):
-        true_margin = true_margin.reshape(-1)
-    loss = FusedNoisedHinge.apply(rows, y.reshape(-1), true_margin, k, epsilon, n_samples, seed, noise, n_chunks)
-    return loss.reshape(s.shape[:-1])
-
-
-class FusedSmoothTopK(torch.autograd.Function):
-    """``top_{K,eps,B}(s)`` (Definition 3.4, Eq. 11) of scores ``(rows, L)`` on the kernel; backward scatters
-    ``1 / B`` at the saved positions (Prop. 3.3)."""
-
-    @staticmethod
-    def forward(ctx, s, k, epsilon, n_samples, seed, noise):
-        values, positions = perturbed_kth_largest(s, k, epsilon, n_samples, seed=seed, noise=noise)
-        ctx.save_for_backward(positions)
-        ctx.n_classes = s.shape[1]
-        return (values.sum(0) / n_samples).to(s.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_value):
-        (positions,) = ctx.saved_tensors
-        return _mean_one_hots(positions, grad_value, ctx.n_classes), None, None, None, None, None
-
-
-def _seed_and_rows(s, noise, generator):
-    """Scores as rows ``(rows, L)``, and either a Philox seed drawn from ``generator`` on the scores' device (no host
-    synchronisation) or the explicit noise as ``(n_samples, rows, L)``."""
-    rows = s.reshape(-1, s.shape[-1])
-    if noise is None:
-        return rows, torch.randint(0, 2**62, (1,), generator=generator, device=s.device), None
-    return rows, None, noise.reshape(noise.shape[0], -1, s.shape[-1])
-
-
-@_run_eagerly
-def smooth_top_k_rows(s, k, epsilon, n_samples, *, generator=None, noise=None):
-    """:func:`topk.smooth_top_k` of scores ``(..., L)`` on the kernel; arguments already checked. Under
-    ``torch.compile`` it runs eagerly (a graph break), like :func:`noised_hinge_rows`."""
-    rows, seed, noise = _seed_and_rows(s, noise, generator)
-    return FusedSmoothTopK.apply(rows, k, epsilon, n_samples, seed, noise).reshape(s.shape[:-1])

@@ -21,8 +21,8 @@ import threading
 
 import torch
 
-from topk import fused
-from topk._validation import check_backend, check_generator, check_int, check_noise, check_real, check_scores
+from topk import _ops
+from topk._validation import check_generator, check_int, check_noise, check_real, check_scores, choose_backend
 
 #: Automatic chunking: at most this many perturbed scores are materialised at once (about 16 MB in
 #: float32); a single sample is always allowed, so memory stays O(batch x L) however large L is.
@@ -47,11 +47,6 @@ def _noise_buffer(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
 __all__ = ["top_k", "top_sum_k", "smooth_top_k", "smooth_top_sum_k"]
 
 
-def _nan_where_input_nan(result: torch.Tensor, largest: torch.Tensor) -> torch.Tensor:
-    """``torch.topk`` ranks NaN above every number, so ``largest`` (the row maximum) is NaN iff the row has one."""
-    return torch.where(torch.isnan(largest), largest, result)
-
-
 def top_k(s: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k``-th largest score along the last dimension, ``top_K(s) = s_[K]``.
 
@@ -61,9 +56,7 @@ def top_k(s: torch.Tensor, k: int) -> torch.Tensor:
     tensor(2.4000)
     """
     check_scores(s)
-    k = check_int(k, "k", 1, s.shape[-1], " (the number of classes)")
-    values = torch.topk(s, k, dim=-1).values  # [..., L] -> [..., k]
-    return _nan_where_input_nan(values[..., k - 1], values[..., 0])
+    return exact_top(s, check_int(k, "k", 1, s.shape[-1], " (the number of classes)"))
 
 
 def top_sum_k(s: torch.Tensor, k: int) -> torch.Tensor:
@@ -73,63 +66,54 @@ def top_sum_k(s: torch.Tensor, k: int) -> torch.Tensor:
     tensor(5.)
     """
     check_scores(s)
-    k = check_int(k, "k", 1, s.shape[-1], " (the number of classes)")
-    return torch.topk(s, k, dim=-1).values.sum(-1)
+    return exact_top(s, check_int(k, "k", 1, s.shape[-1], " (the number of classes)"), sum_top=True)
+
+
+def exact_top(s: torch.Tensor, k: int, sum_top: bool = False) -> torch.Tensor:
+    """``top_K(s)`` (``sum_top``: ``topSigma_K(s)``) of checked arguments; a row holding a NaN gives NaN."""
+    values = torch.topk(s, k, dim=-1).values  # [..., L] -> [..., k]
+    if sum_top:
+        return values.sum(-1)
+    return torch.where(torch.isnan(values[..., 0]), values[..., 0], values[..., k - 1])
 
 
 def _samples_per_chunk(n_samples: int, s: torch.Tensor, samples_per_chunk: int | None) -> int:
     if samples_per_chunk is not None:
-        return check_int(samples_per_chunk, "samples_per_chunk", 1)
+        return samples_per_chunk
     return max(1, min(n_samples, CHUNK_ELEMENTS // max(1, s.numel())))
 
 
-class _PerturbedTop(torch.autograd.Function):
-    """Monte Carlo mean of ``topSigma_k`` (``kth_only=False``) or ``top_k`` (``kth_only=True``) of ``s + eps Z``.
+def _draw_noise(shape: tuple[int, ...], s: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Standard normal draws on ``s``'s device; in eager CPU runs, into the thread's scratch buffer."""
+    if s.device.type == "cpu" and not torch.compiler.is_compiling():
+        return _noise_buffer(shape, s).normal_(generator=generator)
+    return torch.randn(shape, generator=generator, dtype=s.dtype, device=s.device)
 
-    Forward keeps one chunk of perturbed scores alive at a time and saves only the selected positions
-    (``n_samples x batch x r`` integers, r = k or 1); backward scatters ``1 / n_samples`` at them (Prop. 3.3).
+
+def monte_carlo_top(s, k, epsilon, n_samples, *, generator=None, noise=None, samples_per_chunk=None, sum_top=False,
+                    labels=None, backend="torch"):
+    """The Monte Carlo mean over ``n_samples`` of ``top_k`` (``sum_top``: ``topSigma_k``) of ``s + eps Z_b`` (Eq. 11),
+    minus ``s_y`` when ``labels`` are given; arguments already checked, ``backend`` already chosen.
+
+    The PyTorch path draws the noise a chunk of samples at a time (memory ``O(samples_per_chunk x s.numel())``); the
+    Triton path (``k``-th largest only) draws one Philox seed on the scores' device. Neither reads the device.
     """
-
-    @staticmethod
-    def forward(ctx, s, k, kth_only, epsilon, n_samples, generator, noise, chunk):
-        accumulate_dtype = torch.promote_types(s.dtype, torch.float32)
-        total = torch.zeros(s.shape[:-1], dtype=accumulate_dtype, device=s.device)
-        row_has_nan = torch.zeros(s.shape[:-1], dtype=torch.bool, device=s.device)
-        kept = 1 if kth_only else k
-        positions = torch.empty((n_samples, *s.shape[:-1], kept), dtype=torch.long, device=s.device)
-        for start in range(0, n_samples, chunk):
-            stop = min(start + chunk, n_samples)
-            if noise is not None:
-                perturbed = torch.add(s, noise[start:stop], alpha=epsilon)  # [m, ..., L]
-            else:
-                buffer = _noise_buffer((stop - start, *s.shape), s)
-                perturbed = buffer.normal_(generator=generator).mul_(epsilon).add_(s)  # [m, ..., L]
-            values, indices = torch.topk(perturbed, k, dim=-1)  # [m, ..., L] -> [m, ..., k], sorted
-            row_has_nan |= torch.isnan(values[..., 0]).any(0)
-            if kth_only:
-                total += values[..., k - 1].sum(0, dtype=accumulate_dtype)
-                positions[start:stop] = indices[..., k - 1:]
-            else:
-                total += values.sum((0, -1), dtype=accumulate_dtype)
-                positions[start:stop] = indices
-        ctx.save_for_backward(positions)
-        ctx.n_classes = s.shape[-1]
-        result = (total / n_samples).to(s.dtype)
-        return torch.where(row_has_nan, torch.full_like(result, float("nan")), result)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (positions,) = ctx.saved_tensors
-        n_samples = positions.shape[0]  # positions: [B, ..., r]
-        # [B, ..., r] -> [..., B * r]: every selected position of a row, over all samples
-        flat_positions = positions.movedim(0, -2).flatten(-2)
-        weight = (grad_output / n_samples).unsqueeze(-1).expand(flat_positions.shape)
-        grad_s = torch.zeros((*grad_output.shape, ctx.n_classes), dtype=grad_output.dtype, device=grad_output.device)
-        grad_s.scatter_add_(-1, flat_positions, weight)
-        return grad_s, None, None, None, None, None, None, None
+    if backend == "triton":
+        seed = None if noise is not None else torch.randint(0, 2**62, (1,), generator=generator, device=s.device)
+        return _ops.fused_perturbed_top(s, seed, noise, k, epsilon, n_samples, labels)[0]
+    chunk = _samples_per_chunk(n_samples, s, samples_per_chunk)
+    if chunk >= n_samples:
+        z = noise if noise is not None else _draw_noise((n_samples, *s.shape), s, generator)
+        return _ops.perturbed_top(s, z, k, epsilon, sum_top, labels)[0]
+    total = 0.0
+    for start in range(0, n_samples, chunk):
+        stop = min(start + chunk, n_samples)
+        z = noise[start:stop] if noise is not None else _draw_noise((stop - start, *s.shape), s, generator)
+        total = total + _ops.perturbed_top(s, z, k, epsilon, sum_top, labels)[0] * ((stop - start) / n_samples)
+    return total
 
 
-def _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, kth_only, backend="torch"):
+def _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, sum_top, backend="torch"):
     check_scores(s)
     k = check_int(k, "k", 1, s.shape[-1], " (the number of classes)")
     epsilon = check_real(epsilon, "epsilon", low=0.0)
@@ -137,12 +121,13 @@ def _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, kth_o
     generator = check_generator(generator, s)
     if noise is not None:
         check_noise(noise, n_samples, s)
-    chunk = _samples_per_chunk(n_samples, s, samples_per_chunk)
-    if fused.use_kernel(check_backend(backend, s, k), s, k, epsilon):
-        return fused.smooth_top_k_rows(s, k, epsilon, n_samples, generator=generator, noise=noise)
-    if epsilon == 0.0:
-        return top_k(s, k) if kth_only else top_sum_k(s, k)
-    return _PerturbedTop.apply(s, k, kth_only, epsilon, n_samples, generator, noise, chunk)
+    if samples_per_chunk is not None:
+        check_int(samples_per_chunk, "samples_per_chunk", 1)
+    backend = choose_backend(backend, s, k, epsilon)
+    if epsilon == 0.0 and backend == "torch":
+        return exact_top(s, k, sum_top)
+    return monte_carlo_top(s, k, epsilon, n_samples, generator=generator, noise=noise,
+                           samples_per_chunk=samples_per_chunk, sum_top=sum_top, backend=backend)
 
 
 def smooth_top_sum_k(
@@ -176,7 +161,7 @@ def smooth_top_sum_k(
     >>> smooth_top_sum_k(torch.tensor([2.4, 2.6, 2.3, 0.5]), 2, 1.0, 3, noise=z)
     tensor(5.0667)
     """
-    return _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, kth_only=False)
+    return _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, sum_top=True)
 
 
 def smooth_top_k(
@@ -208,4 +193,4 @@ def smooth_top_k(
     >>> round(value.item(), 4), s.grad
     (2.4667, tensor([0.3333, 0.3333, 0.3333, 0.0000]))
     """
-    return _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, kth_only=True, backend=backend)
+    return _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, sum_top=False, backend=backend)

@@ -4,6 +4,10 @@
 returns per-sample values reduced by ``reduction`` in ``("mean", "sum", "none")``. Formulas, parameters
 and references are in :mod:`topk.losses.registry` (Table 1 is printed from it); each docstring names
 the equation. A NaN score gives a NaN loss for its sample.
+
+Each function checks its arguments once, without reading a tensor's values on the host (the labels' range is
+an asynchronous assertion, see :func:`topk._validation.check_labels`), so that every loss runs without a device
+synchronisation and ``torch.compile(..., fullgraph=True)`` traces it, backward included, as one graph.
 """
 
 from __future__ import annotations
@@ -14,9 +18,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from topk import fused
 from topk._validation import (
-    check_backend,
     check_generator,
     check_int,
     check_labels,
@@ -25,8 +27,9 @@ from topk._validation import (
     check_real,
     check_reduction,
     check_scores,
+    choose_backend,
 )
-from topk.operators import smooth_top_k, top_k, top_sum_k
+from topk.operators import exact_top, monte_carlo_top
 from topk.smooth_svm import absent_log, log_elementary_symmetric
 
 __all__ = [
@@ -65,6 +68,11 @@ def _without_true(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return s.scatter(-1, y.unsqueeze(-1), float("-inf"))
 
 
+def _is_true(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The boolean one-hot of ``y``, shape ``s.shape`` (``F.one_hot`` would read the labels' range on the host)."""
+    return torch.arange(s.shape[-1], device=s.device) == y.unsqueeze(-1)
+
+
 def _log_softmax_true(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return _true_scores(F.log_softmax(s, dim=-1), y)
 
@@ -80,7 +88,7 @@ def zero_one_topk(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = 
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1], " (the number of classes)")
     with torch.no_grad():
-        loss = (top_k(s, k) > _true_scores(s, y)).to(s.dtype)
+        loss = (exact_top(s, k) > _true_scores(s, y)).to(s.dtype)
         loss = torch.where(torch.isnan(s).any(-1), torch.full_like(loss, float("nan")), loss)
     return _reduce(loss, reduction)
 
@@ -123,7 +131,7 @@ def ldam(
     margins = check_margins(margins, s)
     scale = check_real(scale, "scale", low=0.0, strict=True)
     per_class = margins.to(s.dtype) if isinstance(margins, torch.Tensor) else margins
-    shifted = s - F.one_hot(y, s.shape[-1]).to(s.dtype) * per_class  # subtract m_y from s_y only
+    shifted = s - _is_true(s, y).to(s.dtype) * per_class  # subtract m_y from s_y only
     return _reduce(-_log_softmax_true(scale * shifted, y), reduction)
 
 
@@ -131,22 +139,22 @@ def lapin_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "m
     """Top-K hinge ``(1 + top_K(s without y) - s_y)_+`` (Eq. 4, Lapin et al., 2015); needs ``k <= L - 1``."""
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1] - 1, " (the number of classes other than the true one)")
-    return _reduce(F.relu(1 + top_k(_without_true(s, y), k) - _true_scores(s, y)), reduction)
+    return _reduce(F.relu(1 + exact_top(_without_true(s, y), k) - _true_scores(s, y)), reduction)
 
 
 def convex_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "mean") -> torch.Tensor:
     """Convexified top-K hinge ``(topSigma_K(1 - e_y + s) / K - s_y)_+`` (Table 1, Lapin et al., 2015)."""
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1], " (the number of classes)")
-    with_margin = s + 1 - F.one_hot(y, s.shape[-1]).to(s.dtype)
-    return _reduce(F.relu(top_sum_k(with_margin, k) / k - _true_scores(s, y)), reduction)
+    with_margin = s + 1 - _is_true(s, y).to(s.dtype)
+    return _reduce(F.relu(exact_top(with_margin, k, sum_top=True) / k - _true_scores(s, y)), reduction)
 
 
 def calibrated_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "mean") -> torch.Tensor:
     """Top-K calibrated hinge ``(1 + top_{K+1}(s) - s_y)_+`` (Eq. 5, Yang & Koyejo, 2020); needs ``k + 1 <= L``."""
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1] - 1, " (k + 1 must not exceed the number of classes)")
-    return _reduce(F.relu(1 + top_k(s, k + 1) - _true_scores(s, y)), reduction)
+    return _reduce(F.relu(1 + (exact_top(s, k + 1) - _true_scores(s, y))), reduction)
 
 
 def smooth_hinge(
@@ -184,7 +192,7 @@ def smooth_hinge(
     tau = check_real(tau, "tau", low=0.0, strict=True)
     alpha = check_real(alpha, "alpha", low=0.0)
     scores = s.to(torch.promote_types(s.dtype, torch.float32))
-    is_true = F.one_hot(y, s.shape[-1]).bool()
+    is_true = _is_true(s, y)
     gaps = scores - _true_scores(scores, y).unsqueeze(-1)  # s_j - s_y, exact to the rounding of one subtraction
     # Both forms are invariant to shifting the gaps by a constant, so shifting by the (detached) largest one keeps
     # every exponent <= 0, whatever tau, and leaves the values and the autograd gradient exact.
@@ -212,7 +220,7 @@ def _separated(s: torch.Tensor, k: int, tau: float) -> torch.Tensor:
 
 def _tuple_hinge(s: torch.Tensor, y: torch.Tensor, k: int, alpha: float) -> torch.Tensor:
     """Berrada et al.'s hard top-k hinge (their Eq. 8), ``(alpha + (top_k(s without y) - s_y) / k)_+``."""
-    return F.relu(alpha + (top_k(_without_true(s, y), k) - _true_scores(s, y)) / k)
+    return F.relu(alpha + (exact_top(_without_true(s, y), k) - _true_scores(s, y)) / k)
 
 
 def noised_hinge(
@@ -251,12 +259,14 @@ def noised_hinge(
     generator = check_generator(generator, s)
     if noise is not None:
         check_noise(noise, n_samples, s)
+    backend = choose_backend(backend, s, k + 1, epsilon)
     true_margin = margins.to(s.dtype)[y] if isinstance(margins, torch.Tensor) else margins
-    if fused.use_kernel(check_backend(backend, s, k + 1), s, k + 1, epsilon):
-        loss = fused.noised_hinge_rows(s, y, true_margin, k, epsilon, n_samples, generator=generator, noise=noise)
-        return _reduce(loss, reduction)
-    smoothed = smooth_top_k(s, k + 1, epsilon, n_samples, generator=generator, noise=noise, backend="torch")
-    return _reduce(F.relu(true_margin + smoothed - _true_scores(s, y)), reduction)
+    if epsilon == 0.0 and backend == "torch":
+        violation = exact_top(s, k + 1) - _true_scores(s, y)
+    else:  # top_{K+1,eps,B}(s) - s_y, and in backward the whole gradient of Eq. 12 in one pass
+        violation = monte_carlo_top(s, k + 1, epsilon, n_samples, generator=generator, noise=noise, labels=y,
+                                    backend=backend)
+    return _reduce(F.relu(true_margin + violation), reduction)
 
 
 def class_margins(class_counts: Sequence[int] | torch.Tensor, max_margin: float) -> torch.Tensor:

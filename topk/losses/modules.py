@@ -1,7 +1,8 @@
 """Thin ``nn.Module`` forms of the losses in :mod:`topk.losses.functional`.
 
 Each module stores its hyperparameters (tensors as buffers, so ``.to(device)`` moves per-class margins
-along), checks the ones that do not depend on the data when it is built, and calls its function.
+along), checks the ones that do not depend on the data when it is built (per-class margins' values
+included, once, so that no call reads them), and calls its function.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from topk._validation import BACKENDS, check_choice, check_int, check_real, check_reduction
+from topk._validation import BACKENDS, check_choice, check_int, check_margin_values, check_real, check_reduction
 from topk.losses import functional as LF
 
 __all__ = ["ZeroOneTopK", "CrossEntropy", "Focal", "LDAM", "LapinHinge", "ConvexHinge", "CalibratedHinge", "SmoothHinge",
@@ -25,6 +26,7 @@ _EARLY_CHECKS: dict[str, Callable[[object], object]] = {
     "scale": lambda v: check_real(v, "scale", low=0.0, strict=True),
     "tau": lambda v: check_real(v, "tau", low=0.0, strict=True),
     "alpha": lambda v: check_real(v, "alpha", low=0.0),
+    "margins": check_margin_values,
     "reduction": check_reduction,
     "backend": lambda v: check_choice(v, "backend", BACKENDS),
 }
