@@ -62,7 +62,7 @@ def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, 
     signature.update(dict.fromkeys(constants, "constexpr"))
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
-    return plan, triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": plan.num_warps})
+    return plan, triton.compile(source, target=GPUTarget("cuda", arch, 32), options=fused.compile_options(plan))
 
 
 def ptxas_report(ptx: str, arch: int) -> dict[str, int]:
@@ -87,7 +87,13 @@ def main() -> int:
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the interpreter does not compile")
-    print(f"triton kernel of topk.fused for sm_{args.arch}: tile of {fused.TILE_ELEMENTS} values, {fused.NUM_WARPS} warps")
+    import triton
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    print(f"triton {triton.__version__} (torch {torch.__version__}, commit {commit}), kernel of topk.fused for "
+          f"sm_{args.arch}: tile of {fused.TILE_ELEMENTS} values, {fused.NUM_WARPS} warps, "
+          f"at most {fused.MAX_REGISTERS} registers")
     print("dtype     k   B  noise  chunked  block(BxLxK)   regs  spill(st/ld)  compile_s")
     spilled = False
     for dtype, k, n_samples, has_noise, chunked in CONFIGURATIONS:

@@ -54,7 +54,7 @@ def perturbed_top(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top
     if sum_top:
         selected = values.sum(-1, dtype=accumulate)
     else:
-        selected, positions = values[..., k - 1].to(accumulate).contiguous(), positions[..., k - 1:]
+        selected, positions = values[..., k - 1].to(accumulate).contiguous(), positions[..., k - 1:].contiguous()
     value = selected.sum(0) / noise.shape[0]  # [B, ...] -> [...], summed in the fused operator's order
     value = torch.where(values[..., 0].isnan().any(0), float("nan"), value)
     return _minus_true_scores(value, scores, labels), positions

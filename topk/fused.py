@@ -45,10 +45,14 @@ PRUNE_SLACK = 2.0**-20
 #: The largest K handled by the kernel; the buffer of the K largest values lives in registers.
 MAX_K = 128
 #: Perturbed values in one tile of one program (samples x classes, four quarters of classes), a power of two, and
-#: the warps of a program: 32 values per thread. Compiled for sm_90 (``benchmarks/kernel_resources.py``), float32
-#: tiles of 4096 values need about 120 registers per thread and do not spill; 1024 and 2048 spilled a few bytes.
-TILE_ELEMENTS = 4096
+#: the warps of a program: 16 values per thread. Compiled for sm_90 (``benchmarks/kernel_resources.py``) with at most
+#: MAX_REGISTERS registers per thread, float32/16/bf16 tiles of 2048 values need 135-165 registers with the Triton
+#: that ships with torch 2.11 (3.6) and 112-125 with Triton 3.8, and spill with neither. Without the explicit bound,
+#: Triton 3.6's ptxas capped them at 128 and spilled (4096-value tiles: 36 bytes at K = 6, B = 10).
+TILE_ELEMENTS = 2048
 NUM_WARPS = 4
+#: ``maxnreg`` of the compiled kernel: the hardware's limit per thread, so that ptxas never trades spills for occupancy.
+MAX_REGISTERS = 255
 #: Noise samples handled by one program; more samples are spread over programs (which re-read the scores).
 MAX_BLOCK_SAMPLES = 8
 #: At most this many (sample, slot) entries in the buffer of the K largest: 4 per thread.
@@ -84,7 +88,7 @@ class LaunchPlan:
     block_k: int
     n_chunks: int
     chunk_length: int
-    num_warps: int = NUM_WARPS
+    num_warps: int
 
 
 def launch_plan(n_rows: int, n_classes: int, n_samples: int, k: int, dtype: torch.dtype, device: torch.device,
@@ -102,12 +106,19 @@ def launch_plan(n_rows: int, n_classes: int, n_samples: int, k: int, dtype: torc
     chunk_length = math.ceil(math.ceil(n_classes / n_chunks) / block_classes) * block_classes
     if chunk_length < k and n_chunks > 1:
         raise ValueError(f"'n_chunks' = {n_chunks} leaves chunks of {chunk_length} classes, fewer than k = {k}")
-    return LaunchPlan(block_samples, block_classes, block_k, math.ceil(n_classes / chunk_length), chunk_length)
+    return LaunchPlan(block_samples, block_classes, block_k, math.ceil(n_classes / chunk_length), chunk_length,
+                      NUM_WARPS)
 
 
 @functools.cache
 def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def compile_options(plan: LaunchPlan) -> dict[str, object]:
+    """Triton's compile options for a launch: ``s + eps z`` rounded twice, as PyTorch does (no fused multiply-add),
+    and the register bound."""
+    return {"num_warps": plan.num_warps, "enable_fp_fusion": False, "maxnreg": MAX_REGISTERS}
 
 
 def _next_power_of_2(n: int) -> int:
