@@ -36,3 +36,25 @@ def test_epoch_time_benchmark_is_read_back_drawn_and_judged(tmp_path):
     assert not verdict.training
     assert not any("torch path" in line for line in verdict.evidence)
     assert len(verdict.evidence) == 2  # the smoothed hinge and the noised loss
+
+
+def test_training_step_benchmark_writes_each_loss_with_its_overhead_over_cross_entropy(tmp_path):
+    """``benchmarks/bench_training_step.py`` on CPU with a small model, eager and compiled (``aot_eager``, fast to
+    compile): one row per mode and loss, each with its overhead over the same mode's cross-entropy step."""
+    import csv
+
+    out = tmp_path / "step.csv"
+    command = [sys.executable, str(paths.PROJECT_ROOT / "benchmarks" / "bench_training_step.py"), "--device", "cpu",
+               "--model", "small_cnn", "--batch-size", "8", "--steps", "2", "--warmup", "1", "--ks", "5",
+               "--samples", "3", "--compiler", "aot_eager", "--out", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    with out.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["mode"], row["loss"]) for row in rows] == [
+        (mode, loss) for mode in ("eager", "compiled") for loss in ("cross_entropy", "smooth_hinge", "noised_balanced B=3")]
+    for row in rows:
+        ce = next(r for r in rows if r["mode"] == row["mode"] and r["loss"] == "cross_entropy")
+        assert float(row["ms_per_step"]) > 0
+        assert abs(float(row["overhead_vs_ce"]) - (float(row["ms_per_step"]) / float(ce["ms_per_step"]) - 1)) < 1e-3
+    assert "vs CE" in run.stdout
