@@ -88,10 +88,6 @@ def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     return value  # type: ignore[return-value]
 
 
-def check_reduction(reduction: object) -> str:
-    return check_choice(reduction, "reduction", REDUCTIONS)
-
-
 def check_noise(noise: object, n_samples: int, s: torch.Tensor) -> torch.Tensor:
     """Standard normal draws of shape ``(n_samples, *s.shape)``, same dtype and device as ``s``."""
     if not isinstance(noise, torch.Tensor):
@@ -144,6 +140,28 @@ def check_margin_values(margins: object) -> object:
 
 BACKENDS = ("auto", "torch", "triton")
 
+#: The bounds of the hyperparameters that do not depend on the data, written once: the functions check them at every
+#: call (through :func:`check_hyperparameter`), the loss modules once, when they are built. (``k``'s upper bound
+#: depends on the number of classes, so only the functions check it.)
+HYPERPARAMETERS = {
+    "k": lambda value: check_int(value, "k", 1),
+    "epsilon": lambda value: check_real(value, "epsilon", low=0.0),
+    "n_samples": lambda value: check_int(value, "n_samples", 1),
+    "gamma": lambda value: check_real(value, "gamma", low=0.0),
+    "scale": lambda value: check_real(value, "scale", low=0.0, strict=True),
+    "tau": lambda value: check_real(value, "tau", low=0.0, strict=True),
+    "alpha": lambda value: check_real(value, "alpha", low=0.0),
+    "max_margin": lambda value: check_real(value, "max_margin", low=0.0),
+    "margins": check_margin_values,
+    "reduction": lambda value: check_choice(value, "reduction", REDUCTIONS),
+    "backend": lambda value: check_choice(value, "backend", BACKENDS),
+}
+
+
+def check_hyperparameter(name: str, value: object):
+    """``value`` checked against the bounds of :data:`HYPERPARAMETERS` ``[name]``, returned as the right type."""
+    return HYPERPARAMETERS[name](value)
+
 
 def choose_backend(backend: object, s: torch.Tensor, rank: int, epsilon: float) -> str:
     """The one backend rule: ``"torch"`` or ``"triton"`` for selecting the ``rank``-th largest perturbed score
@@ -155,7 +173,7 @@ def choose_backend(backend: object, s: torch.Tensor, rank: int, epsilon: float) 
     """
     from topk import fused
 
-    check_choice(backend, "backend", BACKENDS)
+    check_hyperparameter("backend", backend)
     if backend == "auto":
         return "triton" if s.is_cuda and epsilon > 0 and rank <= fused.MAX_K and fused.available() else "torch"
     if backend == "torch":

@@ -22,7 +22,7 @@ import threading
 import torch
 
 from topk import _ops
-from topk._validation import check_generator, check_int, check_noise, check_real, check_scores, choose_backend
+from topk._validation import check_generator, check_hyperparameter, check_int, check_noise, check_scores, choose_backend
 
 #: Automatic chunking: at most this many perturbed scores are materialised at once (about 16 MB in
 #: float32); a single sample is always allowed, so memory stays O(batch x L) however large L is.
@@ -116,8 +116,8 @@ def monte_carlo_top(s, k, epsilon, n_samples, *, generator=None, noise=None, sam
 def _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, sum_top, backend="torch"):
     check_scores(s)
     k = check_int(k, "k", 1, s.shape[-1], " (the number of classes)")
-    epsilon = check_real(epsilon, "epsilon", low=0.0)
-    n_samples = check_int(n_samples, "n_samples", 1)
+    epsilon = check_hyperparameter("epsilon", epsilon)
+    n_samples = check_hyperparameter("n_samples", n_samples)
     generator = check_generator(generator, s)
     if noise is not None:
         check_noise(noise, n_samples, s)

@@ -20,12 +20,11 @@ import torch.nn.functional as F
 
 from topk._validation import (
     check_generator,
+    check_hyperparameter,
     check_int,
     check_labels,
     check_margins,
     check_noise,
-    check_real,
-    check_reduction,
     check_scores,
     choose_backend,
 )
@@ -56,7 +55,7 @@ def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
 
 def _checked(s, y, reduction):
     check_scores(s)
-    return check_labels(y, s), check_reduction(reduction)
+    return check_labels(y, s), check_hyperparameter("reduction", reduction)
 
 
 def _true_scores(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -107,7 +106,7 @@ def focal(s: torch.Tensor, y: torch.Tensor, gamma: float, *, reduction: str = "m
     stays finite when ``p_y`` rounds to 1.
     """
     y, reduction = _checked(s, y, reduction)
-    gamma = check_real(gamma, "gamma", low=0.0)
+    gamma = check_hyperparameter("gamma", gamma)
     log_p_true = _log_softmax_true(s, y)
     one_minus_p = (-torch.expm1(log_p_true)).clamp_min(torch.finfo(s.dtype).tiny)
     return _reduce(one_minus_p.pow(gamma) * -log_p_true, reduction)
@@ -129,7 +128,7 @@ def ldam(
     """
     y, reduction = _checked(s, y, reduction)
     margins = check_margins(margins, s)
-    scale = check_real(scale, "scale", low=0.0, strict=True)
+    scale = check_hyperparameter("scale", scale)
     per_class = margins.to(s.dtype) if isinstance(margins, torch.Tensor) else margins
     shifted = s - _is_true(s, y).to(s.dtype) * per_class  # subtract m_y from s_y only
     return _reduce(-_log_softmax_true(scale * shifted, y), reduction)
@@ -189,8 +188,8 @@ def smooth_hinge(
     """
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1] - 1, " (k + 1 must not exceed the number of classes)")
-    tau = check_real(tau, "tau", low=0.0, strict=True)
-    alpha = check_real(alpha, "alpha", low=0.0)
+    tau = check_hyperparameter("tau", tau)
+    alpha = check_hyperparameter("alpha", alpha)
     scores = s.to(torch.promote_types(s.dtype, torch.float32))
     is_true = _is_true(s, y)
     gaps = scores - _true_scores(scores, y).unsqueeze(-1)  # s_j - s_y, exact to the rounding of one subtraction
@@ -253,8 +252,8 @@ def noised_hinge(
     """
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1] - 1, " (k + 1 must not exceed the number of classes)")
-    epsilon = check_real(epsilon, "epsilon", low=0.0)
-    n_samples = check_int(n_samples, "n_samples", 1)
+    epsilon = check_hyperparameter("epsilon", epsilon)
+    n_samples = check_hyperparameter("n_samples", n_samples)
     margins = check_margins(margins, s)
     generator = check_generator(generator, s)
     if noise is not None:
@@ -290,6 +289,6 @@ def class_margins(class_counts: Sequence[int] | torch.Tensor, max_margin: float)
             f"'class_counts' should be positive and finite (a class with no sample has no margin), "
             f"got {counts[first].item()} for class {first}"
         )
-    max_margin = check_real(max_margin, "max_margin", low=0.0)
+    max_margin = check_hyperparameter("max_margin", max_margin)
     inverse_fourth_root = counts.pow(-0.25)
     return inverse_fourth_root * (max_margin / inverse_fourth_root.max())

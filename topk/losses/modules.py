@@ -12,24 +12,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from topk._validation import BACKENDS, check_choice, check_int, check_margin_values, check_real, check_reduction
+from topk._validation import HYPERPARAMETERS
 from topk.losses import functional as LF
 
 __all__ = ["ZeroOneTopK", "CrossEntropy", "Focal", "LDAM", "LapinHinge", "ConvexHinge", "CalibratedHinge", "SmoothHinge",
            "NoisedHinge"]
-
-_EARLY_CHECKS: dict[str, Callable[[object], object]] = {
-    "k": lambda v: check_int(v, "k", 1),
-    "epsilon": lambda v: check_real(v, "epsilon", low=0.0),
-    "n_samples": lambda v: check_int(v, "n_samples", 1),
-    "gamma": lambda v: check_real(v, "gamma", low=0.0),
-    "scale": lambda v: check_real(v, "scale", low=0.0, strict=True),
-    "tau": lambda v: check_real(v, "tau", low=0.0, strict=True),
-    "alpha": lambda v: check_real(v, "alpha", low=0.0),
-    "margins": check_margin_values,
-    "reduction": check_reduction,
-    "backend": lambda v: check_choice(v, "backend", BACKENDS),
-}
 
 
 class _LossModule(nn.Module):
@@ -39,8 +26,8 @@ class _LossModule(nn.Module):
         super().__init__()
         self._hyperparameter_names = tuple(hyperparameters)
         for name, value in hyperparameters.items():
-            if name in _EARLY_CHECKS:
-                _EARLY_CHECKS[name](value)
+            if name in HYPERPARAMETERS:
+                HYPERPARAMETERS[name](value)
             if isinstance(value, torch.Tensor):
                 self.register_buffer(name, value)
             else:
