@@ -25,29 +25,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _fig3_setup import add_setup_arguments, checked_device, paper_model_and_optimiser, points  # noqa: E402
 from _measure import append_csv_row  # noqa: E402
 
-from experiments.models import build_model  # noqa: E402
 from experiments.profiles import PAPER  # noqa: E402
 from experiments.timings import batches_per_epoch  # noqa: E402
 from experiments.train import device_name, git_commit, train_epoch  # noqa: E402
 from topk.losses import build_loss  # noqa: E402
 
-EPSILON = 1.0
 FIELDS = ["device", "device_name", "model", "loss", "backend", "K", "B", "batch_size", "batches", "seconds_per_batch",
           "loss_ms_per_batch", "epoch_seconds", "torch", "commit"]
-
-
-def points(ks: list[int], samples: list[int], backends: list[str]) -> list[dict]:
-    """Cross-entropy once (it has no K), then for each K the smoothed hinge (tau = 1) and the noised loss."""
-    chosen = [{"loss": "cross_entropy", "registered": "cross_entropy", "backend": "", "K": "", "B": "", "options": {}}]
-    for k in ks:
-        chosen.append({"loss": "smooth_hinge", "registered": "smooth_hinge", "backend": "", "K": k, "B": "",
-                       "options": {"k": k, "tau": 1.0}})
-        chosen += [{"loss": f"noised_balanced B={b}", "registered": "noised_balanced", "backend": backend, "K": k,
-                    "B": b, "options": {"k": k, "epsilon": EPSILON, "n_samples": b, "backend": backend}}
-                   for b in samples for backend in backends]
-    return chosen
 
 
 def _identity(row: dict) -> tuple:
@@ -65,27 +52,14 @@ def time_point(point: dict, model, device: torch.device, batches: list, warmup: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    parser.add_argument("--model", default=PAPER.cifar.model)
-    parser.add_argument("--batch-size", type=int, default=PAPER.cifar.batch_size)
+    add_setup_arguments(parser, ks=list(PAPER.figure3_ks))
     parser.add_argument("--batches", type=int, default=100, help="timed batches per point")
     parser.add_argument("--warmup", type=int, default=10, help="untimed batches before each point")
-    parser.add_argument("--ks", type=int, nargs="+", default=list(PAPER.figure3_ks))
-    parser.add_argument("--samples", type=int, nargs="+", default=[3, 10, 50], help="values of B")
-    parser.add_argument("--backends", nargs="+", default=["auto", "torch"], choices=["auto", "torch", "triton"],
-                        help="implementations of the noised loss (auto: the fused kernel on CUDA)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fig3_epoch_time.csv")
     args = parser.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("no CUDA device: use --device cpu (with a small --model) to check the script")
+    device = checked_device(parser, args.device)
     name = device_name(device)
-    torch.manual_seed(0)
-    model = build_model(args.model, 100).to(device)
-    if device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
-    optimiser = torch.optim.SGD(model.parameters(), lr=PAPER.cifar.lr, momentum=0.9, nesterov=True,
-                                weight_decay=PAPER.cifar.weight_decay)
+    model, optimiser = paper_model_and_optimiser(args.model, device)
     batches = [(torch.randn(args.batch_size, 3, 32, 32, device=device),
                 torch.randint(0, 100, (args.batch_size,), device=device)) for _ in range(args.warmup + args.batches)]
     done = set()

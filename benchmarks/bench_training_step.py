@@ -26,11 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _fig3_setup import add_setup_arguments, checked_device, paper_model_and_optimiser, points  # noqa: E402
 from _measure import append_csv_row  # noqa: E402
-from bench_epoch_time import points  # noqa: E402
 
-from experiments.models import build_model  # noqa: E402
-from experiments.profiles import PAPER  # noqa: E402
 from experiments.train import device_name, git_commit  # noqa: E402
 from topk.losses import build_loss  # noqa: E402
 
@@ -81,21 +79,14 @@ def time_steps(step, batches: list, warmup: int, steps: int, device: torch.devic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    parser.add_argument("--model", default=PAPER.cifar.model)
-    parser.add_argument("--batch-size", type=int, default=PAPER.cifar.batch_size)
+    add_setup_arguments(parser, ks=[5, 50])
     parser.add_argument("--steps", type=int, default=200, help="timed steps per point")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps before each point (compilation included)")
-    parser.add_argument("--ks", type=int, nargs="+", default=[5, 50])
-    parser.add_argument("--samples", type=int, nargs="+", default=[3, 10, 50], help="values of B")
-    parser.add_argument("--backends", nargs="+", default=["auto", "torch"], choices=["auto", "torch", "triton"])
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
     parser.add_argument("--compiler", default="inductor", help="torch.compile backend (aot_eager: to check the script)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "training_step.csv")
     args = parser.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("no CUDA device: use --device cpu (with a small --model) to check the script")
+    device = checked_device(parser, args.device)
     name = device_name(device)
     generator = torch.Generator(device).manual_seed(0)
     batches = [(torch.randn(args.batch_size, 3, 32, 32, device=device, generator=generator),
@@ -110,12 +101,7 @@ def main() -> None:
         ce_ms = None
         for point in points(args.ks, args.samples, backends):
             torch._dynamo.reset()
-            torch.manual_seed(0)
-            model = build_model(args.model, 100).to(device)
-            if device.type == "cuda":
-                model = model.to(memory_format=torch.channels_last)
-            optimiser = torch.optim.SGD(model.parameters(), lr=PAPER.cifar.lr, momentum=0.9, nesterov=True,
-                                        weight_decay=PAPER.cifar.weight_decay)
+            model, optimiser = paper_model_and_optimiser(args.model, device)
             loss_fn = build_loss(point["registered"], **point["options"]).to(device)
             step = make_step(model, loss_fn, optimiser, device, mode, args.compiler)
             ms = time_steps(step, batches, args.warmup, args.steps, device)
