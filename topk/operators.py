@@ -12,6 +12,10 @@ the one-hot vectors of the selected coordinates.
 
 All operators act on the last dimension and accept any leading batch shape. Ties are broken as
 ``torch.topk`` breaks them; values never depend on it. A NaN score makes the row's result NaN.
+
+The public functions check their arguments once; :func:`exact_top` and :func:`monte_carlo_top` are the cores
+the losses share, which check nothing. The Monte Carlo estimate runs on the custom operators of
+:mod:`topk._ops` (PyTorch path or fused Triton kernel), so it reads nothing on the host and compiles as one graph.
 """
 
 from __future__ import annotations
