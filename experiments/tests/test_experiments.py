@@ -11,6 +11,7 @@ import torch
 
 from data_prep.common import MissingDataError
 from experiments import ResultsStore, RunConfig, run
+from experiments.store import DamagedStoreWarning
 from experiments.__main__ import main as experiments_main
 from experiments.models import build_model, parameter_count
 
@@ -93,11 +94,65 @@ def test_an_interrupted_run_resumes_to_the_same_result_as_an_uninterrupted_one(t
     finally:
         torch.use_deterministic_algorithms(False)
 
-    def without_times(record):
-        return [{k: v for k, v in h.items() if not k.endswith("seconds")} for h in record["history"]]
-
-    assert without_times(resumed) == without_times(whole)
+    assert _without_times(resumed) == _without_times(whole)
     assert resumed["test"] == whole["test"] and resumed["selected_epoch"] == whole["selected_epoch"]
+
+
+def _without_times(record):
+    return [{k: v for k, v in h.items() if not k.endswith("seconds")} for h in record["history"]]
+
+
+def _cut(path: Path) -> None:
+    """Damage a file as a full disk or a copy cut short would: keep its first half."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.fixture
+def deterministic():
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def test_a_damaged_record_is_set_aside_and_its_run_trained_again(tmp_path, deterministic):
+    store = ResultsStore(tmp_path)
+    config = RunConfig(**TINY)
+    first = run(config, store)
+    path = store.record_path(config.key())
+    _cut(path)
+    with pytest.warns(DamagedStoreWarning, match=f"{path.name} is damaged .*kept as {path.name}.damaged.*trained again"):
+        assert store.records() == []
+    assert path.with_name(path.name + ".damaged").exists() and not path.exists()
+    again = run(config, store)
+    assert _without_times(again) == _without_times(first) and again["test"] == first["test"]
+    _cut(path)
+    with pytest.warns(DamagedStoreWarning, match="trained again"):  # run() itself meets the damaged record
+        assert run(config, store)["test"] == first["test"]
+
+
+def test_a_damaged_checkpoint_resumes_from_the_previous_one_to_the_same_result(tmp_path, deterministic):
+    config = RunConfig(**TINY)
+    whole = run(config, ResultsStore(tmp_path / "whole"))
+    store = ResultsStore(tmp_path / "killed")
+    assert run(config, store, stop_after_epochs=2) is None
+    last = store.checkpoint_path(config.key())
+    _cut(last)
+    with pytest.warns(DamagedStoreWarning, match=f"{last.name} is damaged .*resumes from the previous checkpoint"):
+        resumed = run(config, store)
+    assert _without_times(resumed) == _without_times(whole) and resumed["test"] == whole["test"]
+    assert last.with_name(last.name + ".damaged").exists()
+
+
+def test_two_damaged_checkpoints_start_the_run_again(tmp_path, deterministic):
+    config = RunConfig(**TINY)
+    whole = run(config, ResultsStore(tmp_path / "whole"))
+    store = ResultsStore(tmp_path / "killed")
+    assert run(config, store, stop_after_epochs=2) is None
+    _cut(store.checkpoint_path(config.key()))
+    _cut(store.previous_checkpoint_path(config.key()))
+    with pytest.warns(DamagedStoreWarning, match="starts again from its first epoch"):
+        resumed = run(config, store)
+    assert _without_times(resumed) == _without_times(whole)
 
 
 def test_a_missing_real_dataset_names_the_data_prep_command(tmp_path, capsys):
