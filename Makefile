@@ -2,8 +2,16 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
+# PY=python3 (or any interpreter) on the command line uses that interpreter's packages instead of creating .venv: for
+# machines that already have their stack (a GPU cluster's module or container). It is checked for every module needed.
+ifeq ($(origin PY),command line)
+STAMP := check-python
+else
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+endif
+MODULES := torch torchvision numpy scipy pandas matplotlib seaborn jupyterlab papermill nbconvert nbformat ipykernel \
+	pytest xdist hypothesis pytopk tqdm PIL latex2mathml
 # Statistical and property tests are seeded; `make test PYTEST_ARGS="-m 'not slow'"` skips the long ones.
 PYTEST_ARGS ?=
 # A checkout of github oval-group/smooth-topk outside this project, for `make bench` (optional).
@@ -26,12 +34,19 @@ PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-pr
 help: ## List the targets
 	@grep -E '^[a-z][a-zA-Z_-]*:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
 
+ifeq ($(origin PY),command line)
+$(STAMP):
+	@$(PY) -c "import importlib.util as u, sys; missing = [m for m in sys.argv[1:] if u.find_spec(m) is None]; \
+	sys.exit(f'$(PY) lacks {missing}: install them (pip install -r requirements.txt) or leave out PY=' if missing else 0)" $(MODULES)
+.PHONY: check-python
+else
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+endif
 
 venv: $(STAMP) ## Create .venv with the pinned stack (requirements.txt) and topk in editable mode
 

@@ -9,6 +9,7 @@ import torch
 
 from data_prep import MissingDataError
 from experiments import analytic, catalogue, grids, harness, latex, report
+from experiments import paths
 from experiments.paths import NOTEBOOKS
 from experiments.profiles import PROFILES, QUICK, SMOKE
 
@@ -132,3 +133,23 @@ def test_code_is_hidden_by_default_whatever_the_body_classes():
     assert report._with_code_toggle('<body class="jp-Notebook" data-x="1">').startswith(
         '<body class="hide-code jp-Notebook" data-x="1">')
     assert report._with_code_toggle("<body>").startswith('<body class="hide-code">')
+
+
+def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
+    """``make paper-figures PY=python3`` (a machine with its own stack): no .venv is made, that interpreter runs the
+    notebooks, and it is first checked for every module the project needs."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    dry = subprocess.run(["make", "-n", "paper-figures", "PROFILE=smoke", f"PY={sys.executable}"],
+                         cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    assert "-m venv" not in dry.stdout and "pip install --quiet" not in dry.stdout
+    assert f"{sys.executable} -c \"import importlib.util" in dry.stdout
+    assert f"{sys.executable} -m papermill" in dry.stdout
+    missing = subprocess.run(["make", "check-python", "PY=" + sys.executable, "MODULES=torch no_such_module_here"],
+                             cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "lacks ['no_such_module_here']" in missing.stderr
