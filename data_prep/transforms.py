@@ -1,6 +1,7 @@
 """Image transforms: CIFAR's (pad 4, random crop, horizontal flip, per-channel normalisation; Berrada et al. 2018
-and Garcin et al. 2022 use the same) on uint8 tensors, and ImageNet's on PIL images for the folder datasets.
-Random choices come from torch's global RNG, which the training loop seeds and checkpoints."""
+and Garcin et al. 2022 use the same) on uint8 tensors, one image or a whole batch on its device, and ImageNet's on
+PIL images for the folder datasets. Random choices come from the generator given to a batch, else from torch's
+global RNG."""
 
 from __future__ import annotations
 
@@ -14,29 +15,51 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class normalise:
-    """uint8 [C, H, W] -> float32 in [0, 1], then ``(x - mean) / std`` per channel."""
+    """uint8 [C, H, W] -> float32 in [0, 1], then ``(x - mean) / std`` per channel; :meth:`batch` does it to a batch
+    [N, C, H, W] on the batch's device."""
 
     def __init__(self, mean=CIFAR_MEAN, std=CIFAR_STD):
         self.mean = torch.tensor(mean).view(-1, 1, 1)
         self.std = torch.tensor(std).view(-1, 1, 1)
 
+    def batch(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        mean, std = self.mean.to(images.device), self.std.to(images.device)
+        return (images.float() / 255 - mean) / std
+
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        return (image.float() / 255 - self.mean) / self.std
+        return self.batch(image[None])[0]
 
 
 class augment_and_normalise(normalise):
     """Pad with black by ``size // 8`` pixels (4 for 32 px), crop a random ``size`` square, flip with probability 1/2,
-    normalise (torchvision's ``RandomCrop(32, padding=4)`` and ``RandomHorizontalFlip``)."""
+    normalise (torchvision's ``RandomCrop(32, padding=4)`` and ``RandomHorizontalFlip``). :meth:`batch` augments a
+    whole uint8 batch on its device in one gather, its random choices drawn from ``generator`` (default: the global
+    RNG); one image is a batch of one."""
 
     def __init__(self, size: int, mean=CIFAR_MEAN, std=CIFAR_STD):
         super().__init__(mean, std)
         self.size, self.pad = size, max(1, size // 8)
 
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        padded = F.pad(image, (self.pad,) * 4)
-        top, left = torch.randint(0, 2 * self.pad + 1, (2,)).tolist()
-        x = super().__call__(padded[:, top:top + self.size, left:left + self.size])
-        return x.flip(-1) if torch.rand(()) < 0.5 else x
+    def draw(self, n: int, generator: torch.Generator | None, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each image's crop offset (row, column) in the padded image, [n, 2], and whether it is flipped, [n]."""
+        offsets = torch.randint(0, 2 * self.pad + 1, (n, 2), generator=generator, device=device)
+        return offsets, torch.rand(n, generator=generator, device=device) < 0.5
+
+    def crop_and_flip(self, images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+        """uint8 [N, C, H, W] -> [N, C, size, size]: the crops at ``offsets`` of the padded images, mirrored where
+        ``flips``."""
+        padded = F.pad(images, (self.pad,) * 4)  # [N, C, H + 2 pad, W + 2 pad], black border
+        steps = torch.arange(self.size, device=images.device)
+        rows = offsets[:, :1] + steps  # [N, size]
+        columns = offsets[:, 1:] + torch.where(flips[:, None], self.size - 1 - steps, steps)  # [N, size]
+        n, channels = images.shape[:2]
+        return padded[torch.arange(n, device=images.device)[:, None, None, None],
+                      torch.arange(channels, device=images.device)[None, :, None, None],
+                      rows[:, None, :, None], columns[:, None, None, :]]
+
+    def batch(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        offsets, flips = self.draw(len(images), generator, images.device)
+        return super().batch(self.crop_and_flip(images, offsets, flips))
 
 
 def imagenet_train():

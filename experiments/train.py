@@ -3,8 +3,9 @@ a validation metric, test evaluation of the selected epoch, per-epoch timings, a
 one record per run in the results store. Runs under ``torchrun`` with DistributedDataParallel as well.
 
 A finished run is never recomputed; an interrupted one resumes from its last checkpoint, and reaches the same
-result as an uninterrupted run: the data order of epoch ``e`` depends only on ``(seed, e)``, and the RNG states
-(augmentation, the noised losses' noise) are saved with every checkpoint.
+result as an uninterrupted run: the data order and the augmentation of epoch ``e`` depend only on ``(seed, e)``
+(:mod:`experiments.batches`), and the RNG states (the noised losses' noise) are saved with every checkpoint.
+In-memory datasets live on the training device and are augmented there, batch by batch.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
 
 import data_prep
 import topk
+from experiments.batches import batches, order_seed
 from experiments.config import SELECTION, RunConfig
 from experiments.models import build_model, parameter_count
 from experiments.paths import PROJECT_ROOT
@@ -34,15 +35,18 @@ from topk.metrics import MacroTopKAccuracy, TopKAccuracy
 
 
 def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_root: str | Path | None = None,
-        num_workers: int = 0, progress: bool = False, stop_after_epochs: int | None = None) -> dict | None:
-    """Train ``config`` (or return its finished record). ``stop_after_epochs`` stops this call early (as a kill would),
-    leaving the checkpoint; it returns None then."""
+        num_workers: int | None = None, progress: bool = False, stop_after_epochs: int | None = None) -> dict | None:
+    """Train ``config`` (or return its finished record). ``num_workers``: processes reading an image-folder dataset
+    (default: the machine's cores; in-memory datasets need none). ``stop_after_epochs`` stops this call early (as a
+    kill would), leaving the checkpoint; it returns None then."""
     key = config.key()
     if (record := store.finished(key)) is not None:
         return record
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     device = torch.device(device)
     splits = data_prep.load(config.dataset, data_root, **config.dataset_options)
+    train_batches, val_batches, test_batches = (batches(split, device, num_workers)
+                                                for split in (splits.train, splits.val, splits.test))
     _seed_everything(config.seed)
     model_options = {name: value.format(data_root=data_root) if isinstance(value, str) else value
                      for name, value in config.model_options.items()}  # "{data_root}/file" names a file of the data
@@ -64,11 +68,11 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
     epochs_this_call = 0
     while state["epoch"] < config.epochs:
         epoch = state["epoch"]
-        loader = _train_loader(splits.train, config, epoch, num_workers, rank, world)
+        loader = train_batches.shuffled(order_seed(config.seed, epoch), config.batch_size // world, rank, world)
         seconds, loss_seconds, mean_loss, grad_nonzero = train_epoch(trained, loss_fn, loader, optimiser, device,
                                                                       progress, epoch)
         schedule.step()
-        validation = evaluate(model, splits.val, config.eval_ks, splits.class_counts, device, config.batch_size)
+        validation = evaluate(model, val_batches, config.eval_ks, splits.class_counts, config.batch_size)
         state["history"].append({"epoch": epoch + 1, "train_loss": mean_loss, "epoch_seconds": seconds,
                                  "loss_seconds": loss_seconds, "grad_nonzero": grad_nonzero,
                                  "lr": optimiser.param_groups[0]["lr"], "val": validation})
@@ -83,7 +87,7 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
         if stop_after_epochs is not None and epochs_this_call >= stop_after_epochs and state["epoch"] < config.epochs:
             return None
     model.load_state_dict(state["best"]["model"])
-    test = evaluate(model, splits.test, config.eval_ks, splits.class_counts, device, config.batch_size)
+    test = evaluate(model, test_batches, config.eval_ks, splits.class_counts, config.batch_size)
     record = {
         "key": key, "config": config.to_dict(), "history": state["history"], "selected_epoch": state["best"]["epoch"],
         "test": test, "data": {"name": splits.name, "synthetic": splits.synthetic, "description": splits.description,
@@ -125,18 +129,6 @@ def _set_rng_states(states: dict) -> None:
     np.random.set_state(states["numpy"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def _train_loader(dataset, config: RunConfig, epoch: int, num_workers: int, rank: int, world: int) -> DataLoader:
-    """The order of epoch ``epoch`` depends only on ``(seed, epoch)``; under DDP each process takes its share."""
-    order_seed = config.seed * 100_003 + epoch
-    if world > 1:
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=order_seed, drop_last=True)
-        return DataLoader(dataset, batch_size=config.batch_size // world, sampler=sampler, num_workers=num_workers,
-                          drop_last=True)
-    generator = torch.Generator().manual_seed(order_seed)
-    return DataLoader(dataset, batch_size=config.batch_size, shuffle=True, generator=generator,
-                      num_workers=num_workers, drop_last=True)
 
 
 def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> tuple[float, float, float, float]:
@@ -185,16 +177,18 @@ def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> t
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset, ks, train_class_counts, device, batch_size: int = 256) -> dict:
-    """Top-K and macro-average top-K for every K in ``ks``, the latter also per few/medium/many-shot group."""
+def evaluate(model: nn.Module, split, ks, train_class_counts, batch_size: int = 256) -> dict:
+    """Top-K and macro-average top-K for every K in ``ks``, the latter also per few/medium/many-shot group, over the
+    batches of ``split`` (:func:`experiments.batches.batches`)."""
     model.eval()
     top, macro = TopKAccuracy(ks), MacroTopKAccuracy(ks, len(train_class_counts))
-    for images, labels in DataLoader(dataset, batch_size=batch_size):
-        images = images.to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    for images, labels in split.in_order(batch_size):
+        if images.is_cuda:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=images.is_cuda):
             scores = model(images).float()
-        top.update(scores, labels.to(device))
-        macro.update(scores, labels.to(device))
+        top.update(scores, labels)
+        macro.update(scores, labels)
     groups = {name: {str(k): v for k, v in values.items()} for name, values in macro.compute_by_group(train_class_counts).items()}
     return {"top": {str(k): v for k, v in top.compute().items()},
             "macro_top": {k: v for k, v in groups.pop("all").items() if k != "n_classes"},
