@@ -22,11 +22,16 @@ PROFILE ?= quick
 DATA ?=
 DEVICE ?= cpu
 THREADS ?= 0
+# WORKERS=N processes read image-folder datasets (default: the machine's cores); COMPILE=default|reduce-overhead|...
+# compiles the training step with torch.compile (default: eager).
+WORKERS ?=
+COMPILE ?=
 NOTEBOOKS := $(basename $(notdir $(wildcard notebooks/*.ipynb)))
 EXECUTED := $(patsubst %,build/$(PROFILE)/%.ipynb,$(NOTEBOOKS))
 SOURCES := $(wildcard topk/*.py topk/losses/*.py data_prep/*.py experiments/*.py)
 PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-progress-bar -k python3 --cwd $(CURDIR) \
-	-p profile $(PROFILE) -p device $(DEVICE) -p threads $(THREADS) $(if $(DATA),-p data_root $(abspath $(DATA)))
+	-p profile $(PROFILE) -p device $(DEVICE) -p threads $(THREADS) $(if $(DATA),-p data_root $(abspath $(DATA))) \
+	$(if $(WORKERS),-p workers $(WORKERS)) $(if $(COMPILE),-p compile_mode $(COMPILE))
 
 .DEFAULT_GOAL := help
 .PHONY: help venv test bench bench-gpu kernel-resources paper-figures notebooks report check-report lab clean clean-results
@@ -64,7 +69,7 @@ bench-gpu: $(STAMP) ## On a CUDA machine: the fused kernel's grid and Fig. 3 in 
 kernel-resources: $(STAMP) ## Compile the fused kernel for sm_90a (no GPU needed) and print its registers and spills
 	env -u TRITON_INTERPRET $(PY) benchmarks/kernel_resources.py --arch 90 --check
 
-paper-figures: $(STAMP) ## Run every notebook [PROFILE=quick|smoke|paper DATA=path DEVICE=cuda], render build/report/index.html
+paper-figures: $(STAMP) ## Run every notebook [PROFILE=quick|smoke|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
 	@status=0; $(MAKE) --no-print-directory -k notebooks || status=$$?; \
 	$(MAKE) --no-print-directory report; \
 	if [ $$status -ne 0 ]; then echo "paper-figures: some notebooks failed (see above and the report)"; fi; exit $$status

@@ -1,5 +1,5 @@
-"""``python -m experiments CONFIG.json --store DIR [--device cpu|cuda] [--data-root PATH]``: train one run (or print
-its finished record). Under ``torchrun --nproc_per_node N python -m experiments ...`` it trains with
+"""``python -m experiments CONFIG.json --store DIR [--device cpu|cuda] [--data-root PATH] [--workers N] [--compile [MODE]]``:
+train one run (or print its finished record). Under ``torchrun --nproc_per_node N python -m experiments ...`` it trains with
 DistributedDataParallel (NCCL on CUDA, gloo on CPU); the first process writes the record."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.distributed as dist
 from data_prep.common import MissingDataError
 from experiments.config import RunConfig
 from experiments.store import ResultsStore
-from experiments.train import run
+from experiments.train import COMPILE_MODES, run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", required=True, help="results store folder")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--data-root", help="folder of a real dataset, as given to `python -m data_prep`")
-    parser.add_argument("--workers", type=int, default=0, help="data-loading processes")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes reading an image-folder dataset (default: the machine's cores)")
+    parser.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES, metavar="MODE",
+                        help=f"compile the model and the loss with torch.compile (MODE: {', '.join(COMPILE_MODES)}; "
+                             "default: default)")
     parser.add_argument("--progress", action="store_true", help="show a progress bar per epoch")
     args = parser.parse_args(argv)
     try:
@@ -42,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.set_device(device)
     try:
         record = run(config, ResultsStore(args.store), device=device, data_root=args.data_root,
-                     num_workers=args.workers, progress=args.progress)
+                     num_workers=args.workers, compile_mode=args.compile, progress=args.progress)
     except MissingDataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

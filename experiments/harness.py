@@ -26,29 +26,34 @@ from experiments.paths import FIGURES, RESULTS
 from experiments.profiles import Profile, get_profile
 from experiments.store import ResultsStore
 from experiments.summary import column_labels, to_markdown
-from experiments.train import run
+from experiments.train import COMPILE_MODES, run
 
 DEVICES = ("cpu", "cuda")
 
 
 def start(notebook: str, profile: str = "smoke", *, data_root: str | None = None, device: str = "cpu",
-          store: str | Path | None = None, figures: str | Path | None = None, threads: int = 0) -> "Context":
-    """The context of one notebook run: its profile, where results and outputs go, the device and CPU threads."""
+          store: str | Path | None = None, figures: str | Path | None = None, threads: int = 0,
+          workers: int | None = None, compile_mode: str | None = None) -> "Context":
+    """The context of one notebook run: its profile, where results and outputs go, the device, CPU threads, the
+    processes reading image folders (default: the machine's cores) and the ``torch.compile`` mode of training."""
     return Context(notebook, get_profile(profile), data_root=data_root, device=device,
                    store=Path(store) if store else RESULTS / profile, figures=Path(figures) if figures else FIGURES,
-                   threads=threads)
+                   threads=threads, workers=workers, compile_mode=compile_mode)
 
 
 class Context:
     def __init__(self, notebook: str, profile: Profile, *, data_root, device: str, store: Path, figures: Path,
-                 threads: int):
+                 threads: int, workers: int | None = None, compile_mode: str | None = None):
         if device not in DEVICES and not device.startswith("cuda:"):
             raise ValueError(f"'device' should be one of {DEVICES} or 'cuda:N', got {device!r}")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} was asked for, but torch sees no CUDA device here")
+        if compile_mode is not None and compile_mode not in COMPILE_MODES:
+            raise ValueError(f"'compile_mode' should be None or one of {COMPILE_MODES}, got {compile_mode!r}")
         if threads:
             torch.set_num_threads(threads)
         self.notebook, self.profile, self.device = notebook, profile, device
+        self.workers, self.compile_mode = workers, compile_mode
         self.data_root = Path(data_root) if data_root else None
         self.store, self.figures = ResultsStore(store), figures
         self.data: list[str] = []  # descriptions of the datasets this notebook's runs used
@@ -67,7 +72,8 @@ class Context:
             tick = time.perf_counter()
             cached = self.store.record_path(cell.config.key()).exists()
             try:
-                record = run(cell.config, self.store, device=self.device, data_root=self._root(cell))
+                record = run(cell.config, self.store, device=self.device, data_root=self._root(cell),
+                             num_workers=self.workers, compile_mode=self.compile_mode)
                 row = flatten(record)
             except FloatingPointError as error:
                 row = {"status": "diverged", "error": str(error)}

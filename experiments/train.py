@@ -34,11 +34,20 @@ from topk.losses import LDAM, build_loss
 from topk.metrics import MacroTopKAccuracy, TopKAccuracy
 
 
+#: ``torch.compile`` modes of the training step (``reduce-overhead``: CUDA graphs).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_root: str | Path | None = None,
-        num_workers: int | None = None, progress: bool = False, stop_after_epochs: int | None = None) -> dict | None:
+        num_workers: int | None = None, compile_mode: str | None = None, progress: bool = False,
+        stop_after_epochs: int | None = None) -> dict | None:
     """Train ``config`` (or return its finished record). ``num_workers``: processes reading an image-folder dataset
-    (default: the machine's cores; in-memory datasets need none). ``stop_after_epochs`` stops this call early (as a
-    kill would), leaving the checkpoint; it returns None then."""
+    (default: the machine's cores; in-memory datasets need none). ``compile_mode``: None (eager) or one of
+    :data:`COMPILE_MODES`: the model and the loss (as one graph, ``fullgraph=True``) are compiled; how a run is
+    executed is not part of its config, and the result is eager mode's up to rounding (same random stream). ``stop_after_epochs`` stops this
+    call early (as a kill would), leaving the checkpoint; it returns None then."""
+    if compile_mode is not None and compile_mode not in COMPILE_MODES:
+        raise ValueError(f"'compile_mode' should be None or one of {COMPILE_MODES}, got {compile_mode!r}")
     key = config.key()
     if (record := store.finished(key)) is not None:
         return record
@@ -65,6 +74,12 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
         state = checkpoint["state"]
         _set_rng_states(checkpoint["rng"])
     trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    if compile_mode is not None:
+        # PyTorch's random stream inside the graph too (not inductor's own): the noised losses draw the noise that an
+        # eager run draws, so a compiled run is the eager run up to rounding
+        options = {**torch._inductor.list_mode_options(compile_mode), "fallback_random": True}
+        trained = torch.compile(trained, options=options)
+        loss_fn = torch.compile(loss_fn, options=options, fullgraph=True)
     epochs_this_call = 0
     while state["epoch"] < config.epochs:
         epoch = state["epoch"]
@@ -92,7 +107,7 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
         "key": key, "config": config.to_dict(), "history": state["history"], "selected_epoch": state["best"]["epoch"],
         "test": test, "data": {"name": splits.name, "synthetic": splits.synthetic, "description": splits.description,
                                "num_classes": splits.num_classes, "train_size": len(splits.train)},
-        "provenance": _provenance(device, world, model),
+        "provenance": {**_provenance(device, world, model), "compile_mode": compile_mode},
     }
     record = json.loads(json.dumps(record))  # the same form as when read back from the store
     if rank == 0:
@@ -131,9 +146,38 @@ def _set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+class _Stopwatch:
+    """Seconds spent in intervals: timed by CUDA events on CUDA (read at the end, after one synchronisation), by the
+    host's clock on a CPU."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.seconds, self.intervals = cuda, 0.0, []
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self) -> None:
+        self._begin = self._now()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.intervals.append((self._begin, self._now()))
+        else:
+            self.seconds += self._now() - self._begin
+
+    def total(self) -> float:
+        """The seconds of every interval; on CUDA, after the device has finished them."""
+        return sum(begin.elapsed_time(end) for begin, end in self.intervals) / 1e3 if self.cuda else self.seconds
+
+
 def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> tuple[float, float, float, float]:
-    """One epoch; returns (wall seconds, seconds in the loss's forward, mean loss, mean number of non-zero coordinates
-    of the loss's gradient with respect to a sample's scores: the sparsity of Fig. 2)."""
+    """One epoch; returns (seconds, seconds in the loss's forward, mean loss, mean number of non-zero coordinates
+    of the loss's gradient with respect to a sample's scores: the sparsity of Fig. 2). The loss sums and the sparsity
+    count stay on the device and the times are CUDA events on CUDA: the epoch reads the device once, at its end."""
     model.train()
     cuda = device.type == "cuda"
     batches = loader
@@ -141,39 +185,30 @@ def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> t
         from tqdm.auto import tqdm
 
         batches = tqdm(loader, desc=f"epoch {epoch + 1}", leave=False)
-    start, loss_seconds, total, count, nonzero, rows = time.perf_counter(), 0.0, 0.0, 0, 0, 0
-    events = []
+    epoch_time, loss_time = _Stopwatch(cuda), _Stopwatch(cuda)
+    total, count, nonzero, rows = 0.0, 0, 0, 0
+    epoch_time.start()
     for images, labels in batches:
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         if cuda:
             images = images.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             scores = model(images)
-        if cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-        else:
-            tick = time.perf_counter()
+        loss_time.start()
         scores = scores.float()  # losses in float32 whatever the autocast dtype
         scores.retain_grad()
         loss = loss_fn(scores, labels)
-        if cuda:
-            end.record()
-            events.append((begin, end))
-        else:
-            loss_seconds += time.perf_counter() - tick
+        loss_time.stop()
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         optimiser.step()
         total, count = total + loss.detach(), count + 1
         nonzero, rows = nonzero + torch.count_nonzero(scores.grad), rows + len(labels)
-    if cuda:
-        torch.cuda.synchronize()
-        loss_seconds = sum(b.elapsed_time(e) for b, e in events) / 1e3
-    mean_loss = float(total / max(count, 1))
+    epoch_time.stop()
+    mean_loss = float(total / max(count, 1))  # the epoch's one synchronisation
     if mean_loss != mean_loss:
         raise FloatingPointError(f"the training loss became NaN in epoch {epoch + 1}")
-    return time.perf_counter() - start, loss_seconds, mean_loss, float(nonzero / max(rows, 1))
+    return epoch_time.total(), loss_time.total(), mean_loss, float(nonzero / max(rows, 1))
 
 
 @torch.no_grad()

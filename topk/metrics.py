@@ -11,7 +11,8 @@ Tie rule (deterministic and exact): when the true class ties with other classes 
 top K, it gets the fraction of the tied positions that fall inside the top K, i.e. the expected accuracy
 under uniformly random tie-breaking. With ``g`` classes scoring strictly higher and ``t`` others tied
 with it, the credit is ``clamp((K - g) / (t + 1), 0, 1)``. Constant scores thus get K / L, chance level.
-Sums are kept in float64, so the result does not depend on how the data were split into batches.
+Sums are kept in float64, so the result does not depend on how the data were split into batches, and on the
+scores' device: ``update`` reads nothing on the host (a NaN score is reported by ``compute``).
 """
 
 from __future__ import annotations
@@ -43,21 +44,39 @@ def _check_ks(ks: Iterable[int]) -> tuple[int, ...]:
     return tuple(check_int(k, "ks", 1) for k in ks)
 
 
-def _check_score_matrix(scores: torch.Tensor) -> torch.Tensor:
-    """A (batch, L) floating tensor without NaN."""
+def _check_score_shape(scores: torch.Tensor) -> torch.Tensor:
+    """A (batch, L) floating tensor (its values are not read)."""
     check_scores(scores, "scores")
     if scores.dim() != 2:
         raise ValueError(f"'scores' should have shape (batch, L), got {tuple(scores.shape)}")
-    if bool(torch.isnan(scores).any()):
-        raise ValueError("'scores' contain NaN: the model diverged or its output is corrupted")
     return scores
 
 
+def _check_score_matrix(scores: torch.Tensor) -> torch.Tensor:
+    """A (batch, L) floating tensor without NaN (read on the host)."""
+    _check_score_shape(scores)
+    if bool(torch.isnan(scores).any()):
+        raise ValueError(NAN_SCORES)
+    return scores
+
+
+NAN_SCORES = "'scores' contain NaN: the model diverged or its output is corrupted"
+
+
 def _check_batch(scores: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
-    _check_score_matrix(scores)
+    """Shapes, dtypes and the labels' range (an asynchronous assertion); the scores' values are not read."""
+    _check_score_shape(scores)
     if max(ks) > scores.shape[1]:
         raise ValueError(f"'ks' should not exceed the number of classes {scores.shape[1]}, got {max(ks)}")
     return check_labels(labels, scores, "labels")
+
+
+def _credit(scores: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
+    true_scores = scores.gather(1, labels.unsqueeze(1))  # [batch, 1]
+    higher = (scores > true_scores).sum(1, dtype=torch.float64)  # g
+    tied = (scores == true_scores).sum(1, dtype=torch.float64)  # t + 1 (the true class itself)
+    k = torch.tensor(ks, dtype=torch.float64, device=scores.device)
+    return ((k - higher.unsqueeze(1)) / tied.unsqueeze(1)).clamp(0.0, 1.0)
 
 
 def topk_credit(scores: torch.Tensor, labels: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
@@ -67,14 +86,26 @@ def topk_credit(scores: torch.Tensor, labels: torch.Tensor, ks: Sequence[int]) -
     """
     ks = _check_ks(ks)
     labels = _check_batch(scores, labels, ks)
-    true_scores = scores.gather(1, labels.unsqueeze(1))  # [batch, 1]
-    higher = (scores > true_scores).sum(1, dtype=torch.float64)  # g
-    tied = (scores == true_scores).sum(1, dtype=torch.float64)  # t + 1 (the true class itself)
-    k = torch.tensor(ks, dtype=torch.float64, device=scores.device)
-    return ((k - higher.unsqueeze(1)) / tied.unsqueeze(1)).clamp(0.0, 1.0)
+    _check_score_matrix(scores)
+    return _credit(scores, labels, ks)
 
 
-class TopKAccuracy:
+class _DeviceSums:
+    """Sums kept on the device of the scores they come from, and whether a NaN score was seen: ``update`` reads
+    nothing on the host; ``compute`` reads once."""
+
+    def _accumulate(self, scores: torch.Tensor) -> None:
+        if self._nan is None:
+            self._nan = torch.zeros((), dtype=torch.bool, device=scores.device)
+            self._to_device(scores.device)
+        self._nan |= torch.isnan(scores).any()
+
+    def _check_seen(self) -> None:
+        if self._nan is not None and bool(self._nan):
+            raise ValueError(NAN_SCORES)
+
+
+class TopKAccuracy(_DeviceSums):
     """Top-K accuracy for several K at once.
 
     >>> metric = TopKAccuracy(ks=(1, 2))
@@ -89,16 +120,22 @@ class TopKAccuracy:
 
     def reset(self) -> None:
         self._credit = torch.zeros(len(self.ks), dtype=torch.float64)
-        self._count = 0
+        self._count, self._nan = 0, None
+
+    def _to_device(self, device: torch.device) -> None:
+        self._credit = self._credit.to(device)
 
     def update(self, scores: torch.Tensor, labels: torch.Tensor) -> None:
-        self._credit += topk_credit(scores, labels, self.ks).sum(0).cpu()
+        labels = _check_batch(scores, labels, self.ks)
+        self._accumulate(scores)
+        self._credit += _credit(scores, labels, self.ks).sum(0)
         self._count += scores.shape[0]
 
     def compute(self) -> dict[int, float]:
         if self._count == 0:
             raise RuntimeError("TopKAccuracy.compute() called before any update()")
-        return {k: float(c / self._count) for k, c in zip(self.ks, self._credit)}
+        self._check_seen()
+        return {k: float(c / self._count) for k, c in zip(self.ks, self._credit.cpu())}
 
 
 def shot_groups(train_class_counts: Sequence[int] | torch.Tensor,
@@ -113,7 +150,7 @@ def shot_groups(train_class_counts: Sequence[int] | torch.Tensor,
     return {"few": counts < low, "medium": (counts >= low) & (counts <= high), "many": counts > high}
 
 
-class MacroTopKAccuracy:
+class MacroTopKAccuracy(_DeviceSums):
     """Macro-average top-K accuracy: top-K accuracy of each class, averaged over the classes.
 
     Classes absent from the evaluated data are left out of the average (``compute`` reports how many
@@ -129,28 +166,33 @@ class MacroTopKAccuracy:
     def reset(self) -> None:
         self._credit = torch.zeros(self.num_classes, len(self.ks), dtype=torch.float64)
         self._count = torch.zeros(self.num_classes, dtype=torch.float64)
+        self._nan = None
+
+    def _to_device(self, device: torch.device) -> None:
+        self._credit, self._count = self._credit.to(device), self._count.to(device)
 
     def update(self, scores: torch.Tensor, labels: torch.Tensor) -> None:
         if scores.dim() == 2 and scores.shape[1] != self.num_classes:
             raise ValueError(f"'scores' should have {self.num_classes} classes, got shape {tuple(scores.shape)}")
-        credit = topk_credit(scores, labels, self.ks).cpu()
-        labels = labels.long().cpu()
-        self._credit.index_add_(0, labels, credit)
+        labels = _check_batch(scores, labels, self.ks)
+        self._accumulate(scores)
+        self._credit.index_add_(0, labels, _credit(scores, labels, self.ks))
         self._count.index_add_(0, labels, torch.ones_like(labels, dtype=torch.float64))
 
     def per_class(self) -> torch.Tensor:
-        """Shape ``(num_classes, len(ks))``; NaN for classes never seen (they have no accuracy)."""
-        return self._credit / self._count.unsqueeze(1)
+        """Shape ``(num_classes, len(ks))``, on the CPU; NaN for classes never seen (they have no accuracy)."""
+        self._check_seen()
+        return (self._credit / self._count.unsqueeze(1)).cpu()
 
     def _average(self, classes: torch.Tensor) -> dict:
-        seen = classes & (self._count > 0)
+        seen = classes & (self._count.cpu() > 0)
         n_seen = int(seen.sum())
         values = self.per_class()[seen].mean(0) if n_seen else torch.full((len(self.ks),), float("nan"))
         return {"n_classes": n_seen, **{k: float(v) for k, v in zip(self.ks, values)}}
 
     def compute(self) -> dict:
         """``{"n_classes": classes averaged, K: macro-average top-K accuracy, ...}``."""
-        if int((self._count > 0).sum()) == 0:
+        if int((self._count > 0).sum()) == 0:  # the one read of the device
             raise RuntimeError("MacroTopKAccuracy.compute() called before any update()")
         return self._average(torch.ones(self.num_classes, dtype=torch.bool))
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -82,20 +83,40 @@ def test_a_run_records_metrics_timings_and_provenance_and_is_never_recomputed(tm
     assert store.record_path(config.key()).stat().st_mtime_ns == before
 
 
-def test_an_interrupted_run_resumes_to_the_same_result_as_an_uninterrupted_one(tmp_path):
+COMPILE = [None, pytest.param("default", marks=pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("c++") is None, reason="inductor on a CPU needs a C++ compiler"))]
+
+
+@pytest.mark.parametrize("compile_mode", COMPILE)
+def test_an_interrupted_run_resumes_to_the_same_result_as_an_uninterrupted_one(tmp_path, compile_mode):
+    """Eager, and with the model and the loss compiled (``--compile``)."""
     config = RunConfig(**TINY)
     torch.use_deterministic_algorithms(True)
     try:
-        whole = run(config, ResultsStore(tmp_path / "whole"))
+        whole = run(config, ResultsStore(tmp_path / "whole"), compile_mode=compile_mode)
         store = ResultsStore(tmp_path / "killed")
-        assert run(config, store, stop_after_epochs=1) is None  # as if killed after epoch 1
+        assert run(config, store, stop_after_epochs=1, compile_mode=compile_mode) is None  # as if killed after epoch 1
         assert store.checkpoint_path(config.key()).exists() and store.finished(config.key()) is None
-        resumed = run(config, store)
+        resumed = run(config, store, compile_mode=compile_mode)
     finally:
         torch.use_deterministic_algorithms(False)
+    assert resumed["provenance"]["compile_mode"] == compile_mode
 
     assert _without_times(resumed) == _without_times(whole)
     assert resumed["test"] == whole["test"] and resumed["selected_epoch"] == whole["selected_epoch"]
+
+
+def test_a_compiled_run_is_the_eager_run_up_to_rounding(tmp_path):
+    """The compiled step draws the noised loss's noise from PyTorch's random stream, as eager mode does: the first
+    epoch's training loss agrees to rounding (later epochs drift apart as rounding differences are trained on)."""
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("inductor on a CPU needs a C++ compiler")
+    config = RunConfig(**{**TINY, "epochs": 1, "milestones": ()})
+    eager = run(config, ResultsStore(tmp_path / "eager"))
+    compiled = run(config, ResultsStore(tmp_path / "compiled"), compile_mode="default")
+    assert compiled["history"][0]["train_loss"] == pytest.approx(eager["history"][0]["train_loss"], rel=1e-4)
+    with pytest.raises(ValueError, match="'compile_mode' should be None or one of"):
+        run(config.replace(seed=5), ResultsStore(tmp_path / "bad"), compile_mode="fast")
 
 
 def _without_times(record):
@@ -165,17 +186,21 @@ def test_a_missing_real_dataset_names_the_data_prep_command(tmp_path, capsys):
     assert "python -m data_prep cifar100 --root" in capsys.readouterr().err
 
 
-def test_torchrun_trains_with_distributed_data_parallel_on_two_cpu_processes(tmp_path):
+@pytest.mark.parametrize("compile_mode", COMPILE)
+def test_torchrun_trains_with_distributed_data_parallel_on_two_cpu_processes(tmp_path, compile_mode):
     config = RunConfig(**{**TINY, "epochs": 2, "milestones": ()})
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config.to_dict()))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-               "-m", "experiments", str(path), "--store", str(tmp_path / "store"), "--device", "cpu"]
+    port = "29531" if compile_mode is None else "29532"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+               "-m", "experiments", str(path), "--store", str(tmp_path / "store"), "--device", "cpu",
+               *(["--compile", compile_mode] if compile_mode else [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     record = ResultsStore(tmp_path / "store").finished(config.key())
     assert record["provenance"]["processes"] == 2 and len(record["history"]) == 2
+    assert record["provenance"]["compile_mode"] == compile_mode
 
 
 @pytest.mark.parametrize("loss,options,model_options", [

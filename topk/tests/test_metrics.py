@@ -98,8 +98,15 @@ def test_average_k_accuracy_counts_true_probability_at_least_threshold():
     assert metric.compute() == {"accuracy": 0.5, "mean_set_size": 1.5}
 
 
+def _nan_seen_at_compute(metric):
+    metric.update(torch.tensor([[0.5, 0.0]]), torch.tensor([0]))
+    metric.update(torch.tensor([[float("nan"), 0.0]]), torch.tensor([0]))  # update reads nothing on the host
+    metric.compute()
+
+
 @pytest.mark.parametrize("make", [
-    lambda: TopKAccuracy((1,)).update(torch.tensor([[float("nan"), 0.0]]), torch.tensor([0])),
+    lambda: _nan_seen_at_compute(TopKAccuracy((1,))),
+    lambda: _nan_seen_at_compute(MacroTopKAccuracy((1,), 2)),
     lambda: TopKAccuracy((3,)).update(torch.zeros(1, 2), torch.tensor([0])),
     lambda: TopKAccuracy((1,)).update(torch.zeros(1, 2), torch.tensor([2])),
     lambda: TopKAccuracy(()),
@@ -108,6 +115,20 @@ def test_average_k_accuracy_counts_true_probability_at_least_threshold():
 def test_metrics_reject_bad_input(make):
     with pytest.raises((ValueError, TypeError)):
         make()
+
+
+def test_metric_updates_read_nothing_on_the_host():
+    """The training loop's metrics accumulate on the scores' device: ``update`` dispatches no host-reading operator
+    (one read happens in ``compute``, once per evaluation)."""
+    from topk.tests.test_graph_capture import DispatchTrace
+
+    top, macro = TopKAccuracy((1, 5)), MacroTopKAccuracy((1, 5), 10)
+    scores, labels = torch.randn(16, 10), torch.randint(0, 10, (16,))
+    with DispatchTrace() as trace:
+        top.update(scores, labels)
+        macro.update(scores, labels)
+    assert trace.ops and trace.host_reads() == []
+    assert top.compute()[5] == float((scores.topk(5).indices == labels[:, None]).any(1).double().mean())
 
 
 def test_compute_before_update_is_an_error():
