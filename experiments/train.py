@@ -75,11 +75,7 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
         _set_rng_states(checkpoint["rng"])
     trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     if compile_mode is not None:
-        # PyTorch's random stream inside the graph too (not inductor's own): the noised losses draw the noise that an
-        # eager run draws, so a compiled run is the eager run up to rounding
-        options = {**torch._inductor.list_mode_options(compile_mode), "fallback_random": True}
-        trained = torch.compile(trained, options=options)
-        loss_fn = torch.compile(loss_fn, options=options, fullgraph=True)
+        trained, loss_fn = compile_step(trained, loss_fn, compile_mode)
     epochs_this_call = 0
     while state["epoch"] < config.epochs:
         epoch = state["epoch"]
@@ -113,6 +109,14 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
     if rank == 0:
         store.save_record(key, record)
     return record
+
+
+def compile_step(model: nn.Module, loss_fn: nn.Module, mode: str) -> tuple[nn.Module, nn.Module]:
+    """The model and the loss compiled by ``torch.compile`` in ``mode`` (the loss as one graph). PyTorch's random
+    stream is used inside the graphs too (not inductor's own): the noised losses draw the noise an eager run draws,
+    so a compiled run is the eager run up to rounding."""
+    options = {**torch._inductor.list_mode_options(mode), "fallback_random": True}
+    return torch.compile(model, options=options), torch.compile(loss_fn, options=options, fullgraph=True)
 
 
 def _build_loss(config: RunConfig, class_counts: torch.Tensor) -> nn.Module:

@@ -14,8 +14,8 @@ from experiments import claims, paths, plots, summary, timings  # noqa: E402
 def test_epoch_time_benchmark_is_read_back_drawn_and_judged(tmp_path):
     out = tmp_path / "fig3.csv"
     command = [sys.executable, str(paths.PROJECT_ROOT / "benchmarks" / "bench_epoch_time.py"), "--device", "cpu",
-               "--model", "small_cnn", "--batch-size", "16", "--batches", "2", "--warmup", "1", "--ks", "1", "5",
-               "--samples", "3", "--out", str(out)]
+               "--model", "small_cnn", "--batch-size", "16", "--images", "64", "--epochs", "1", "--compile", "eager",
+               "--ks", "1", "5", "--samples", "3", "--out", str(out)]
     for _ in range(2):  # the second call finds every point done and appends nothing
         run = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stderr
@@ -26,7 +26,8 @@ def test_epoch_time_benchmark_is_read_back_drawn_and_judged(tmp_path):
     assert set(times["loss"]) == {"cross_entropy", "smooth_hinge", "noised_balanced B=3",
                                   "noised_balanced B=3 (torch path)"}
     assert (times["epoch_seconds"] > 0).all() and (times["loss_seconds"] > 0).all()
-    assert "small_cnn, batch 16, 2 timed batches per point" in timings.describe(times)
+    assert "(64, augmented on the device)" in timings.describe(times)
+    assert "small_cnn, batch 16, the last of 1 whole epochs of the training engine (eager" in timings.describe(times)
     table = summary.epoch_time_table(times)
     assert list(table.columns) == ["K=1 (s)", "K=5 (s)"] and len(table) == 4
     assert (table.loc["cross_entropy"] == round(times["epoch_seconds"].iloc[0], 2)).all()
