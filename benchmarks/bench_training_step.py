@@ -49,6 +49,7 @@ def make_step(model, loss_fn, optimiser, device: torch.device, mode: str, compil
         forward = torch.compile(forward, fullgraph=True, backend=compiler, **options)
 
     def step(images, labels):
+        torch.compiler.cudagraph_mark_step_begin()  # a new step for compiled CUDA graphs (a no-op otherwise)
         loss = forward(images, labels)
         loss.backward()
         optimiser.step()

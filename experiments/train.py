@@ -193,6 +193,7 @@ def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> t
     total, count, nonzero, rows = 0.0, 0, 0, 0
     epoch_time.start()
     for images, labels in batches:
+        torch.compiler.cudagraph_mark_step_begin()  # a new step for compiled CUDA graphs (a no-op otherwise)
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         if cuda:
             images = images.contiguous(memory_format=torch.channels_last)
