@@ -56,7 +56,7 @@ endif
 venv: $(STAMP) ## Create .venv with the pinned stack (requirements.txt) and topk in editable mode
 
 test: $(STAMP) ## Run the test suite (the paper's propositions as tests) on 2 processes
-	TOPK_REQUIRE_OPTIONAL=1 HYPOTHESIS_PROFILE=ci $(PY) -m pytest -n 2 -p no:cacheprovider topk/tests data_prep/tests experiments/tests $(PYTEST_ARGS)
+	TOPK_REQUIRE_OPTIONAL=1 HYPOTHESIS_PROFILE=ci $(PY) -m pytest -n 2 -p no:cacheprovider topk/tests data_prep/tests experiments/tests benchmarks/tests $(PYTEST_ARGS)
 
 bench: $(STAMP) ## Loss benchmarks vs pytopk, the smoothed hinge's reference (REFERENCE=path) and CE (CSV in benchmarks/results/)
 	$(PY) benchmarks/bench_noised_losses.py

@@ -36,11 +36,12 @@ from data_prep.transforms import augment_and_normalise  # noqa: E402
 from experiments.batches import InMemoryBatches, order_seed  # noqa: E402
 from experiments.profiles import PAPER  # noqa: E402
 from experiments.timings import TRAIN_IMAGES  # noqa: E402
-from experiments.train import COMPILE_MODES, compile_step, device_name, git_commit, train_epoch  # noqa: E402
+from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
+from experiments.train import COMPILE_MODES, compile_step, train_epoch  # noqa: E402
 from topk.losses import build_loss  # noqa: E402
 
-FIELDS = ["device", "device_name", "model", "compile", "loss", "backend", "K", "B", "batch_size", "images", "epochs",
-          "epoch_seconds", "loss_seconds", "torch", "commit"]
+FIELDS = [*STAMP_FIELDS, "model", "compile", "loss", "backend", "K", "B", "batch_size", "images", "epochs",
+          "epoch_seconds", "loss_seconds"]
 #: The targets printed at the end (issue: the paper's experiments at GPU speed).
 EPOCH_TARGET_S, OVERHEAD_TARGET = 5.0, 0.02
 
@@ -96,7 +97,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fig3_epoch_time.csv")
     args = parser.parse_args()
     device = checked_device(parser, args.device)
-    name = device_name(device)
+    provenance = stamp(device)
+    name = provenance["device_name"]
     data = cifar_shaped(args.images, device)
     done = set()
     if args.out.exists():
@@ -106,15 +108,14 @@ def main() -> None:
           f"compile: {args.compile}", flush=True)
     measured = []
     for point in points(args.ks, args.samples, args.backends):
-        row = {"device": device.type, "device_name": name, "model": args.model, "compile": args.compile,
+        row = {**provenance, "model": args.model, "compile": args.compile,
                "batch_size": args.batch_size, "images": args.images,
                **{key: point[key] for key in ("loss", "backend", "K", "B")}}
         if _identity(row) in done:
             continue
         start = time.perf_counter()
         seconds, loss_seconds = time_point(point, args, data, device)
-        row.update(epochs=args.epochs, epoch_seconds=round(seconds, 3), loss_seconds=round(loss_seconds, 4),
-                   torch=torch.__version__, commit=git_commit())
+        row.update(epochs=args.epochs, epoch_seconds=round(seconds, 3), loss_seconds=round(loss_seconds, 4))
         append_csv_row(row, FIELDS, args.out)
         measured.append(row)
         print(f"{row['loss']:24s} {row['backend']:6s} K={str(row['K']):3s}: {seconds:8.2f} s/epoch, "

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _measure import append_csv_row, median_seconds  # noqa: E402
 
-from experiments.train import device_name  # noqa: E402
+from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
 from topk.losses import noised_hinge  # noqa: E402
 from topk.operators import CHUNK_ELEMENTS  # noqa: E402
 
@@ -41,8 +41,8 @@ GRIDS = {
     "smoke": {"batch": (8,), "n_classes": (100, 3000), "k": (1, 5), "n_samples": (3,)},
 }
 EPSILON = 1.0
-FIELDS = ["device", "device_name", "logit_scale", "batch", "n_classes", "k", "n_samples", "method", "status", "ms",
-          "floor_ms", "copy_gb_per_s"]
+FIELDS = [*STAMP_FIELDS, "logit_scale", "batch", "n_classes", "k", "n_samples", "method", "status", "ms", "floor_ms",
+          "copy_gb_per_s"]
 
 
 def _pytopk_loss():
@@ -96,15 +96,15 @@ def _done(out: Path) -> set[tuple]:
 
 
 def run(grid: dict, device: torch.device, out: Path, budget_s: float, logit_scale: float) -> None:
-    name = device_name(device)
+    provenance = stamp(device)
     bandwidth = copy_bandwidth(device)
-    print(f"{name}: copy bandwidth {bandwidth / 1e9:.0f} GB/s; torch {torch.__version__}", flush=True)
+    print(f"{provenance['device_name']}: copy bandwidth {bandwidth / 1e9:.0f} GB/s; torch {torch.__version__}", flush=True)
     done, table = _done(out), methods()
     for batch, n_classes, k, n_samples in itertools.product(*grid.values()):
         if k + 1 > n_classes:
             continue
         floor = 2 * 4 * batch * n_classes / bandwidth
-        config = {"device": device.type, "device_name": name, "logit_scale": logit_scale, "batch": batch, "n_classes": n_classes, "k": k,
+        config = {**provenance, "logit_scale": logit_scale, "batch": batch, "n_classes": n_classes, "k": k,
                   "n_samples": n_samples, "floor_ms": round(floor * 1e3, 5), "copy_gb_per_s": round(bandwidth / 1e9, 1)}
         free = _free_bytes(device)
         s = y = None

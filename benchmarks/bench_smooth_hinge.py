@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from _measure import median_seconds, peak_extra_bytes, selected_devices, write_csv
 from topk.losses import noised_hinge, smooth_hinge
-from topk.smooth_svm import log_elementary_symmetric
+from topk.elementary_symmetric import log_elementary_symmetric
 
 GRID = {"n_classes": (100, 1000, 10_000), "k": (1, 2, 5, 10, 20, 50)}
 HEADLINE = {"n_classes": (1000,), "k": (5,)}

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _fig3_setup import add_setup_arguments, checked_device, paper_model_and_optimiser, points  # noqa: E402
 from _measure import append_csv_row  # noqa: E402
 
-from experiments.train import device_name, git_commit  # noqa: E402
+from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
 from topk.losses import build_loss  # noqa: E402
 
-FIELDS = ["device", "device_name", "model", "mode", "compiler", "loss", "backend", "K", "B", "batch_size", "steps",
-          "ms_per_step", "overhead_vs_ce", "torch", "commit"]
+FIELDS = [*STAMP_FIELDS, "model", "mode", "compiler", "loss", "backend", "K", "B", "batch_size", "steps", "ms_per_step",
+          "overhead_vs_ce"]
 
 
 def make_step(model, loss_fn, optimiser, device: torch.device, mode: str, compiler: str):
@@ -88,7 +88,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "training_step.csv")
     args = parser.parse_args()
     device = checked_device(parser, args.device)
-    name = device_name(device)
+    provenance = stamp(device)
+    name = provenance["device_name"]
     generator = torch.Generator(device).manual_seed(0)
     batches = [(torch.randn(args.batch_size, 3, 32, 32, device=device, generator=generator),
                 torch.randint(0, 100, (args.batch_size,), device=device, generator=generator)) for _ in range(8)]
@@ -108,10 +109,9 @@ def main() -> None:
             ms = time_steps(step, batches, args.warmup, args.steps, device)
             ce_ms = ms if point["loss"] == "cross_entropy" else ce_ms
             overhead = ms / ce_ms - 1
-            row = {"device": device.type, "device_name": name, "model": args.model, "mode": mode,
+            row = {**provenance, "model": args.model, "mode": mode,
                    "compiler": args.compiler if mode == "compiled" else "", "batch_size": args.batch_size,
                    "steps": args.steps, "ms_per_step": round(ms, 4), "overhead_vs_ce": round(overhead, 4),
-                   "torch": torch.__version__, "commit": git_commit(),
                    **{key: point[key] for key in ("loss", "backend", "K", "B")}}
             append_csv_row(row, FIELDS, args.out)
             line = (f"{mode:8s} {row['loss']:24s} {row['backend']:5s} K={str(row['K']):3s} {ms:9.3f} ms/step  "

@@ -1,7 +1,6 @@
-"""What the notebooks share: the models, the one training loop driven by a :class:`RunConfig`, and the results store."""
+"""The paper's experiments: the training engine (:mod:`experiments.train`, driven by a
+:class:`~experiments.config.RunConfig`), the results store, the notebooks' harness, the claims and the report.
 
-from experiments.config import RunConfig
-from experiments.store import ResultsStore
-from experiments.train import evaluate, run
-
-__all__ = ["RunConfig", "ResultsStore", "run", "evaluate"]
+Importing the package loads nothing: ``python -m experiments.report`` needs neither torch's training stack nor the
+datasets. Import what you use, e.g. ``from experiments.train import run``.
+"""

@@ -7,10 +7,6 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
-import data_prep
-from experiments.models import MODELS
-from topk.losses import LOSSES
-
 SELECTION = re.compile(r"^(macro_)?top(\d+)$")
 
 
@@ -42,6 +38,10 @@ class RunConfig:
 
     def validate(self) -> None:
         """Refuse a bad value with a message naming it and what was expected."""
+        import data_prep  # the registries are imported here: reading a config needs neither torch nor the data
+        from experiments.models import MODELS
+        from topk.losses import LOSSES
+
         for name, choices in (("dataset", data_prep.DATASETS), ("model", MODELS), ("loss", LOSSES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; the {name}{'es' if name == 'loss' else 's'} are {sorted(choices)}")

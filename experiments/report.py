@@ -11,9 +11,7 @@ import argparse
 import base64
 import html
 import json
-import platform
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -26,8 +24,9 @@ from experiments import latex
 from experiments.catalogue import ITEMS, Item
 from experiments.claims import NOT_RUN, STATUSES
 from experiments.paper import CLAIMS
-from experiments.paths import BUILD, FIGURES, PROJECT_ROOT
+from experiments.paths import BUILD, FIGURES
 from experiments.profiles import get_profile
+from experiments.provenance import device_name, git_commit, versions
 
 OK, FAILED, MISSING = "ok", "failed", "not run"
 _REMOTE_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>', re.S)
@@ -104,9 +103,6 @@ def verdicts(profile: str, figures: Path, runs: list[NotebookRun]) -> list[dict]
 
 def provenance(profile: str, runs: list[NotebookRun]) -> dict:
     import torch
-    import torchvision
-
-    import topk
 
     manifests = [run.manifest for run in runs if run.manifest]
     data = sorted({d for m in manifests for d in m.get("data", [])})
@@ -115,12 +111,11 @@ def provenance(profile: str, runs: list[NotebookRun]) -> dict:
         "profile": f"{profile}: {get_profile(profile).description}",
         "data": "; ".join(data) or "none",
         "real or synthetic": _real_or_synthetic(data),
-        "git commit": _git("rev-parse", "HEAD") + (" (with uncommitted changes)" if _git("status", "--porcelain") else ""),
+        "git commit": git_commit(),
         "rendered": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "versions": f"python {platform.python_version()}, torch {torch.__version__}, torchvision "
-                    f"{torchvision.__version__}, topk {topk.__version__}",
+        "versions": ", ".join(f"{name} {version}" for name, version in versions().items()),
         "device": ", ".join(devices) or "-",
-        "machine": f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} torch threads",
+        "machine": f"{device_name('cpu')}, {torch.get_num_threads()} torch threads",
         "notebook run time": f"{sum(r.seconds or 0 for r in runs) / 60:.1f} min in total for this execution "
                              "(runs already in the results store are read back, not retrained)",
     }
@@ -249,13 +244,6 @@ def check(runs: list[NotebookRun]) -> list[str]:
 
 def _read_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def screenshot_problems(path: Path) -> list[str]:

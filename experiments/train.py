@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
-import platform
 import random
-import subprocess
 import time
 from pathlib import Path
 
@@ -24,13 +22,12 @@ import torch.distributed as dist
 from torch import nn
 
 import data_prep
-import topk
 from experiments.batches import batches, order_seed
 from experiments.config import SELECTION, RunConfig
 from experiments.models import build_model, parameter_count
-from experiments.paths import PROJECT_ROOT
+from experiments.provenance import device_name, git_commit, versions
 from experiments.store import ResultsStore
-from topk.losses import LDAM, build_loss
+from topk.losses import build_loss
 from topk.metrics import MacroTopKAccuracy, TopKAccuracy
 
 
@@ -62,7 +59,7 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
     model = build_model(config.model, splits.num_classes, **model_options).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-    loss_fn = _build_loss(config, splits.class_counts).to(device)
+    loss_fn = build_loss(config.loss, class_counts=splits.class_counts, **config.loss_options).to(device)
     optimiser = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, nesterov=True,
                                 weight_decay=config.weight_decay)
     schedule = torch.optim.lr_scheduler.MultiStepLR(optimiser, list(config.milestones), config.lr_gamma)
@@ -117,16 +114,6 @@ def compile_step(model: nn.Module, loss_fn: nn.Module, mode: str) -> tuple[nn.Mo
     so a compiled run is the eager run up to rounding."""
     options = {**torch._inductor.list_mode_options(mode), "fallback_random": True}
     return torch.compile(model, options=options), torch.compile(loss_fn, options=options, fullgraph=True)
-
-
-def _build_loss(config: RunConfig, class_counts: torch.Tensor) -> nn.Module:
-    """The registry's loss; per-class margins (LDAM, noised imbalanced) come from the training class counts."""
-    options = dict(config.loss_options)
-    if config.loss == "noised_imbalanced":
-        options.setdefault("class_counts", class_counts)
-    if config.loss == "ldam" and "max_margin" in options:
-        return LDAM.from_class_counts(class_counts, options.pop("max_margin"), **options)
-    return build_loss(config.loss, **options)
 
 
 def _seed_everything(seed: int) -> None:
@@ -240,25 +227,7 @@ def _selection_value(metrics: dict, selection: str) -> float:
     return metrics["macro_top" if macro else "top"][k]
 
 
-def git_commit() -> str:
-    """The project's checked-out commit, or "unknown" outside a git checkout."""
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def device_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU's processor (machine) name."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-
-
 def _provenance(device: torch.device, world: int, model: nn.Module) -> dict:
-    import torchvision
-
-    return {"git_commit": git_commit(), "python": platform.python_version(), "torch": torch.__version__,
-            "torchvision": torchvision.__version__, "topk": topk.__version__,
-            "device": f"{device.type}: {device_name(device)}",
+    return {"git_commit": git_commit(), **versions(), "device": f"{device.type}: {device_name(device)}",
             "processes": world, "cpu_threads": torch.get_num_threads(), "parameters": parameter_count(model),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

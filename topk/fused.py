@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
+__all__ = ["available", "perturbed_kth_largest", "MAX_K", "Z_MAX"]
+
 #: The largest |Z| that ``tl.randn4x`` can return: Box-Muller radius with the uniform clamped at 1e-7.
 Z_MAX = math.sqrt(-2.0 * math.log(1e-7))
 #: Relative slack on the pruning bound, above float32 rounding of ``s + eps z`` (2^-22 at most).

@@ -52,7 +52,8 @@ __all__ = ["top_k", "top_sum_k", "smooth_top_k", "smooth_top_sum_k"]
 
 
 def top_k(s: torch.Tensor, k: int) -> torch.Tensor:
-    """The ``k``-th largest score along the last dimension, ``top_K(s) = s_[K]``.
+    """The ``k``-th largest score along the last dimension, ``top_K(s) = s_[K]``: one value per row, in the paper's
+    notation. (Not :func:`torch.topk`, which returns the ``k`` largest scores and their indices.)
 
     Its gradient is the one-hot vector of the selected coordinate (``arg top_K(s)``).
 

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from data_prep.common import MissingDataError
-from experiments import ResultsStore, RunConfig, run
+from experiments.config import RunConfig
+from experiments.store import ResultsStore
+from experiments.train import run
 from experiments.store import DamagedStoreWarning
 from experiments.__main__ import main as experiments_main
 from experiments.models import build_model, parameter_count

@@ -29,7 +29,7 @@ from topk._validation import (
     choose_backend,
 )
 from topk.operators import exact_top, monte_carlo_top
-from topk.smooth_svm import absent_log, log_elementary_symmetric
+from topk.elementary_symmetric import absent_log, log_elementary_symmetric
 
 __all__ = [
     "zero_one_topk",
@@ -170,7 +170,7 @@ def smooth_hinge(
 
     ``z = alpha / tau + log sigma_k(e) - log sigma_{k-1}(e)``, ``e_j = exp((s_j - s_y) / (k tau))`` for ``j != y``,
 
-    where ``sigma_j`` is the j-th elementary symmetric polynomial (:mod:`topk.smooth_svm`). It is the
+    where ``sigma_j`` is the j-th elementary symmetric polynomial (:mod:`topk.elementary_symmetric`). It is the
     log-sum-exp (temperature ``tau``) smoothing of both maxima of the hard loss
     ``max_{|A|=k} [alpha 1{y not in A} + mean_A s] - max_{|A|=k, y in A} mean_A s = (alpha + (top_k(s without y) - s_y) / k)_+``,
     to which it converges as ``tau -> 0`` (their Prop. 2). ``k = 1`` uses the log-sum-exp form

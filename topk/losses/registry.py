@@ -10,9 +10,10 @@ the subsets that contain ``y`` (Berrada et al., 2018, Eq. 8).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from topk.losses import modules
@@ -31,6 +32,8 @@ class LossSpec:
     parameters: tuple[str, ...]  #: LaTeX names of its parameters, as in Table 1
     reference: str
     constructor: Callable[..., nn.Module]
+    #: whether the constructor makes per-class margins from the training set's ``class_counts`` (Eq. 13)
+    takes_class_counts: bool = False
 
 
 _SPECS = (
@@ -40,7 +43,7 @@ _SPECS = (
              r"-\ln\big(e^{s_y} / \sum_{k \in [L]} e^{s_k}\big)", (), "", modules.CrossEntropy),
     LossSpec("ldam", "LDAM", r"\ell^{m_y}_{\mathrm{LDAM}}",
              r"-\ln\big(e^{s_y - m_y} / [e^{s_y - m_y} + \sum_{k \neq y} e^{s_k}]\big)", ("m_y",),
-             "Cao et al. (2019)", modules.LDAM),
+             "Cao et al. (2019)", modules.LDAM.from_class_counts, takes_class_counts=True),
     LossSpec("focal", "Focal", r"\ell^{\gamma}_{\mathrm{focal}}",
              r"(1 - p_y)^{\gamma}\, \ell_{\mathrm{CE}}(s, y),\ p = \mathrm{softmax}(s)", (r"\gamma",),
              "Lin et al. (2017)", modules.Focal),
@@ -63,22 +66,34 @@ _SPECS = (
     LossSpec("noised_imbalanced", "Noised imbalanced hinge top-K (proposed)",
              r"\ell^{K,\epsilon,B,m_y}_{\mathrm{Noised\,imbal.}}",
              r"\big(m_y + \widehat{\mathrm{top}}_{K+1,\epsilon,B}(s) - s_y\big)_+", ("K", r"\epsilon", "B", "m_y"),
-             "Eq. (13), Garcin et al. (2022)", modules.NoisedHinge.imbalanced),
+             "Eq. (13), Garcin et al. (2022)", modules.NoisedHinge.imbalanced, takes_class_counts=True),
 )
 
 #: Every loss of Table 1, in the table's order, by registry key.
 LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in _SPECS}
 
 
-def build_loss(name: str, **parameters) -> nn.Module:
+def build_loss(name: str, class_counts: Sequence[int] | torch.Tensor | None = None, **parameters) -> nn.Module:
     """The loss module registered as ``name``, built with ``parameters``.
+
+    ``class_counts`` (training examples per class) goes to the losses that make their margins from it
+    (:attr:`LossSpec.takes_class_counts`: LDAM and the noised imbalanced loss, which need it) and is unused by the
+    others, so a training loop builds any loss with one call.
 
     >>> build_loss("noised_balanced", k=5, epsilon=0.2, n_samples=10)
     NoisedHinge(k=5, epsilon=0.2, n_samples=10, margins=1.0, generator=None, reduction=mean, backend=auto)
+    >>> build_loss("ldam", class_counts=[100, 10, 1], max_margin=0.5)
+    LDAM(margins=tensor(shape=(3,)), scale=1.0, reduction=mean)
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; the registered losses are {sorted(LOSSES)}")
-    return LOSSES[name].constructor(**parameters)
+    spec = LOSSES[name]
+    if spec.takes_class_counts:
+        if class_counts is None:
+            raise ValueError(f"the loss {name!r} makes its per-class margins from the training set: give "
+                             "class_counts=, the number of training examples of each class")
+        parameters["class_counts"] = class_counts
+    return spec.constructor(**parameters)
 
 
 def table_1() -> list[dict[str, str]]:

@@ -1,12 +1,26 @@
-"""Every ``>>>`` example in the library's docstrings runs and prints what it shows."""
+"""Every ``>>>`` example in the library's docstrings runs and prints what it shows. The modules are discovered,
+so a new module's examples are tested without being listed here."""
 
 import doctest
 import importlib
+import inspect
+import pkgutil
 
 import pytest
 
-MODULES = ["topk.operators", "topk.losses.functional", "topk.losses.modules", "topk.losses.registry",
-           "topk.metrics", "topk.layers"]
+import topk
+
+
+def _modules_with_examples() -> list[str]:
+    names = [info.name for info in pkgutil.walk_packages(topk.__path__, "topk.") if ".tests" not in info.name]
+    return [name for name in names if ">>>" in inspect.getsource(importlib.import_module(name))]
+
+
+MODULES = _modules_with_examples()
+
+
+def test_discovery_finds_the_modules_with_examples():
+    assert {"topk.operators", "topk.losses.functional", "topk.elementary_symmetric", "topk.metrics"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

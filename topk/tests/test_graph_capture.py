@@ -18,7 +18,7 @@ L, BATCH, N_SAMPLES = 12, 6, 4
 TABLE_1 = {
     "zero_one": {"k": 2},
     "cross_entropy": {},
-    "ldam": {"margins": torch.linspace(0.1, 0.5, L), "scale": 3.0},
+    "ldam": {"class_counts": list(range(1, L + 1)), "max_margin": 0.5, "scale": 3.0},
     "focal": {"gamma": 2.0},
     "lapin_hinge": {"k": 2},
     "convex_hinge": {"k": 2},

@@ -125,15 +125,20 @@ def test_class_margins_are_inverse_fourth_roots_scaled_to_the_max_margin():
     assert margins.max().item() == pytest.approx(0.4)
 
 
-def test_modules_equal_their_functions_and_move_margins_with_to():
-    s, y = _data()
-    z = torch.randn(3, BATCH, L, dtype=torch.float64)
-    module = losses.NoisedHinge.imbalanced(2, 0.5, 3, class_counts=list(range(1, L + 1)), max_margin=0.3).double()
-    assert module.margins.dtype == torch.float64 and "margins" in dict(module.named_buffers())
-    expected = losses.noised_hinge(s, y, 2, 0.5, 3, margins=losses.class_margins(list(range(1, L + 1)), 0.3).double(), noise=z)
-    torch.testing.assert_close(losses.noised_hinge(s, y, 2, 0.5, 3, margins=module.margins, noise=z), expected)
-    torch.testing.assert_close(losses.Focal(2.0)(s, y), losses.focal(s, y, 2.0))
-    torch.testing.assert_close(losses.LDAM.from_class_counts([5] * L, 0.5, scale=2.0)(s, y), losses.ldam(s, y, 0.5, scale=2.0))
+def test_modules_forward_equals_their_functions_and_to_moves_the_margins(device):
+    s, y = (t.to(device) for t in _data())
+    counts = list(range(1, L + 1))
+    module = losses.NoisedHinge.imbalanced(2, 0.5, 3, class_counts=counts, max_margin=0.3).to(device, torch.float64)
+    assert module.margins.device.type == device.type and module.margins.dtype == torch.float64
+    assert "margins" in dict(module.named_buffers())
+    margins = losses.class_margins(counts, 0.3).to(device, torch.float64)
+    torch.manual_seed(5)  # the module and the function draw the same noise from the default generator
+    expected = losses.noised_hinge(s, y, 2, 0.5, 3, margins=margins)
+    torch.manual_seed(5)
+    assert torch.equal(module.forward(s, y), expected)
+    torch.testing.assert_close(losses.Focal(2.0).to(device).forward(s, y), losses.focal(s, y, 2.0))
+    ldam = losses.LDAM.from_class_counts([5] * L, 0.5, scale=2.0).to(device)
+    torch.testing.assert_close(ldam.forward(s, y), losses.ldam(s, y, 0.5, scale=2.0))
 
 
 def test_registry_holds_every_row_of_table_1_in_order():
@@ -145,15 +150,22 @@ def test_registry_holds_every_row_of_table_1_in_order():
 
 
 @pytest.mark.parametrize("name,params", [
-    ("zero_one", {"k": 2}), ("cross_entropy", {}), ("ldam", {"margins": 0.5, "scale": 30.0}), ("focal", {"gamma": 2.0}),
+    ("zero_one", {"k": 2}), ("cross_entropy", {}), ("ldam", {"max_margin": 0.5, "scale": 30.0}), ("focal", {"gamma": 2.0}),
     ("lapin_hinge", {"k": 2}), ("convex_hinge", {"k": 2}), ("calibrated_hinge", {"k": 2}),
     ("smooth_hinge", {"k": 2, "tau": 1.0}), ("noised_balanced", {"k": 2, "epsilon": 0.2, "n_samples": 3}),
-    ("noised_imbalanced", {"k": 2, "epsilon": 0.2, "n_samples": 3, "class_counts": [3] * L, "max_margin": 0.2}),
+    ("noised_imbalanced", {"k": 2, "epsilon": 0.2, "n_samples": 3, "max_margin": 0.2}),
 ])
-def test_build_loss_gives_a_working_module(name, params):
+def test_build_loss_gives_every_loss_from_one_call_with_the_class_counts(name, params):
+    """A training loop gives every loss the class counts; those that make margins from them use them."""
     s, y = _data(dtype=torch.float32)
-    value = build_loss(name, **params)(s, y)
+    counts = torch.arange(1, L + 1)
+    loss = build_loss(name, class_counts=counts, **params)
+    value = loss(s, y)
     assert value.dim() == 0 and torch.isfinite(value)
+    if LOSSES[name].takes_class_counts:
+        torch.testing.assert_close(loss.margins, losses.class_margins(counts, params["max_margin"]))
+        with pytest.raises(ValueError, match=f"loss '{name}' makes its per-class margins .* give class_counts="):
+            build_loss(name, **params)
 
 
 def test_build_loss_errors_name_the_choices():

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from topk.losses import cross_entropy, smooth_hinge
-from topk.smooth_svm import log_elementary_symmetric
+from topk.elementary_symmetric import log_elementary_symmetric
 from topk.tests.reference import enumerated_smooth_hinge, linear_space_elementary_symmetric
 
 

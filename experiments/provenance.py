@@ -1,0 +1,64 @@
+"""Where a result came from: the commit, the versions and the device, computed here once for the run records
+(:mod:`experiments.train`), the report's provenance table (:mod:`experiments.report`) and the benchmarks' CSV rows.
+
+Importing this module loads nothing heavy; torch is imported when a function needs it.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+
+from experiments.paths import PROJECT_ROOT
+
+#: The columns :func:`stamp` adds to every benchmark CSV row.
+STAMP_FIELDS = ["device", "device_name", "commit", "python", "torch", "triton", "topk"]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def git_commit() -> str:
+    """The checked-out commit, suffixed ``-dirty`` when tracked files differ from it (as ``git describe --dirty``),
+    or ``unknown`` outside a git checkout."""
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return "unknown"
+    return commit + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def device_name(device) -> str:
+    """The GPU's name, or the CPU's processor (machine) name."""
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+
+
+def versions() -> dict[str, str]:
+    """Python's and the stack's versions; ``none`` for an optional package that is not installed."""
+    import torch
+
+    import topk
+
+    found = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("torchvision", "triton"):
+        try:
+            found[name] = __import__(name).__version__
+        except ImportError:
+            found[name] = "none"
+    return {**found, "topk": topk.__version__}
+
+
+def stamp(device) -> dict[str, str]:
+    """The :data:`STAMP_FIELDS` of a benchmark row measured on ``device``."""
+    import torch
+
+    device = torch.device(device)
+    known = {"device": device.type, "device_name": device_name(device), "commit": git_commit(), **versions()}
+    return {field: known[field] for field in STAMP_FIELDS}

@@ -1,0 +1,33 @@
+"""Provenance is computed in one module: the commit (marked when the tree differs from it), versions, device."""
+
+import subprocess
+
+import torch
+
+from experiments import provenance
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                   capture_output=True)
+
+
+def test_commit_is_marked_dirty_only_when_tracked_files_changed(tmp_path, monkeypatch):
+    monkeypatch.setattr(provenance, "PROJECT_ROOT", tmp_path)
+    assert provenance.git_commit() == "unknown"
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.txt").write_text("1")
+    _git(tmp_path, "add", "a.txt")
+    _git(tmp_path, "commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "untracked.txt").write_text("results are not code")
+    assert provenance.git_commit() == head
+    (tmp_path / "a.txt").write_text("2")
+    assert provenance.git_commit() == head + "-dirty"
+
+
+def test_stamp_has_every_field_of_a_benchmark_row():
+    stamp = provenance.stamp("cpu")
+    assert list(stamp) == provenance.STAMP_FIELDS
+    assert stamp["device"] == "cpu" and stamp["torch"] == torch.__version__ and stamp["device_name"]
+    assert set(provenance.versions()) == {"python", "torch", "torchvision", "triton", "topk"}
