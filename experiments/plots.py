@@ -1,4 +1,5 @@
-"""Figure helpers shared by the notebooks: level sets on the simplex, mean-with-interval curves, epoch times."""
+"""Figure helpers shared by the notebooks: level sets on the simplex, mean-with-interval curves, epoch times, accuracy
+and gradient sparsity against eps."""
 
 from __future__ import annotations
 
@@ -61,4 +62,42 @@ def epoch_time_against_k(times: pd.DataFrame, title: str) -> plt.Figure:
         ax.set(xlabel="K", ylabel=label)
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
+    return fig
+
+
+#: Where eps = 0 is drawn on a log axis.
+EPSILON_ZERO_AT = 1e-5
+
+
+def _log_eps(eps) -> list[float]:
+    return [max(e, EPSILON_ZERO_AT) for e in eps]
+
+
+def accuracy_against_epsilon(runs: pd.DataFrame, top5: pd.DataFrame, published: dict[float, float]) -> plt.Figure:
+    """Table 2 as a figure: each seed's best validation top-5 against eps, the seeds' mean with its 95% interval
+    (``top5``: :func:`~experiments.summary.summarise` by eps) and the paper's values dashed."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.scatter(_log_eps(runs["epsilon"]), runs["best_val_top5"], color="C0", alpha=0.35, s=14, label="ours, one seed")
+    ax.errorbar(_log_eps(top5["epsilon"]), top5["mean"], yerr=top5["half"].fillna(0), color="C0", marker="o",
+                capsize=3, label="ours, mean and 95% interval")
+    ax.plot(_log_eps(published), list(published.values()), "k--", marker="s", label="paper (thesis Table 4.2)")
+    ax.set(xscale="log", ylim=(0, 100), xlabel=f"eps (eps = 0 drawn at {EPSILON_ZERO_AT:g})",
+           ylabel="best val top-5 (%)", title="Table 2 as a figure (noised balanced, K = 5, B = 10)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def gradient_sparsity(sparsity: dict[int, pd.DataFrame], n_classes: int, published: float) -> plt.Figure:
+    """Fig. 2: mean non-zero gradient coordinates in the first epoch against eps > 0, one curve per B, eps = 0 as a
+    dotted line of the same colour, the paper's value at large eps dashed. ``sparsity``: B -> summary by eps."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for b, values in sparsity.items():
+        positive = values[values["epsilon"] > 0]
+        (line,) = ax.plot(positive["epsilon"], positive["mean"], marker="o", label=f"B = {b}")
+        ax.axhline(values.loc[values["epsilon"] == 0, "mean"].iloc[0], ls=":", color=line.get_color(),
+                   label=f"B = {b}, eps = 0")
+    ax.axhline(published, color="k", ls="--", lw=0.8, label=f"paper: about {published:g} at large eps (B = 3)")
+    ax.set(xscale="log", xlabel="eps", ylabel=f"non-zero gradient coordinates (of {n_classes})",
+           title="Fig. 2: gradient sparsity in the first epoch (noised balanced, K = 5)")
+    ax.legend(fontsize=8)
     return fig

@@ -118,3 +118,43 @@ def epoch_time_table(times: pd.DataFrame) -> pd.DataFrame:
     table.columns = [f"K={k} (s)" for k in table.columns]
     table.loc["cross_entropy"] = times[times["loss"] == "cross_entropy"]["epoch_seconds"].iloc[0]
     return table.round(2)
+
+
+def epoch_time_overheads(times: pd.DataFrame, published: dict[str, float], k: int = 5) -> pd.DataFrame:
+    """:func:`epoch_time_table` with each loss's epoch-time overhead over cross-entropy at ``k``, ours (mean epoch
+    seconds) beside the paper's (``published``: loss -> seconds, cross-entropy included); "-" where either is
+    missing."""
+    table = epoch_time_table(times)
+    means = times.dropna(subset=["K"]).astype({"K": int}).groupby(["loss", "K"])["epoch_seconds"].mean()
+    ce = times[times["loss"] == "cross_entropy"]["epoch_seconds"].mean()
+
+    def ours(loss: str) -> str:
+        return f"{means[loss, k] / ce - 1:+.1%}" if (loss, k) in means.index else "-"
+
+    def paper(loss: str) -> str:
+        if loss == "cross_entropy" or loss not in published:
+            return "-"
+        return f"{published[loss] / published['cross_entropy'] - 1:+.1%}"
+
+    table[f"ours: vs CE at K={k}"] = [ours(loss) for loss in table.index]
+    table[f"paper: vs CE at K={k}"] = [paper(loss) for loss in table.index]
+    return table
+
+
+def macro_top_k_means(runs: pd.DataFrame) -> pd.DataFrame:
+    """Claim 6's numbers: per loss and K, the seeds' mean test macro-average top-K (``mean``) and its few-shot part
+    (``few``), from the run columns ``test_macro_top<K>`` and ``test_macro_top<K>_few``."""
+    return pd.DataFrame([{"loss": loss, "K": k, "mean": part[f"test_macro_top{k}"].mean(),
+                          "few": part[f"test_macro_top{k}_few"].mean()}
+                         for (loss, k), part in runs.groupby(["loss", "K"])])
+
+
+def gradient_sparsity(runs_by_samples: dict[int, pd.DataFrame]) -> dict[int, pd.DataFrame]:
+    """Fig. 2's numbers: for each number of samples B, :func:`summarise` of the first epoch's non-zero gradient
+    coordinates per example, by eps."""
+    return {b: summarise(runs, ["epsilon"], "first_epoch_grad_nonzero") for b, runs in runs_by_samples.items()}
+
+
+def gradient_sparsity_table(sparsity: dict[int, pd.DataFrame]) -> pd.DataFrame:
+    """Fig. 2's data as a table: eps (rows) by B (columns ``B=<b>``, with its mean and number of seeds)."""
+    return pd.concat({f"B={b}": v.set_index("epsilon")[["mean", "n"]] for b, v in sparsity.items()}, axis=1).round(3)

@@ -99,3 +99,38 @@ def test_a_verdict_not_run_keeps_what_the_check_computed():
     skipped = verdict.not_run("too short")
     assert skipped.status == claims.NOT_RUN and "would have said 'not reproduced'" in skipped.evidence[0]
     assert skipped.evidence[1:] == verdict.evidence
+
+
+def test_epoch_time_overheads_put_ours_beside_the_papers_over_cross_entropy():
+    times = pd.DataFrame([("cross_entropy", None, 10.0), ("noised_balanced B=3", 1, 10.2), ("noised_balanced B=3", 5, 10.5),
+                          ("smooth_hinge", 5, 13.0)], columns=["loss", "K", "epoch_seconds"])
+    table = summary.epoch_time_overheads(times, paper.FIGURE_3["K=5"], k=5)
+    assert table.loc["noised_balanced B=3", "ours: vs CE at K=5"] == "+5.0%"
+    assert table.loc["smooth_hinge", "ours: vs CE at K=5"] == "+30.0%"
+    assert table.loc["smooth_hinge", "paper: vs CE at K=5"] == f"{81 / 65 - 1:+.1%}"
+    assert table.loc["cross_entropy", "ours: vs CE at K=5"] == table.loc["cross_entropy", "paper: vs CE at K=5"] == "-"
+    assert table.loc["noised_balanced B=3", "K=1 (s)"] == 10.2
+
+
+def test_macro_top_k_means_average_the_seeds_per_loss_and_k():
+    runs = pd.DataFrame([{"loss": "ce", "K": 1, "test_macro_top1": a, "test_macro_top1_few": b}
+                         for a, b in ((40.0, 10.0), (42.0, 14.0))])
+    assert summary.macro_top_k_means(runs).to_dict("records") == [{"loss": "ce", "K": 1, "mean": 41.0, "few": 12.0}]
+
+
+def test_gradient_sparsity_by_b_is_drawn_and_tabled():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from experiments import plots
+
+    runs = pd.DataFrame({"epsilon": [0.0, 0.0, 0.1, 1.0], "first_epoch_grad_nonzero": [2.0, 2.2, 3.0, 3.9]})
+    sparsity = summary.gradient_sparsity({3: runs, 10: runs.assign(first_epoch_grad_nonzero=5.0)})
+    table = summary.gradient_sparsity_table(sparsity)
+    assert table.loc[0.0, ("B=3", "mean")] == 2.1 and table.loc[0.0, ("B=3", "n")] == 2
+    assert table.loc[1.0, ("B=10", "mean")] == 5.0
+    figure = plots.gradient_sparsity(sparsity, 100, paper.FIGURE_2_LARGE_EPSILON_NONZERO)
+    assert len(figure.axes[0].lines) == 2 * 2 + 1  # a curve and an eps = 0 line per B, the paper's line
+    top5 = summary.summarise(runs.assign(best_val_top5=[10.0, 12.0, 90.0, 93.0]), ["epsilon"], "best_val_top5")
+    figure = plots.accuracy_against_epsilon(runs.assign(best_val_top5=1.0), top5, paper.TABLE_2)
+    assert figure.axes[0].get_xscale() == "log"
