@@ -101,9 +101,9 @@ check-report: | $(STAMP) ## Fail unless every notebook of PROFILE ran and wrote 
 lab: $(STAMP) ## Open the notebooks in JupyterLab
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/jupyter lab notebooks
 
-clean: ## Remove the virtual environment, executed notebooks, the report, generated figures and caches
+clean: ## Remove the virtual environment, executed notebooks, the report, caches and the outputs of profiles but quick (committed)
 	rm -rf $(VENV) build .pytest_cache .hypothesis
-	find figures -mindepth 1 ! -name README.md -delete 2>/dev/null || true
+	find figures -mindepth 1 -maxdepth 1 -type d ! -name quick -exec rm -rf {} +
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 clean-results: ## Remove the results stores (every trained run: the next paper-figures retrains)

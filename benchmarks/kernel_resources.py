@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from experiments.provenance import git_commit, short_commit  # noqa: E402
 from topk import fused  # noqa: E402
 
 TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
@@ -52,6 +53,7 @@ def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, 
     accumulate = "fp64" if dtype == torch.float64 else "fp32"
     signature = {
         "s_ptr": f"*{scores}", "noise_ptr": f"*{scores}", "seed_ptr": "*i64", "epsilon_ptr": f"*{accumulate}",
+        "floor_ptr": f"*{scores}",
         "out_values_ptr": f"*{accumulate}", "out_positions_ptr": "*i32",
         **dict.fromkeys(("n_rows", "n_classes", "n_samples", "row_stride", "chunk_length", "n_chunks"), "i32"),
         "reach": "fp32", "slack": "fp32",
@@ -89,8 +91,7 @@ def main() -> int:
         parser.error("unset TRITON_INTERPRET: the interpreter does not compile")
     import triton
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    commit = short_commit(git_commit())
     print(f"triton {triton.__version__} (torch {torch.__version__}, commit {commit}), kernel of topk.fused for "
           f"sm_{args.arch}: tile of {fused.TILE_ELEMENTS} values, {fused.NUM_WARPS} warps, "
           f"at most {fused.MAX_REGISTERS} registers")

@@ -1,5 +1,5 @@
 """What a notebook calls: run a grid of cells through the results store, and write its figures, tables and claim
-verdicts to ``figures/`` with the profile and the data that made them. A notebook holds parameters, calls to this
+verdicts to ``figures/<profile>/`` with the profile and the data that made them. A notebook holds parameters, calls to this
 module and presentation, nothing else.
 
     ctx = start("table3_samples", profile="quick")
@@ -24,6 +24,7 @@ from experiments.claims import Verdict
 from experiments.grids import Cell
 from experiments.paths import FIGURES, RESULTS
 from experiments.profiles import Profile, get_profile
+from experiments.provenance import git_commit, short_commit
 from experiments.store import ResultsStore
 from experiments.summary import column_labels, to_markdown
 from experiments.train import COMPILE_MODES, run
@@ -37,7 +38,7 @@ def start(notebook: str, profile: str = "smoke", *, data_root: str | None = None
     """The context of one notebook run: its profile, where results and outputs go, the device, CPU threads, the
     processes reading image folders (default: the machine's cores) and the ``torch.compile`` mode of training."""
     return Context(notebook, get_profile(profile), data_root=data_root, device=device,
-                   store=Path(store) if store else RESULTS / profile, figures=Path(figures) if figures else FIGURES,
+                   store=Path(store) if store else RESULTS / profile, figures=Path(figures) if figures else FIGURES / profile,
                    threads=threads, workers=workers, compile_mode=compile_mode)
 
 
@@ -59,6 +60,7 @@ class Context:
         self.data: list[str] = []  # descriptions of the datasets this notebook's runs used
         self.outputs: list[str] = []
         self.started = time.time()
+        self.commit = git_commit()
         (figures / "claims").mkdir(parents=True, exist_ok=True)
         (figures / "manifests").mkdir(parents=True, exist_ok=True)
         self._write_manifest()
@@ -98,23 +100,26 @@ class Context:
 
     def describe(self, setup) -> None:
         """Show what this profile trains: the data, the model and the schedule (the paper's are in the notebook's text)."""
-        options = f" {setup.model_options}" if setup.model_options else ""
-        _display_html(f"<p><b>{self.profile.name} profile:</b> {setup.dataset} {setup.dataset_options or ''}, "
-                      f"{setup.model}{options}, {setup.epochs} epochs, batch {setup.batch_size}, lr {setup.lr} "
-                      f"(/10 at {list(setup.milestones)}), weight decay {setup.weight_decay}, seeds {list(setup.seeds)}, "
-                      f"SGD with Nesterov momentum 0.9, on {self.device}.</p>")
+        config = setup.config("cross_entropy", setup.seeds[0])  # the schedule's fields every run of the setup shares
+        options = f" {config.model_options}" if config.model_options else ""
+        _display_html(f"<p><b>{self.profile.name} profile:</b> {config.dataset} {config.dataset_options or ''}, "
+                      f"{config.model}{options}, {config.epochs} epochs, batch {config.batch_size}, lr {config.lr} "
+                      f"(x{config.lr_gamma:g} at {list(config.milestones)}), weight decay {config.weight_decay}, "
+                      f"seeds {list(setup.seeds)}, SGD with Nesterov momentum {config.momentum:g}, "
+                      f"on {self.device}.</p>")
 
     # -- outputs ------------------------------------------------------------------------------------------------
     def stamp(self, data: str | None = None) -> str:
-        """The line every output carries: profile and data."""
+        """The line every output carries: profile, the commit that made it, and data."""
         used = data or (_data_line(self.data) if self.data else "no data (analytic)")
-        return f"{self.profile.name} profile · {used}"
+        return f"{self.profile.name} profile · commit {short_commit(self.commit)} · {used}"
 
     def save_figure(self, fig: plt.Figure, name: str, *, data: str | None = None) -> None:
         """``figures/<name>.png`` and ``.pdf``, with the profile and data written under the axes."""
         fig.text(0.01, 0.0, self.stamp(data), fontsize=7, color="0.35", ha="left", va="top")  # under the axes
         for suffix in ("png", "pdf"):
-            fig.savefig(self.figures / f"{name}.{suffix}", dpi=150 if suffix == "png" else None, bbox_inches="tight")
+            fig.savefig(self.figures / f"{name}.{suffix}", dpi=150 if suffix == "png" else None, bbox_inches="tight",
+                        metadata={"CreationDate": None} if suffix == "pdf" else None)  # no date: reruns differ by content only
         self._add_output(f"{name}.png", f"{name}.pdf")
 
     def save_table(self, table: pd.DataFrame, name: str, title: str, *, data: str | None = None,
@@ -132,7 +137,7 @@ class Context:
         ``data`` names evidence that did not come from this profile's runs (e.g. GPU timings)."""
         if verdict.training and not self.profile.judges_training:
             verdict = verdict.not_run(f"the {self.profile.name} profile trains too little to test a training claim")
-        payload = {**verdict.to_dict(), "profile": self.profile.name, "notebook": self.notebook,
+        payload = {**verdict.to_dict(), "profile": self.profile.name, "notebook": self.notebook, "commit": self.commit,
                    "data": self.stamp(data)}
         path = self.figures / "claims" / f"claim{verdict.claim}.json"
         path.write_text(json.dumps(payload, indent=1))
@@ -144,7 +149,7 @@ class Context:
         self._write_manifest()
 
     def _write_manifest(self) -> None:
-        manifest = {"notebook": self.notebook, "profile": self.profile.name, "device": self.device,
+        manifest = {"notebook": self.notebook, "profile": self.profile.name, "commit": self.commit, "device": self.device,
                     "data": self.data, "outputs": self.outputs, "seconds": round(time.time() - self.started, 1),
                     "threads": torch.get_num_threads(), "pid": os.getpid()}
         (self.figures / "manifests" / f"{self.notebook}.json").write_text(json.dumps(manifest, indent=1))

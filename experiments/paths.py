@@ -4,7 +4,7 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = PROJECT_ROOT / "notebooks"  #: the source notebooks, output-free
-FIGURES = PROJECT_ROOT / "figures"  #: generated figures, tables, claim verdicts and per-notebook manifests
+FIGURES = PROJECT_ROOT / "figures"  #: figures/<profile>/: generated figures, tables, claim verdicts, notebook manifests
 RESULTS = PROJECT_ROOT / "results"  #: the results store of each profile (results/<profile>), kept across reruns
 BUILD = PROJECT_ROOT / "build"  #: executed notebooks (build/<profile>/) and the rendered report (build/report/)
 BENCHMARK_RESULTS = PROJECT_ROOT / "benchmarks" / "results"  #: CSVs of the benchmark scripts, committed with the code

@@ -32,6 +32,12 @@ def git_commit() -> str:
     return commit + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def short_commit(commit: str) -> str:
+    """A commit of :func:`git_commit` in 10 hex digits, its ``-dirty`` mark kept."""
+    sha, dirty, _ = commit.partition("-dirty")
+    return sha[:10] + dirty
+
+
 def device_name(device) -> str:
     """The GPU's name, or the CPU's processor (machine) name."""
     import torch

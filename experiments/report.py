@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="quick")
     parser.add_argument("--executed", type=Path, help="executed notebooks (default: build/<profile>)")
-    parser.add_argument("--figures", type=Path, default=FIGURES)
+    parser.add_argument("--figures", type=Path, help="the notebooks' outputs (default: figures/<profile>)")
     parser.add_argument("--out", type=Path, default=BUILD / "report")
     parser.add_argument("--check", action="store_true", help="exit 1 if a notebook failed or an output is missing")
     parser.add_argument("--check-screenshot", type=Path, metavar="PNG", help="only check a screenshot of the report")
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = screenshot_problems(args.check_screenshot)
         print("\n".join(problems) or f"screenshot: {args.check_screenshot} shows the report", file=sys.stderr)
         return 1 if problems else 0
-    runs = render(args.profile, args.executed or BUILD / args.profile, args.figures, args.out)
+    runs = render(args.profile, args.executed or BUILD / args.profile, args.figures or FIGURES / args.profile, args.out)
     print(f"report: {args.out / 'index.html'}")
     problems = check(runs)
     for problem in problems:

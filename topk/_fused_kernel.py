@@ -29,7 +29,7 @@ def insert_tile(best, best_at, kth, scores, z, first_column, column_ok, sample_o
 
 @triton.jit
 def perturbed_kth_largest(
-    s_ptr, noise_ptr, seed_ptr, epsilon_ptr, out_values_ptr, out_positions_ptr,
+    s_ptr, noise_ptr, seed_ptr, epsilon_ptr, floor_ptr, out_values_ptr, out_positions_ptr,
     n_rows, n_classes, n_samples, row_stride, chunk_length, n_chunks, reach, slack,
     K: tl.constexpr, HAS_NOISE: tl.constexpr, FINAL: tl.constexpr, PRUNE: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -53,6 +53,8 @@ def perturbed_kth_largest(
     best_at = tl.zeros((BLOCK_B, BLOCK_K), tl.int32) + chunk_start
     kth = tl.min(best, axis=1)  # [BB], the current K-th largest
     has_nan = tl.zeros((QUARTER,), tl.int1)
+    if PRUNE:  # the row's hard K-th largest score: a class more than 2 eps Z_MAX below it never reaches the top
+        floor = tl.load(floor_ptr + row).to(accumulate)
     counter_base = (samples.to(tl.int64) * n_rows + row) * n_classes  # [BB], noise[b, row, :] starts here
     row_scores = s_ptr + row.to(tl.int64) * row_stride
     # a tile is four quarters of QUARTER classes; in-kernel noise: counter start/4 + q gives quarter j its z_j
@@ -73,7 +75,9 @@ def perturbed_kth_largest(
                            tl.max(tl.where(c1 < chunk_stop, s1, float("-inf")))),
                 tl.maximum(tl.max(tl.where(c2 < chunk_stop, s2, float("-inf"))),
                            tl.max(tl.where(c3 < chunk_stop, s3, float("-inf")))))
-            reachable = tile_max + reach + slack * tl.abs(tile_max) >= tl.min(tl.where(sample_ok, kth, float("inf")))
+            highest = tile_max + reach + slack * tl.abs(tile_max)  # the most any s + eps z of the tile can be
+            reachable = (highest >= tl.min(tl.where(sample_ok, kth, float("inf")))) & (
+                highest >= floor - reach - slack * tl.abs(floor))
         if reachable:
             if HAS_NOISE:
                 noise = noise_ptr + counter_base[:, None]

@@ -2,15 +2,17 @@
 
 Garcin et al. (ICML 2022) estimate ``topSigma_{K,eps}`` and ``top_{K,eps}`` by the mean over ``B`` noise
 samples of ``topSigma_K`` / ``top_K`` of ``s + eps Z_b`` (Eq. 11), with the pathwise gradient of Prop. 3.3, the
-mean of the selected one-hots (and, for the noised hinge, minus ``e_y``: Eq. 12). Three operators do it:
+mean of the selected one-hots (and, for the noised hinge, minus ``e_y``: Eq. 12). Four operators do it:
 
 - ``topk::perturbed_top``: the PyTorch path, any device; the noise is an input (``B x ... x L``);
+- ``topk::pruned_perturbed_top``: the PyTorch path on CPU, drawing bounded noise for the candidate classes only
+  (exact pruning, :mod:`topk._bounded_noise`) from a seed given as a one-element tensor;
 - ``topk::fused_perturbed_top``: the Triton kernel of :mod:`topk.fused` (CUDA; on a CPU only under Triton's
   interpreter); the noise is drawn in the kernel from a Philox seed given as a one-element device tensor,
   or given explicitly;
-- ``topk::perturbed_top_backward``: the gradient of both, a scatter of ``grad / B`` at the saved positions.
+- ``topk::perturbed_top_backward``: the gradient of all three, a scatter of ``grad / B`` at the saved positions.
 
-Each has a fake (meta) implementation, and the two forward operators a registered autograd formula, so that
+Each has a fake (meta) implementation, and the three forward operators a registered autograd formula, so that
 ``torch.compile`` traces a loss as one graph (an operator is one opaque node: no graph break) and CUDA graphs
 capture it. The operators are deterministic given their inputs; the randomness (the noise or the seed) is
 drawn by the caller from the device's generator, so a captured graph draws fresh noise at every replay.
@@ -19,12 +21,19 @@ With ``labels`` the forward operators return ``mean_b top(s + eps Z_b) - s_y``, 
 13), and the backward subtracts ``grad`` at ``y``: the loss's whole gradient is written in one pass.
 """
 
+from collections.abc import Callable
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["perturbed_top", "fused_perturbed_top", "perturbed_top_backward"]
+from topk._bounded_noise import bounded_normal, candidate_columns
+
+__all__ = ["perturbed_top", "pruned_perturbed_top", "fused_perturbed_top", "perturbed_top_backward"]
+
+#: Automatic chunking: at most this many perturbed scores are materialised at once (about 16 MB in float32); a single
+#: sample is always allowed, so memory stays O(batch x L) however large L is.
+CHUNK_ELEMENTS = 1 << 22
 
 
 def _accumulate_dtype(scores: Tensor) -> torch.dtype:
@@ -38,16 +47,10 @@ def _minus_true_scores(value: Tensor, scores: Tensor, labels: Optional[Tensor]) 
     return value.to(scores.dtype)
 
 
-@torch.library.custom_op("topk::perturbed_top", mutates_args=())
-def perturbed_top(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top: bool,
-                  labels: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """Mean over the samples of ``top_k`` (``sum_top``: ``topSigma_k``) of ``s + epsilon Z_b`` (Eq. 11).
-
-    ``scores``: ``(..., L)``; ``noise``: ``(B, ..., L)`` in the scores' dtype. ``s + eps z`` is rounded twice
-    (product, then sum), as the fused kernel does. Returns the value, shape ``(...)`` (minus ``s_y`` with
-    ``labels``), and the selected positions, int64 of shape ``(B, ..., r)`` with ``r = k`` (``sum_top``) or 1.
-    A row holding a NaN gets a NaN value (``torch.topk`` ranks NaN first).
-    """
+def _top_of_perturbed(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top: bool) -> tuple[Tensor, Tensor]:
+    """The mean over the samples of ``top_k`` (``topSigma_k``) of ``s + eps z`` in the accumulation dtype (NaN for a
+    row holding a NaN) and the selected positions, shape ``(B, ..., r)``. ``s + eps z`` is rounded twice (product,
+    then sum), as the fused kernel does."""
     accumulate = _accumulate_dtype(scores)
     perturbed = (noise * epsilon).add_(scores)  # [B, ..., L]
     values, positions = torch.topk(perturbed, k, dim=-1)  # [B, ..., L] -> [B, ..., k], sorted
@@ -56,13 +59,70 @@ def perturbed_top(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top
     else:
         selected, positions = values[..., k - 1].to(accumulate).contiguous(), positions[..., k - 1:].contiguous()
     value = selected.sum(0) / noise.shape[0]  # [B, ...] -> [...], summed in the fused operator's order
-    value = torch.where(values[..., 0].isnan().any(0), float("nan"), value)
+    return torch.where(values[..., 0].isnan().any(0), float("nan"), value), positions
+
+
+@torch.library.custom_op("topk::perturbed_top", mutates_args=())
+def perturbed_top(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top: bool,
+                  labels: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Mean over the samples of ``top_k`` (``sum_top``: ``topSigma_k``) of ``s + epsilon Z_b`` (Eq. 11).
+
+    ``scores``: ``(..., L)``; ``noise``: ``(B, ..., L)`` in the scores' dtype. Returns the value, shape ``(...)``
+    (minus ``s_y`` with ``labels``), and the selected positions, int64 of shape ``(B, ..., r)`` with ``r = k``
+    (``sum_top``) or 1. A row holding a NaN gets a NaN value (``torch.topk`` ranks NaN first).
+    """
+    value, positions = _top_of_perturbed(scores, noise, k, epsilon, sum_top)
     return _minus_true_scores(value, scores, labels), positions
 
 
 @perturbed_top.register_fake
 def _(scores, noise, k, epsilon, sum_top, labels):
     positions_shape = (noise.shape[0], *scores.shape[:-1], k if sum_top else 1)
+    return scores.new_empty(scores.shape[:-1]), scores.new_empty(positions_shape, dtype=torch.long)
+
+
+def pruned_top_of_perturbed(scores: Tensor, k: int, epsilon: float, n_samples: int, sum_top: bool,
+                            samples_per_chunk: int, draw: Callable[[int, int, Optional[Tensor]], Tensor]
+                            ) -> tuple[Tensor, Tensor]:
+    """:func:`_top_of_perturbed` with noise for the candidate classes only (:mod:`topk._bounded_noise`).
+    ``draw(start, stop, columns)`` gives samples ``start..stop`` of the noise at ``columns`` (``None``: every class),
+    shape ``(stop - start, ..., M)``; the samples are taken ``samples_per_chunk`` at a time (0: as many as keep
+    ``CHUNK_ELEMENTS`` perturbed scores)."""
+    columns = candidate_columns(scores, k, epsilon)
+    candidates = scores if columns is None else scores.gather(-1, columns)  # [..., L] -> [..., M]
+    samples_per_chunk = samples_per_chunk or max(1, CHUNK_ELEMENTS // max(1, candidates.numel()))
+    means, positions = [], []
+    for start in range(0, n_samples, samples_per_chunk):
+        stop = min(start + samples_per_chunk, n_samples)
+        mean, at = _top_of_perturbed(candidates, draw(start, stop, columns), k, epsilon, sum_top)
+        means.append((mean, stop - start))
+        positions.append(at)
+    value = means[0][0] if len(means) == 1 else sum(mean * count for mean, count in means) / n_samples
+    positions = torch.cat(positions)  # [B, ..., r], among the candidates
+    if columns is not None:
+        positions = columns.expand(n_samples, *columns.shape).gather(-1, positions)  # -> the classes' columns
+    return value, positions
+
+
+@torch.library.custom_op("topk::pruned_perturbed_top", mutates_args=(), device_types="cpu")
+def pruned_perturbed_top(scores: Tensor, seed: Tensor, k: int, epsilon: float, n_samples: int, sum_top: bool,
+                         samples_per_chunk: int, labels: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """:func:`perturbed_top` on CPU, with bounded noise drawn for the candidate classes only, from a CPU generator
+    seeded by ``seed`` (a one-element int64 tensor). The candidate count is read on the host, which costs nothing on
+    a CPU. ``samples_per_chunk``: samples drawn at once (0: as many as fit in ``CHUNK_ELEMENTS`` numbers)."""
+    generator = torch.Generator().manual_seed(int(seed))
+
+    def draw(start, stop, columns):
+        shape = (stop - start, *(scores.shape if columns is None else columns.shape))
+        return bounded_normal(shape, generator=generator, dtype=scores.dtype, device=scores.device)
+
+    value, positions = pruned_top_of_perturbed(scores, k, epsilon, n_samples, sum_top, samples_per_chunk, draw)
+    return _minus_true_scores(value, scores, labels), positions
+
+
+@pruned_perturbed_top.register_fake
+def _(scores, seed, k, epsilon, n_samples, sum_top, samples_per_chunk, labels):
+    positions_shape = (n_samples, *scores.shape[:-1], k if sum_top else 1)
     return scores.new_empty(scores.shape[:-1]), scores.new_empty(positions_shape, dtype=torch.long)
 
 
@@ -122,5 +182,5 @@ def _scatter_gradient(ctx, grad_value, grad_positions):
     return (grad_scores,) + (None,) * (ctx.n_inputs - 1)
 
 
-for _operator in (perturbed_top, fused_perturbed_top):
+for _operator in (perturbed_top, pruned_perturbed_top, fused_perturbed_top):
     _operator.register_autograd(_scatter_gradient, setup_context=_save_positions)

@@ -37,12 +37,10 @@ from dataclasses import dataclass
 
 import torch
 
+from topk._bounded_noise import PRUNE_SLACK, Z_MAX
+
 __all__ = ["available", "perturbed_kth_largest", "MAX_K", "Z_MAX"]
 
-#: The largest |Z| that ``tl.randn4x`` can return: Box-Muller radius with the uniform clamped at 1e-7.
-Z_MAX = math.sqrt(-2.0 * math.log(1e-7))
-#: Relative slack on the pruning bound, above float32 rounding of ``s + eps z`` (2^-22 at most).
-PRUNE_SLACK = 2.0**-20
 
 #: The largest K handled by the kernel; the buffer of the K largest values lives in registers.
 MAX_K = 128
@@ -173,11 +171,15 @@ def perturbed_kth_largest(
     grid = (n_rows, plan.n_chunks, math.ceil(n_samples / plan.block_samples))
     # a computed s + eps z is at most tile_max + eps Z_MAX (1 + 2u) + u |tile_max| (u: unit roundoff, <= 2^-24)
     reach = epsilon * Z_MAX * (1 + PRUNE_SLACK)
+    pruned = prune and noise is None
+    # the hard K-th largest of each row, on the device: from the first tile on, a tile entirely below it minus
+    # 2 eps Z_MAX gets no noise (before, only tiles below the running K-th largest were skipped)
+    floor = torch.topk(s, k, dim=-1).values[:, -1].contiguous() if pruned else s
     _kernel()[grid](
         s, noise.contiguous() if noise is not None else s, seed if seed is not None else positions,
-        epsilon_tensor, values, positions,
+        epsilon_tensor, floor, values, positions,
         n_rows, n_classes, n_samples, s.stride(0), plan.chunk_length, plan.n_chunks, reach, PRUNE_SLACK,
-        K=k, HAS_NOISE=noise is not None, FINAL=final, PRUNE=prune and noise is None,
+        K=k, HAS_NOISE=noise is not None, FINAL=final, PRUNE=pruned,
         BLOCK_B=plan.block_samples, BLOCK_L=plan.block_classes, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
         enable_fp_fusion=False,  # s + eps z rounded twice, as PyTorch does: no fused multiply-add
     )

@@ -20,33 +20,12 @@ the losses share, which check nothing. The Monte Carlo estimate runs on the cust
 
 from __future__ import annotations
 
-import math
-import threading
-
 import torch
 
 from topk import _ops
+from topk._bounded_noise import bounded_normal
+from topk._ops import CHUNK_ELEMENTS
 from topk._validation import check_generator, check_hyperparameter, check_int, check_noise, check_scores, choose_backend
-
-#: Automatic chunking: at most this many perturbed scores are materialised at once (about 16 MB in
-#: float32); a single sample is always allowed, so memory stays O(batch x L) however large L is.
-CHUNK_ELEMENTS = 1 << 22
-
-# PyTorch's CPU allocator does not cache: a fresh noise buffer page-faults on every call, which costs
-# about half as much as drawing the noise. Each thread keeps one CPU scratch buffer per dtype, of at
-# most CHUNK_ELEMENTS numbers (CUDA's caching allocator already does this on the GPU).
-_scratch = threading.local()
-
-
-def _noise_buffer(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    numel = math.prod(shape)
-    if like.device.type != "cpu" or numel > CHUNK_ELEMENTS:
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
-    buffers = _scratch.__dict__.setdefault("buffers", {})
-    buffer = buffers.get(like.dtype)
-    if buffer is None or buffer.numel() < numel:
-        buffer = buffers[like.dtype] = torch.empty(numel, dtype=like.dtype)
-    return buffer[:numel].view(shape)
 
 __all__ = ["top_k", "top_sum_k", "smooth_top_k", "smooth_top_sum_k"]
 
@@ -88,34 +67,39 @@ def _samples_per_chunk(n_samples: int, s: torch.Tensor, samples_per_chunk: int |
     return max(1, min(n_samples, CHUNK_ELEMENTS // max(1, s.numel())))
 
 
-def _draw_noise(shape: tuple[int, ...], s: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Standard normal draws on ``s``'s device; in eager CPU runs, into the thread's scratch buffer."""
-    if s.device.type == "cpu" and not torch.compiler.is_compiling():
-        return _noise_buffer(shape, s).normal_(generator=generator)
-    return torch.randn(shape, generator=generator, dtype=s.dtype, device=s.device)
-
-
 def monte_carlo_top(s, k, epsilon, n_samples, *, generator=None, noise=None, samples_per_chunk=None, sum_top=False,
                     labels=None, backend="torch"):
     """The Monte Carlo mean over ``n_samples`` of ``top_k`` (``sum_top``: ``topSigma_k``) of ``s + eps Z_b`` (Eq. 11),
     minus ``s_y`` when ``labels`` are given; arguments already checked, ``backend`` already chosen.
 
-    The PyTorch path draws the noise a chunk of samples at a time (memory ``O(samples_per_chunk x s.numel())``); the
-    Triton path (``k``-th largest only) draws one Philox seed on the scores' device. Neither reads the device.
+    Without explicit ``noise``, both paths draw the bounded noise of :mod:`topk._bounded_noise` and prune exactly: the
+    Triton path in the kernel, from one Philox seed; the PyTorch path on CPU draws noise for the candidate classes
+    only, from one seed. Both seeds are drawn from ``generator`` on the scores' device. On CUDA the PyTorch path draws
+    noise for every class, a chunk of samples at a time (memory ``O(samples_per_chunk x s.numel())``): sizing the
+    candidates would read the device. Explicit ``noise`` is used as given, for every class. Nothing reads the device.
     """
     if backend == "triton":
-        seed = None if noise is not None else torch.randint(0, 2**62, (1,), generator=generator, device=s.device)
+        seed = None if noise is not None else _seed(generator, s)
         return _ops.fused_perturbed_top(s, seed, noise, k, epsilon, n_samples, labels)[0]
+    if noise is None and s.device.type == "cpu":
+        return _ops.pruned_perturbed_top(s, _seed(generator, s), k, epsilon, n_samples, sum_top,
+                                         samples_per_chunk or 0, labels)[0]
     chunk = _samples_per_chunk(n_samples, s, samples_per_chunk)
-    if chunk >= n_samples:
-        z = noise if noise is not None else _draw_noise((n_samples, *s.shape), s, generator)
-        return _ops.perturbed_top(s, z, k, epsilon, sum_top, labels)[0]
     total = 0.0
     for start in range(0, n_samples, chunk):
         stop = min(start + chunk, n_samples)
-        z = noise[start:stop] if noise is not None else _draw_noise((stop - start, *s.shape), s, generator)
-        total = total + _ops.perturbed_top(s, z, k, epsilon, sum_top, labels)[0] * ((stop - start) / n_samples)
+        z = noise[start:stop] if noise is not None else bounded_normal(
+            (stop - start, *s.shape), generator=generator, dtype=s.dtype, device=s.device)
+        part = _ops.perturbed_top(s, z, k, epsilon, sum_top, labels)[0]
+        if chunk >= n_samples:
+            return part
+        total = total + part * ((stop - start) / n_samples)
     return total
+
+
+def _seed(generator: torch.Generator | None, s: torch.Tensor) -> torch.Tensor:
+    """A one-element int64 seed drawn from ``generator`` (default: the device's) on ``s``'s device."""
+    return torch.randint(0, 2**62, (1,), generator=generator, device=s.device)
 
 
 def _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, sum_top, backend="torch"):

@@ -9,7 +9,7 @@ import torch
 
 from data_prep import MissingDataError
 from experiments import analytic, catalogue, grids, harness, latex, report
-from experiments import paths
+from experiments import paths, provenance
 from experiments.paths import NOTEBOOKS
 from experiments.profiles import PROFILES, QUICK, SMOKE
 
@@ -58,15 +58,26 @@ def test_a_diverged_run_is_a_row_not_a_failed_notebook(tmp_path, monkeypatch):
     assert list(frame["status"]) == ["diverged", "diverged"] and "NaN" in frame["error"].iloc[0]
 
 
-def test_a_smoke_run_writes_its_outputs_with_profile_and_data(tmp_path):
+def test_the_description_of_a_setup_reads_the_schedule_from_its_config(tmp_path, monkeypatch):
+    shown = []
+    monkeypatch.setattr(harness, "_display_html", shown.append)
+    ctx = harness.start("table3_samples", "smoke", store=tmp_path / "store", figures=tmp_path / "figures")
+    config = ctx.profile.cifar.config("cross_entropy", 0)
+    ctx.describe(ctx.profile.cifar)
+    assert f"momentum {config.momentum:g}," in shown[0] and f"(x{config.lr_gamma:g} at {list(config.milestones)})" in shown[0]
+
+
+def test_a_smoke_run_writes_its_outputs_with_profile_commit_and_data(tmp_path):
     ctx = harness.start("table3_samples", "smoke", store=tmp_path / "store", figures=tmp_path / "figures")
     frame = ctx.run(grids.table3(SMOKE)[:1], progress=False)
     assert frame["status"].iloc[0] == "done" and 0 <= frame["test_top5"].iloc[0] <= 100
     ctx.save_table(frame[["B", "test_top5"]].set_index("B"), "t", "a title", show=False)
     markdown = (tmp_path / "figures" / "t.md").read_text()
-    assert markdown.startswith("**a title**") and "smoke profile · synthetic CIFAR-100-like" in markdown
+    commit = provenance.git_commit()
+    assert markdown.startswith("**a title**")
+    assert f"smoke profile · commit {provenance.short_commit(commit)} · synthetic CIFAR-100-like" in markdown
     manifest = json.loads((tmp_path / "figures" / "manifests" / "table3_samples.json").read_text())
-    assert manifest["outputs"] == ["t.csv", "t.md"] and manifest["profile"] == "smoke"
+    assert manifest["outputs"] == ["t.csv", "t.md"] and manifest["profile"] == "smoke" and manifest["commit"] == commit
 
 
 def _executed(path, outputs):

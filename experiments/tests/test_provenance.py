@@ -24,6 +24,7 @@ def test_commit_is_marked_dirty_only_when_tracked_files_changed(tmp_path, monkey
     assert provenance.git_commit() == head
     (tmp_path / "a.txt").write_text("2")
     assert provenance.git_commit() == head + "-dirty"
+    assert provenance.short_commit(head + "-dirty") == head[:10] + "-dirty" and provenance.short_commit(head) == head[:10]
 
 
 def test_stamp_has_every_field_of_a_benchmark_row():

@@ -176,6 +176,14 @@ def test_perturbed_top_operator_passes_opcheck(sum_top, with_labels):
     torch.library.opcheck(_ops.perturbed_top, (s.requires_grad_(), noise, 3, 0.7, sum_top, y if with_labels else None))
 
 
+@pytest.mark.parametrize("sum_top, with_labels", [(False, False), (True, False), (False, True)])
+def test_pruned_operator_passes_opcheck(sum_top, with_labels):
+    s, _, y = _operator_samples()
+    seed = torch.tensor([5])
+    torch.library.opcheck(_ops.pruned_perturbed_top, (10 * s.requires_grad_(), seed, 3, 0.2, 4, sum_top, 0,
+                                                      y if with_labels else None))
+
+
 def test_backward_operator_passes_opcheck():
     s, noise, y = _operator_samples()
     _, positions = _ops.perturbed_top(s, noise, 3, 0.7, True, None)
