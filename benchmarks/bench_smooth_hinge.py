@@ -35,15 +35,18 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from _measure import median_seconds, peak_extra_bytes, selected_devices, write_csv
-from topk.losses import noised_hinge, smooth_hinge
-from topk.elementary_symmetric import log_elementary_symmetric
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _measure import median_seconds, peak_extra_bytes, selected_devices, write_csv  # noqa: E402
+
+from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
+from topk.elementary_symmetric import log_elementary_symmetric  # noqa: E402
+from topk.losses import noised_hinge, smooth_hinge  # noqa: E402
 
 GRID = {"n_classes": (100, 1000, 10_000), "k": (1, 2, 5, 10, 20, 50)}
 HEADLINE = {"n_classes": (1000,), "k": (5,)}
 BATCH, TAU, ALPHA = 128, 1.0, 1.0
 ERROR_SCALES = (1, 20)
-FIELDS = ["device", "batch", "n_classes", "k", "method", "status", "ms", "peak_extra_mb",
+FIELDS = [*STAMP_FIELDS, "batch", "n_classes", "k", "method", "status", "ms", "peak_extra_mb",
           *(f"grad_error_x{scale}" for scale in ERROR_SCALES)]
 
 
@@ -130,12 +133,14 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
     rows = []
     svm = import_reference(reference) if reference is not None else None
     for device in devices:
+        provenance = stamp(device)
         for n_classes, k in itertools.product(*grid.values()):
             config = {"device": device.type, "batch": BATCH, "n_classes": n_classes, "k": k}
             methods = _methods(k, n_classes, device, svm)
             exact = {scale: _exact_gradient(device, n_classes, k, scale) for scale in ERROR_SCALES}
             if reference is not None and "reference" not in methods:
-                rows.append({**config, "method": "reference", "status": "skipped: needs L >= k + int(1 + 0.2 k)"})
+                rows.append({**provenance, **config, "method": "reference",
+                             "status": "skipped: needs L >= k + int(1 + 0.2 k)"})
             s, y = _inputs(device, n_classes)
             result = {}
             for name, loss in methods.items():
@@ -147,7 +152,7 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
                     errors = {f"grad_error_x{c}": _gradient_error(loss, exact[c], device, n_classes, c)
                               for c in ERROR_SCALES}
                 result[name] = (seconds, peak, errors)
-                rows.append({**config, "method": name, "status": "ok", "ms": round(seconds * 1e3, 4),
+                rows.append({**provenance, **config, "method": name, "status": "ok", "ms": round(seconds * 1e3, 4),
                              "peak_extra_mb": round(peak / 2**20, 2), **errors})
             line = ", ".join(f"{name} {t * 1e3:7.2f} ms {m / 2**20:6.1f} MB" for name, (t, m, _) in result.items())
             errors = " | grad error (x1, x20) " + ", ".join(

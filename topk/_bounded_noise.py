@@ -34,10 +34,12 @@ def slack(dtype: torch.dtype) -> float:
     return max(PRUNE_SLACK, 8 * torch.finfo(dtype).eps)
 
 
-def bounded_normal(shape: tuple[int, ...], *, generator: torch.Generator | None, dtype: torch.dtype,
-                   device: torch.device) -> torch.Tensor:
-    """Standard normal draws clamped at ``+-Z_MAX``, the noise of the PyTorch path."""
-    return torch.randn(shape, generator=generator, dtype=dtype, device=device).clamp_(-Z_MAX, Z_MAX)
+def bounded_normal(shape: tuple[int, ...], *, generator: torch.Generator | None, dtype: torch.dtype | None = None,
+                   device: torch.device | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Standard normal draws clamped at ``+-Z_MAX``, the noise of the PyTorch path; into ``out`` when given."""
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=device)
+    return out.normal_(generator=generator).clamp_(-Z_MAX, Z_MAX)
 
 
 def candidate_threshold(s: torch.Tensor, k: int, epsilon: float) -> torch.Tensor:

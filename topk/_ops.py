@@ -21,6 +21,8 @@ With ``labels`` the forward operators return ``mean_b top(s + eps Z_b) - s_y``, 
 13), and the backward subtracts ``grad`` at ``y``: the loss's whole gradient is written in one pass.
 """
 
+import math
+import threading
 from collections.abc import Callable
 from typing import Optional
 
@@ -35,6 +37,20 @@ __all__ = ["perturbed_top", "pruned_perturbed_top", "fused_perturbed_top", "pert
 #: sample is always allowed, so memory stays O(batch x L) however large L is.
 CHUNK_ELEMENTS = 1 << 22
 
+# PyTorch's CPU allocator does not cache: a fresh noise buffer page-faults on every call, which costs about half as
+# much as drawing the noise. Each thread keeps one CPU scratch buffer per dtype for the noise of
+# ``pruned_perturbed_top``, which it overwrites with the perturbed scores (CUDA's caching allocator needs none).
+_scratch_buffers = threading.local()
+
+
+def _scratch(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    numel = math.prod(shape)
+    buffers = _scratch_buffers.__dict__.setdefault("buffers", {})
+    buffer = buffers.get(dtype)
+    if buffer is None or buffer.numel() < numel:
+        buffer = buffers[dtype] = torch.empty(numel, dtype=dtype)
+    return buffer[:numel].view(shape)
+
 
 def _accumulate_dtype(scores: Tensor) -> torch.dtype:
     return torch.promote_types(scores.dtype, torch.float32)
@@ -47,12 +63,13 @@ def _minus_true_scores(value: Tensor, scores: Tensor, labels: Optional[Tensor]) 
     return value.to(scores.dtype)
 
 
-def _top_of_perturbed(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top: bool) -> tuple[Tensor, Tensor]:
+def _top_of_perturbed(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top: bool,
+                      overwrite_noise: bool = False) -> tuple[Tensor, Tensor]:
     """The mean over the samples of ``top_k`` (``topSigma_k``) of ``s + eps z`` in the accumulation dtype (NaN for a
     row holding a NaN) and the selected positions, shape ``(B, ..., r)``. ``s + eps z`` is rounded twice (product,
-    then sum), as the fused kernel does."""
+    then sum), as the fused kernel does; ``overwrite_noise``: computed in ``noise``'s memory."""
     accumulate = _accumulate_dtype(scores)
-    perturbed = (noise * epsilon).add_(scores)  # [B, ..., L]
+    perturbed = (noise.mul_(epsilon) if overwrite_noise else noise * epsilon).add_(scores)  # [B, ..., L]
     values, positions = torch.topk(perturbed, k, dim=-1)  # [B, ..., L] -> [B, ..., k], sorted
     if sum_top:
         selected = values.sum(-1, dtype=accumulate)
@@ -82,8 +99,8 @@ def _(scores, noise, k, epsilon, sum_top, labels):
 
 
 def pruned_top_of_perturbed(scores: Tensor, k: int, epsilon: float, n_samples: int, sum_top: bool,
-                            samples_per_chunk: int, draw: Callable[[int, int, Optional[Tensor]], Tensor]
-                            ) -> tuple[Tensor, Tensor]:
+                            samples_per_chunk: int, draw: Callable[[int, int, Optional[Tensor]], Tensor],
+                            overwrite_noise: bool = False) -> tuple[Tensor, Tensor]:
     """:func:`_top_of_perturbed` with noise for the candidate classes only (:mod:`topk._bounded_noise`).
     ``draw(start, stop, columns)`` gives samples ``start..stop`` of the noise at ``columns`` (``None``: every class),
     shape ``(stop - start, ..., M)``; the samples are taken ``samples_per_chunk`` at a time (0: as many as keep
@@ -94,7 +111,7 @@ def pruned_top_of_perturbed(scores: Tensor, k: int, epsilon: float, n_samples: i
     means, positions = [], []
     for start in range(0, n_samples, samples_per_chunk):
         stop = min(start + samples_per_chunk, n_samples)
-        mean, at = _top_of_perturbed(candidates, draw(start, stop, columns), k, epsilon, sum_top)
+        mean, at = _top_of_perturbed(candidates, draw(start, stop, columns), k, epsilon, sum_top, overwrite_noise)
         means.append((mean, stop - start))
         positions.append(at)
     value = means[0][0] if len(means) == 1 else sum(mean * count for mean, count in means) / n_samples
@@ -114,9 +131,10 @@ def pruned_perturbed_top(scores: Tensor, seed: Tensor, k: int, epsilon: float, n
 
     def draw(start, stop, columns):
         shape = (stop - start, *(scores.shape if columns is None else columns.shape))
-        return bounded_normal(shape, generator=generator, dtype=scores.dtype, device=scores.device)
+        return bounded_normal(shape, generator=generator, out=_scratch(shape, scores.dtype))
 
-    value, positions = pruned_top_of_perturbed(scores, k, epsilon, n_samples, sum_top, samples_per_chunk, draw)
+    value, positions = pruned_top_of_perturbed(scores, k, epsilon, n_samples, sum_top, samples_per_chunk, draw,
+                                               overwrite_noise=True)
     return _minus_true_scores(value, scores, labels), positions
 
 
