@@ -34,7 +34,7 @@ PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-pr
 	$(if $(WORKERS),-p workers $(WORKERS)) $(if $(COMPILE),-p compile_mode $(COMPILE))
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test bench bench-gpu kernel-resources paper-figures notebooks report check-report lab clean clean-results
+.PHONY: help venv test bench bench-gpu readme kernel-resources paper-figures notebooks report check-report lab clean clean-results
 
 help: ## List the targets
 	@grep -E '^[a-z][a-zA-Z_-]*:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
@@ -61,6 +61,10 @@ test: $(STAMP) ## Run the test suite (the paper's propositions as tests) on 2 pr
 bench: $(STAMP) ## Loss benchmarks vs pytopk, the smoothed hinge's reference (REFERENCE=path) and CE (CSV in benchmarks/results/)
 	$(PY) benchmarks/bench_noised_losses.py
 	$(PY) benchmarks/bench_smooth_hinge.py $(if $(REFERENCE),--reference $(REFERENCE))
+	$(MAKE) --no-print-directory readme
+
+readme: | $(STAMP) ## Regenerate the README's numbers from the committed results (figures/quick, benchmarks/results)
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.readme
 
 bench-gpu: $(STAMP) ## On a CUDA machine: the fused kernel's grid and Fig. 3 in GPU seconds (CSV in benchmarks/results/)
 	$(PY) benchmarks/bench_fused_kernel.py --device cuda
@@ -72,6 +76,7 @@ kernel-resources: $(STAMP) ## Compile the fused kernel for sm_90a (no GPU needed
 paper-figures: $(STAMP) ## Run every notebook [PROFILE=quick|smoke|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
 	@status=0; $(MAKE) --no-print-directory -k notebooks || status=$$?; \
 	$(MAKE) --no-print-directory report; \
+	if [ "$(PROFILE)" = quick ]; then $(MAKE) --no-print-directory readme; fi; \
 	if [ $$status -ne 0 ]; then echo "paper-figures: some notebooks failed (see above and the report)"; fi; exit $$status
 
 notebooks: $(EXECUTED)

@@ -1,0 +1,204 @@
+"""The README's numbers, generated from committed results: no number in a generated block is typed by hand.
+
+A block is the text between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->`` in ``README.md``; :data:`BLOCKS`
+says what writes each, from the default profile's verdicts (``figures/quick/claims/``) and the benchmarks' CSVs and
+reports (``benchmarks/results/``), each row stamped with its device, commit and versions.
+
+    python -m experiments.readme            # rewrite the blocks
+    python -m experiments.readme --check    # exit 1 if a block differs from what the committed results give
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from experiments.paper import CLAIMS
+from experiments.paths import BENCHMARK_RESULTS, FIGURES, PROJECT_ROOT
+from experiments.provenance import short_commit
+
+README = PROJECT_ROOT / "README.md"
+#: The profile whose outputs are committed and summarised.
+DEFAULT_PROFILE = "quick"
+#: The configuration of the CPU headline (``bench_noised_losses.py --headline``) and its target, pytopk / topk.
+NOISED_HEADLINE = {"logit_scale": "2.0", "epsilon": "0.2", "batch": "128", "n_classes": "1000", "k": "5", "n_samples": "10"}
+SPEEDUP_TARGET = 10.0
+#: The smoothed hinge's headline (``bench_smooth_hinge.py --headline``).
+SMOOTH_HEADLINE = {"batch": "128", "n_classes": "1000", "k": "5"}
+GPU_CSVS = ("training_step.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def _stamp(row: dict) -> str:
+    return (f"{row['device_name']} ({row['device']}), torch {row['torch']}, triton {row['triton']}, "
+            f"commit {short_commit(row['commit'])}")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def verdicts(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
+    """The verdict on each claim at the default profile, from ``claims/claim<N>.json``."""
+    lines = ["| # | the paper says | verdict | the numbers |", "|---|---|---|---|"]
+    stamps = set()
+    for claim in CLAIMS:
+        path = figures / "claims" / f"claim{claim.number}.json"
+        if not path.exists():
+            lines.append(f"| {claim.number} | {_cell(claim.text)} | not run | no `claims/{path.name}` |")
+            continue
+        verdict = json.loads(path.read_text())
+        stamps.add(f"commit {short_commit(verdict.get('commit', 'unknown'))}")
+        evidence = "; ".join(verdict["evidence"])
+        lines.append(f"| {claim.number} | {_cell(claim.text)} | {verdict['status']} | {_cell(evidence)} |")
+    made = ", ".join(sorted(stamps)) or "nothing yet"
+    return "\n".join(lines) + f"\n\n*From `figures/{DEFAULT_PROFILE}/claims/` ({DEFAULT_PROFILE} profile, {made}).*"
+
+
+def noised_headline(results: Path = BENCHMARK_RESULTS) -> str:
+    """Forward + backward of the noised loss, pytopk and cross-entropy at the CPU headline configuration."""
+    rows = [r for r in _rows(results / "noised_losses.csv") if r["status"] == "ok" and r["device"] == "cpu"
+            and all(r[key] == value for key, value in NOISED_HEADLINE.items())]
+    if not rows:
+        return "*No CPU headline in `benchmarks/results/noised_losses.csv`: run `make bench`.*"
+    by_method = {r["method"]: r for r in rows}
+    methods = [m for m in ("topk", "pytopk", "cross_entropy") if m in by_method]
+    lines = ["| | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods),
+             "| forward + backward (ms) | " + " | ".join(f"{float(by_method[m]['ms']):.2f}" for m in methods) + " |",
+             "| peak extra memory (MB) | " + " | ".join(by_method[m]["peak_extra_mb"] for m in methods) + " |"]
+    text = "\n".join(lines) + "\n\n"
+    if "pytopk" in by_method:
+        speedup = float(by_method["pytopk"]["ms"]) / float(by_method["topk"]["ms"])
+        text += (f"pytopk / topk = x{speedup:.1f} (target x{SPEEDUP_TARGET:g}: "
+                 f"{'met' if speedup >= SPEEDUP_TARGET else 'not met'}). ")
+    return text + f"*{_stamp(rows[0])}.*"
+
+
+def smooth_headline(results: Path = BENCHMARK_RESULTS) -> str:
+    """Forward + backward, memory and float32 gradient error of the smoothed hinge against its reference."""
+    rows = [r for r in _rows(results / "smooth_hinge.csv") if r["status"] == "ok" and r["device"] == "cpu"
+            and all(r[key] == value for key, value in SMOOTH_HEADLINE.items())]
+    if not rows:
+        return "*No CPU headline in `benchmarks/results/smooth_hinge.csv`: run `make bench REFERENCE=path`.*"
+    by_method = {r["method"]: r for r in rows}
+    methods = [m for m in ("smooth_hinge", "reference", "noised", "cross_entropy") if m in by_method]
+    errors = {m: " / ".join(f"{float(by_method[m][c]):.1e}" for c in ("grad_error_x1", "grad_error_x20"))
+              if by_method[m].get("grad_error_x1") else "" for m in methods}
+    lines = ["| | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods),
+             "| forward + backward (ms) | " + " | ".join(f"{float(by_method[m]['ms']):.2f}" for m in methods) + " |",
+             "| peak extra memory (MB) | " + " | ".join(by_method[m]["peak_extra_mb"] for m in methods) + " |",
+             "| gradient error, x1 / x20 | " + " | ".join(errors[m] for m in methods) + " |"]
+    text = "\n".join(lines) + "\n\n"
+    if "reference" in by_method:
+        speedup = float(by_method["reference"]["ms"]) / float(by_method["smooth_hinge"]["ms"])
+        text += f"The reference / ours = x{speedup:.1f}. "
+    if {"esp_autograd", "esp_saved_weights"} <= set(by_method):
+        ratio = float(by_method["esp_autograd"]["ms"]) / float(by_method["esp_saved_weights"]["ms"])
+        text += f"Autograd through the recursion / our saved-weights backward = x{ratio:.1f}. "
+    return text + f"*{_stamp(rows[0])}.*"
+
+
+def kernel_resources(results: Path = BENCHMARK_RESULTS) -> str:
+    """Registers and spills of the fused kernel for sm_90a, from the committed ``kernel_resources_*.txt``."""
+    lines = []
+    for path in sorted(results.glob("kernel_resources_sm90_triton-*.txt")):
+        header, _, *table = path.read_text().splitlines()
+        registers = [int(line.split()[-3]) for line in table if line.strip()]
+        spills = [line.split()[-2] for line in table if line.strip()]
+        spilled = [s for s in spills if s != "0/0"]
+        lines.append(f"- {header.split(', kernel')[0]}: {min(registers)}-{max(registers)} registers per thread, "
+                     f"{'spills ' + ', '.join(spilled) if spilled else 'no spill'} (`{path.name}`)")
+    return "\n".join(lines) or "*No kernel resource report in `benchmarks/results/`.*"
+
+
+def gpu_results(results: Path = BENCHMARK_RESULTS) -> str:
+    """What the committed GPU measurements say, or that there are none."""
+    parts = []
+    step = [r for r in _rows(results / "training_step.csv") if r["device"] == "cuda"]
+    for row in step:
+        if row["loss"] != "cross_entropy":
+            parts.append(f"- training step, {row['mode']}, {row['loss']} ({row['backend']}, K = {row['K']}): "
+                         f"{float(row['ms_per_step']):.2f} ms, {100 * float(row['overhead_vs_ce']):+.1f}% over CE "
+                         f"({_stamp(row)})")
+    epochs = [r for r in _rows(results / "fig3_epoch_time.csv") if r["device"] == "cuda"]
+    for row in epochs:
+        parts.append(f"- whole epoch ({row['compile']}), {row['loss']} ({row['backend']}, K = {row['K']}): "
+                     f"{float(row['epoch_seconds']):.2f} s ({_stamp(row)})")
+    kernel = [r for r in _rows(results / "fused_kernel.csv") if r["device"] == "cuda" and r["method"] == "fused"
+              and r["status"] == "ok"]
+    if kernel:
+        worst = max(kernel, key=lambda r: float(r["ms"]) / float(r["floor_ms"]))
+        parts.append(f"- fused kernel: {len(kernel)} configurations, at worst x"
+                     f"{float(worst['ms']) / float(worst['floor_ms']):.1f} its memory floor ({_stamp(worst)})")
+    if not parts:
+        return ("*No GPU measurement is committed yet: " + ", ".join(f"`benchmarks/results/{name}`" for name in GPU_CSVS)
+                + " hold no CUDA row.*")
+    return "\n".join(parts)
+
+
+#: Each generated block of the README and what writes it.
+BLOCKS: dict[str, Callable[[], str]] = {
+    "verdicts": verdicts,
+    "noised-headline": noised_headline,
+    "smooth-headline": smooth_headline,
+    "kernel-resources": kernel_resources,
+    "gpu-results": gpu_results,
+}
+
+
+def _pattern(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- generated: {re.escape(name)} -->)(.*?)(<!-- end: {re.escape(name)} -->)", re.S)
+
+
+def regenerate(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
+    """``text`` with every block rewritten; a block missing from ``text`` is an error naming it."""
+    for name, write in blocks.items():
+        pattern = _pattern(name)
+        if not pattern.search(text):
+            raise ValueError(f"README.md has no block {name!r}: add '<!-- generated: {name} -->' and "
+                             f"'<!-- end: {name} -->' where it goes")
+        content = "\n" + write() + "\n"
+        text = pattern.sub(lambda match: match.group(1) + content + match.group(3), text)
+    return text
+
+
+def stale_blocks(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> list[str]:
+    """The blocks of ``text`` that differ from what the committed results give."""
+    return [name for name in blocks if _pattern(name).search(regenerate(text, {name: blocks[name]})).group(2)
+            != _pattern(name).search(text).group(2)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.readme", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a generated block is out of date")
+    args = parser.parse_args(argv)
+    text = README.read_text()
+    try:
+        regenerate(text)
+    except ValueError as error:
+        print(f"README.md: {error}", file=sys.stderr)
+        return 1
+    if args.check:
+        stale = stale_blocks(text)
+        if stale:
+            print(f"README.md: blocks {stale} differ from the committed results: run python -m experiments.readme",
+                  file=sys.stderr)
+        return 1 if stale else 0
+    README.write_text(regenerate(text))
+    print(f"README.md: {len(BLOCKS)} blocks regenerated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

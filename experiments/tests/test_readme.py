@@ -1,0 +1,49 @@
+"""The README's numbers are generated from committed results (:mod:`experiments.readme`): the committed README
+matches them, and a changed result makes its block stale."""
+
+import json
+import shutil
+
+from experiments import readme
+from experiments.paths import FIGURES
+
+
+def test_the_committed_readme_matches_the_committed_results():
+    assert readme.stale_blocks(readme.README.read_text()) == []
+
+
+def test_a_changed_verdict_makes_the_verdict_block_stale(tmp_path):
+    figures = tmp_path / "quick"
+    (figures / "claims").mkdir(parents=True)
+    source = FIGURES / "quick" / "claims"
+    for path in source.glob("claim*.json") if source.exists() else []:
+        shutil.copy(path, figures / "claims" / path.name)
+    verdict = {"claim": 3, "status": "reproduced", "evidence": ["✓ B = 1 to 100 within 0.5"], "commit": "a" * 40}
+    (figures / "claims" / "claim3.json").write_text(json.dumps(verdict))
+    blocks = {"verdicts": lambda: readme.verdicts(figures)}
+    text = readme.regenerate(readme.README.read_text(), blocks)
+    assert "| 3 | B has little impact on accuracy; a small B (3 to 10) is enough | reproduced | ✓ B = 1 to 100" in text
+    assert readme.stale_blocks(text, blocks) == []
+    verdict["status"] = "not reproduced"
+    (figures / "claims" / "claim3.json").write_text(json.dumps(verdict))
+    assert readme.stale_blocks(text, blocks) == ["verdicts"]
+
+
+def test_headline_block_reads_the_csv_with_its_stamp(tmp_path):
+    fields = {"device": "cpu", "device_name": "test-cpu", "commit": "b" * 40, "python": "3", "torch": "9.9",
+              "triton": "none", "topk": "0", **readme.NOISED_HEADLINE, "status": "ok", "peak_extra_mb": "1.0"}
+    rows = [{**fields, "method": "topk", "ms": "2.0"}, {**fields, "method": "pytopk", "ms": "30.0"}]
+    with (tmp_path / "noised_losses.csv").open("w") as handle:
+        handle.write(",".join(rows[0]) + "\n" + "\n".join(",".join(r.values()) for r in rows) + "\n")
+    text = readme.noised_headline(tmp_path)
+    assert "pytopk / topk = x15.0 (target x10: met)" in text and "test-cpu (cpu), torch 9.9" in text
+    assert "commit bbbbbbbbbb" in text
+
+
+def test_a_readme_without_a_block_is_a_clear_error():
+    try:
+        readme.regenerate("no blocks here")
+    except ValueError as error:
+        assert "has no block 'verdicts'" in str(error)
+    else:
+        raise AssertionError("a README without its blocks was accepted")
