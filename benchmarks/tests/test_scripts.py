@@ -58,8 +58,9 @@ def test_fused_kernel_benchmark_appends_each_configuration_once(tmp_path):
     rows = _rows(out)
     methods = {row["method"] for row in rows}
     assert {"fused", "torch", "cross_entropy"} <= methods
-    assert len(rows) == 4 * len(methods)  # 2 class counts x 2 values of k, each method once
-    assert all(row["status"] == "ok" and float(row["ms"]) > 0 for row in rows)
+    assert len(rows) == 8 * len(methods)  # 2 kinds of input x 2 class counts x 2 values of k, each method once
+    assert all(row["status"] == "ok" and float(row["ms"]) > 0 and float(row["noise_floor_ms"]) > 0 for row in rows)
+    assert {(row["logit_scale"], row["epsilon"]) for row in rows} == {("1.0", "1.0"), ("20.0", "0.01")}
 
 
 def test_epoch_time_benchmark_is_read_back_drawn_and_judged(tmp_path):
