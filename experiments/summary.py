@@ -94,11 +94,24 @@ def select(runs: pd.DataFrame, **where) -> pd.DataFrame:
     return runs[mask]
 
 
-def estimate(runs: pd.DataFrame, value: str, *, digits: int = 1, groups: str | None = None, **where) -> str:
+#: The range of the accuracies the tables show, in percent.
+PERCENT = (0.0, 100.0)
+
+
+def estimate(runs: pd.DataFrame, value: str, *, digits: int = 1, groups: str | None = None,
+             bounds: tuple[float, float] = PERCENT, **where) -> str:
     """``"mean ± half"`` of ``value`` over the seeds matching ``where``; with ``groups`` (a column prefix), the few /
-    medium / many-shot means of ``<groups>_<group>`` follow in parentheses; diverged runs are counted in the text."""
+    medium / many-shot means of ``<groups>_<group>`` follow in parentheses; diverged runs are counted in the text.
+    Where the 95% interval is wider than the scale ``bounds`` (2-3 seeds far apart), it says less than the seeds
+    themselves: their range is shown instead, ``"min-max (n seeds)"``."""
     rows = select(runs, **where)
-    text = format_estimate(*mean_interval(rows.get(value, pd.Series(dtype=float))), digits=digits)
+    values = rows.get(value, pd.Series(dtype=float))
+    mean, half, n = mean_interval(values)
+    if n > 1 and math.isfinite(half) and 2 * half > bounds[1] - bounds[0]:
+        finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+        text = f"{min(finite):.{digits}f}-{max(finite):.{digits}f} ({n} seeds)"
+    else:
+        text = format_estimate(mean, half, n, digits=digits)
     if groups:
         text += " (" + "/".join(_mean_text(rows.get(f"{groups}_{g}")) for g in SHOT_GROUPS) + ")"
     diverged = int((rows["status"] != "done").sum())

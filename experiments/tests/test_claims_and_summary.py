@@ -33,6 +33,13 @@ def test_estimate_counts_diverged_runs_and_gives_shot_group_means():
     assert summary.estimate(runs, "acc", loss="c") == "-"
 
 
+def test_an_interval_wider_than_the_scale_shows_the_seeds_range_instead():
+    runs = pd.DataFrame([{"p": 0, "status": "done", "acc": a} for a in (13.0, 83.0)] +
+                        [{"p": 1, "status": "done", "acc": a} for a in (95.0, 96.0)])
+    assert summary.estimate(runs, "acc", p=0) == "13.0-83.0 (2 seeds)"  # 48.0 ± 444.7 would leave [0, 100]
+    assert summary.estimate(runs, "acc", p=1) == "95.5 ± 6.4"
+
+
 def test_comparison_table_puts_ours_beside_the_paper_and_writes_markdown():
     table = summary.comparison_table([("x", "X")], [(1, "K=1"), (5, "K=5")], ours=lambda r, c: f"o{c}",
                                      paper=lambda r, c: f"p{c}", row_name="loss", column_name="K")
