@@ -66,39 +66,41 @@ def verdicts(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     return "\n".join(lines) + f"\n\n*From `figures/{DEFAULT_PROFILE}/claims/` ({DEFAULT_PROFILE} profile, {made}).*"
 
 
-def noised_headline(results: Path = BENCHMARK_RESULTS) -> str:
-    """Forward + backward of the noised loss, pytopk and cross-entropy at the CPU headline configuration."""
-    rows = [r for r in _rows(results / "noised_losses.csv") if r["status"] == "ok" and r["device"] == "cpu"
-            and all(r[key] == value for key, value in NOISED_HEADLINE.items())]
-    if not rows:
-        return "*No CPU headline in `benchmarks/results/noised_losses.csv`: run `make bench`.*"
+def _headline(path: Path, configuration: dict[str, str], order: tuple[str, ...]) -> tuple[dict, list[str], list[str]]:
+    """The CPU rows of ``path`` at ``configuration`` by method, the methods present in ``order``, and the table's
+    first lines (time and memory of each method)."""
+    rows = [r for r in _rows(path) if r["status"] == "ok" and r["device"] == "cpu"
+            and all(r[key] == value for key, value in configuration.items())]
     by_method = {r["method"]: r for r in rows}
-    methods = [m for m in ("topk", "pytopk", "cross_entropy") if m in by_method]
+    methods = [m for m in order if m in by_method]
     lines = ["| | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods),
              "| forward + backward (ms) | " + " | ".join(f"{float(by_method[m]['ms']):.2f}" for m in methods) + " |",
              "| peak extra memory (MB) | " + " | ".join(by_method[m]["peak_extra_mb"] for m in methods) + " |"]
+    return by_method, methods, lines
+
+
+def noised_headline(results: Path = BENCHMARK_RESULTS) -> str:
+    """Forward + backward of the noised loss, pytopk and cross-entropy at the CPU headline configuration."""
+    by_method, _, lines = _headline(results / "noised_losses.csv", NOISED_HEADLINE, ("topk", "pytopk", "cross_entropy"))
+    if "topk" not in by_method:
+        return "*No CPU headline in `benchmarks/results/noised_losses.csv`: run `make bench`.*"
     text = "\n".join(lines) + "\n\n"
     if "pytopk" in by_method:
         speedup = float(by_method["pytopk"]["ms"]) / float(by_method["topk"]["ms"])
         text += (f"pytopk / topk = x{speedup:.1f} (target x{SPEEDUP_TARGET:g}: "
                  f"{'met' if speedup >= SPEEDUP_TARGET else 'not met'}). ")
-    return text + f"*{_stamp(rows[0])}.*"
+    return text + f"*{_stamp(by_method['topk'])}.*"
 
 
 def smooth_headline(results: Path = BENCHMARK_RESULTS) -> str:
     """Forward + backward, memory and float32 gradient error of the smoothed hinge against its reference."""
-    rows = [r for r in _rows(results / "smooth_hinge.csv") if r["status"] == "ok" and r["device"] == "cpu"
-            and all(r[key] == value for key, value in SMOOTH_HEADLINE.items())]
-    if not rows:
+    by_method, methods, lines = _headline(results / "smooth_hinge.csv", SMOOTH_HEADLINE,
+                                          ("smooth_hinge", "reference", "noised", "cross_entropy"))
+    if "smooth_hinge" not in by_method:
         return "*No CPU headline in `benchmarks/results/smooth_hinge.csv`: run `make bench REFERENCE=path`.*"
-    by_method = {r["method"]: r for r in rows}
-    methods = [m for m in ("smooth_hinge", "reference", "noised", "cross_entropy") if m in by_method]
     errors = {m: " / ".join(f"{float(by_method[m][c]):.1e}" for c in ("grad_error_x1", "grad_error_x20"))
               if by_method[m].get("grad_error_x1") else "" for m in methods}
-    lines = ["| | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods),
-             "| forward + backward (ms) | " + " | ".join(f"{float(by_method[m]['ms']):.2f}" for m in methods) + " |",
-             "| peak extra memory (MB) | " + " | ".join(by_method[m]["peak_extra_mb"] for m in methods) + " |",
-             "| gradient error, x1 / x20 | " + " | ".join(errors[m] for m in methods) + " |"]
+    lines.append("| gradient error, x1 / x20 | " + " | ".join(errors[m] for m in methods) + " |")
     text = "\n".join(lines) + "\n\n"
     if "reference" in by_method:
         speedup = float(by_method["reference"]["ms"]) / float(by_method["smooth_hinge"]["ms"])
@@ -106,7 +108,7 @@ def smooth_headline(results: Path = BENCHMARK_RESULTS) -> str:
     if {"esp_autograd", "esp_saved_weights"} <= set(by_method):
         ratio = float(by_method["esp_autograd"]["ms"]) / float(by_method["esp_saved_weights"]["ms"])
         text += f"Autograd through the recursion / our saved-weights backward = x{ratio:.1f}. "
-    return text + f"*{_stamp(rows[0])}.*"
+    return text + f"*{_stamp(by_method['smooth_hinge'])}.*"
 
 
 def kernel_resources(results: Path = BENCHMARK_RESULTS) -> str:
