@@ -28,13 +28,14 @@ WORKERS ?=
 COMPILE ?=
 NOTEBOOKS := $(basename $(notdir $(wildcard notebooks/*.ipynb)))
 EXECUTED := $(patsubst %,build/$(PROFILE)/%.ipynb,$(NOTEBOOKS))
-SOURCES := $(wildcard topk/*.py topk/losses/*.py data_prep/*.py experiments/*.py)
+SOURCES := $(wildcard topk/*.py topk/losses/*.py data_prep/*.py experiments/*.py experiments/calibrated/*.json)
 PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-progress-bar -k python3 --cwd $(CURDIR) \
 	-p profile $(PROFILE) -p device $(DEVICE) -p threads $(THREADS) $(if $(DATA),-p data_root $(abspath $(DATA))) \
 	$(if $(WORKERS),-p workers $(WORKERS)) $(if $(COMPILE),-p compile_mode $(COMPILE))
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test bench bench-gpu readme kernel-resources paper-figures notebooks report check-report lab clean clean-results
+.PHONY: help venv test bench bench-gpu readme kernel-resources calibrate paper-figures notebooks report check-report lab clean \
+	clean-results
 
 help: ## List the targets
 	@grep -E '^[a-z][a-zA-Z_-]*:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
@@ -73,8 +74,12 @@ bench-gpu: $(STAMP) ## On a CUDA machine: the fused kernel's grid and Fig. 3 in 
 kernel-resources: $(STAMP) ## Compile the fused kernel for sm_90a (no GPU needed) and print its registers and spills
 	env -u TRITON_INTERPRET $(PY) benchmarks/kernel_resources.py --arch 90 --check
 
-paper-figures: $(STAMP) ## Run every notebook [PROFILE=quick|smoke|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
-	@status=0; $(MAKE) --no-print-directory -k notebooks || status=$$?; \
+calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's cross-entropy numbers (experiments/calibrated/; no-op when current)
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.calibration $(PROFILE) --device $(DEVICE)
+
+paper-figures: $(STAMP) ## Calibrate, run every notebook [PROFILE=quick|smoke|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
+	@status=0; $(MAKE) --no-print-directory calibrate || status=$$?; \
+	$(MAKE) --no-print-directory -k notebooks || status=$$?; \
 	$(MAKE) --no-print-directory report; \
 	if [ "$(PROFILE)" = quick ]; then $(MAKE) --no-print-directory readme; fi; \
 	if [ $$status -ne 0 ]; then echo "paper-figures: some notebooks failed (see above and the report)"; fi; exit $$status

@@ -7,6 +7,18 @@ each image is its class pattern, circularly shifted by up to ``max_shift`` pixel
 blended with the pattern of a random other group (clutter) and covered in pixel noise. The ambiguity within a group
 is what makes top-K accuracy differ from top-1, as on the real data. Class sizes follow each dataset's shape
 (:func:`long_tail_counts`). Data depend only on the arguments (the seed included), never on the global RNG.
+
+Every generator takes the four difficulty knobs of :class:`ImageModel` as keyword arguments:
+
+- ``pixel_noise``: standard deviation of the pixel noise, in units of a pattern's scale (the overall difficulty:
+  more noise, lower top-1 and top-5);
+- ``class_contrast``: amplitude of a class's own pattern beside its group's (the within-group confusability: smaller,
+  lower top-1 at a nearly unchanged top-5);
+- ``clutter``: amplitude of the other group's pattern blended into each image;
+- ``max_shift``: the largest circular shift in pixels.
+
+:mod:`experiments.calibration` chooses ``pixel_noise`` and ``class_contrast`` per stand-in so that cross-entropy's
+results match the paper's; the defaults below are the uncalibrated starting point.
 """
 
 from __future__ import annotations
@@ -111,27 +123,43 @@ def _split_per_class(counts: torch.Tensor, fractions: tuple[float, float], gener
     return [torch.cat(part)[torch.randperm(sum(map(len, part)), generator=generator)] for part in parts]
 
 
-def _make_splits(name, description, label_parts, group_of_class, size, seed, style, augment) -> Splits:
+def _make_splits(name, description, label_parts, group_of_class, size, seed, difficulty, augment) -> Splits:
     generator = torch.Generator().manual_seed(seed)
-    model = ImageModel(group_of_class, size, generator, **style)
+    model = ImageModel(group_of_class, size, generator, **difficulty)
     images = [model.render(labels, generator) for labels in label_parts]
     train_transform = augment_and_normalise(size) if augment else normalise()
     datasets = [TensorImages(images[0], label_parts[0], train_transform)] + [
         TensorImages(im, lab, normalise()) for im, lab in zip(images[1:], label_parts[1:])]
     n_classes = len(group_of_class)
     return Splits(name, *datasets, num_classes=n_classes, class_counts=class_counts(label_parts[0], n_classes),
-                  synthetic=True, description=description, info={"seed": seed, "image_size": size, **style})
+                  synthetic=True, description=description, info={"seed": seed, "image_size": size, **difficulty})
 
 
-CIFAR_STYLE = {"class_contrast": 0.2, "clutter": 1.0, "pixel_noise": 1.5, "max_shift": 4}
+CIFAR_DIFFICULTY = {"class_contrast": 0.2, "clutter": 1.0, "pixel_noise": 1.5, "max_shift": 4}
+PLANTNET_DIFFICULTY = {"class_contrast": 0.3, "clutter": 0.8, "pixel_noise": 1.2, "max_shift": 2}
+
+
+def _difficulty(defaults: dict, knobs: dict) -> dict:
+    """``defaults`` updated with ``knobs``, each checked: a knob unknown or out of range is refused by name."""
+    unknown = sorted(set(knobs) - set(defaults))
+    if unknown:
+        raise TypeError(f"unknown difficulty knobs {unknown}; the knobs are {sorted(defaults)}")
+    difficulty = {**defaults, **knobs}
+    for name, value in difficulty.items():
+        integral = name == "max_shift"
+        if not isinstance(value, int if integral else (int, float)) or isinstance(value, bool) or not value >= 0:
+            raise ValueError(f"difficulty knob {name!r} should be a{'n integer' if integral else ' number'} >= 0, "
+                             f"got {value!r}")
+    return difficulty
 
 
 def cifar100_like(per_class_train: int = 450, per_class_val: int = 50, per_class_test: int = 100, *,
                   n_superclasses: int = 20, classes_per_superclass: int = 5, image_size: int = 32, seed: int = 0,
-                  noise: float = 0.0, noise_seed: int = 0, augment: bool = True) -> Splits:
+                  noise: float = 0.0, noise_seed: int = 0, augment: bool = True, **difficulty) -> Splits:
     """A CIFAR-100-shaped stand-in: 100 classes in 20 superclasses of 5 confusable classes, 32x32x3 images,
     balanced, split like the paper's 45,000 / 5,000 / 10,000 at full size (450 / 50 / 100 per class).
-    ``noise`` is the real loader's superclass label noise, on the training labels only."""
+    ``noise`` is the real loader's superclass label noise, on the training labels only; ``difficulty``: the knobs of
+    the module docstring."""
     n_classes = n_superclasses * classes_per_superclass
     group_of_class = torch.arange(n_classes) // classes_per_superclass
     generator = torch.Generator().manual_seed(seed + 1)
@@ -139,7 +167,8 @@ def cifar100_like(per_class_train: int = 450, per_class_val: int = 50, per_class
     parts = [p[torch.randperm(len(p), generator=generator)] for p in parts]
     description = (f"synthetic CIFAR-100-like: {n_classes} classes in {n_superclasses} superclasses, "
                    f"{per_class_train}/{per_class_val}/{per_class_test} images per class, {image_size}px, seed {seed}")
-    splits = _make_splits("cifar100_like", description, parts, group_of_class, image_size, seed, CIFAR_STYLE, augment)
+    splits = _make_splits("cifar100_like", description, parts, group_of_class, image_size, seed,
+                          _difficulty(CIFAR_DIFFICULTY, difficulty), augment)
     if noise > 0:
         clean = splits.train.labels
         noisy = superclass_label_noise(clean, group_of_class[clean], noise, noise_seed)
@@ -154,40 +183,40 @@ def cifar100_like(per_class_train: int = 450, per_class_val: int = 50, per_class
 
 def imagenet_like(per_class_train: int = 40, per_class_val: int = 10, per_class_test: int = 10, *,
                   n_classes: int = 1000, group_size: int = 10, image_size: int = 16, seed: int = 0,
-                  augment: bool = True) -> Splits:
+                  augment: bool = True, **difficulty) -> Splits:
     """An ImageNet-shaped stand-in: balanced classes in groups of ``group_size`` look-alikes (ImageNet's dog breeds),
-    with the same per-class split as :func:`cifar100_like`."""
+    with the same per-class split as :func:`cifar100_like`; ``difficulty``: the knobs of the module docstring."""
     group_of_class = torch.randperm(n_classes, generator=torch.Generator().manual_seed(seed + 1)) // group_size
     generator = torch.Generator().manual_seed(seed + 2)
     parts = [torch.arange(n_classes).repeat_interleave(n) for n in (per_class_train, per_class_val, per_class_test)]
     parts = [p[torch.randperm(len(p), generator=generator)] for p in parts]
     description = (f"synthetic ImageNet-like: {n_classes} balanced classes in groups of {group_size}, "
                    f"{per_class_train}/{per_class_val}/{per_class_test} images per class, {image_size}px, seed {seed}")
-    return _make_splits("imagenet_like", description, parts, group_of_class, image_size, seed, PLANTNET_STYLE, augment)
-
-
-PLANTNET_STYLE = {"class_contrast": 0.3, "clutter": 0.8, "pixel_noise": 1.2, "max_shift": 2}
+    return _make_splits("imagenet_like", description, parts, group_of_class, image_size, seed,
+                        _difficulty(PLANTNET_DIFFICULTY, difficulty), augment)
 
 
 def plantnet_like(n_images: int = 30_000, n_classes: int = 1081, *, group_size: int = 8, image_size: int = 16,
-                  seed: int = 0, augment: bool = True) -> Splits:
+                  seed: int = 0, augment: bool = True, **difficulty) -> Splits:
     """A Pl@ntNet-300K-shaped stand-in: ``n_classes`` (1,081) classes whose sizes follow the real dataset's tail
     (80% of the classes hold about 11% of the images, every class at least 4 images), grouped by ``group_size``
-    look-alike species; about 80/10/10 train/val/test within each class, as in the official split."""
+    look-alike species; about 80/10/10 train/val/test within each class, as in the official split;
+    ``difficulty``: the knobs of the module docstring."""
     counts = long_tail_counts(n_classes, n_images, tail_classes=0.8, tail_share=0.11, min_count=4)
     generator = torch.Generator().manual_seed(seed + 1)
     group_of_class = torch.randperm(n_classes, generator=generator) // group_size  # head and tail classes mixed
     parts = _split_per_class(counts, (0.1, 0.1), generator)
     description = (f"synthetic Pl@ntNet-300K-like: {n_classes} classes, {n_images} images (80% of classes hold "
                    f"{counts[n_classes - round(0.8 * n_classes):].sum() / n_images:.1%}), {image_size}px, seed {seed}")
-    return _make_splits("plantnet_like", description, parts, group_of_class, image_size, seed, PLANTNET_STYLE, augment)
+    return _make_splits("plantnet_like", description, parts, group_of_class, image_size, seed,
+                        _difficulty(PLANTNET_DIFFICULTY, difficulty), augment)
 
 
 def imagenet_lt_like(n_images: int = 20_000, n_classes: int = 1000, *, group_size: int = 10, image_size: int = 16,
-                     seed: int = 0, augment: bool = True) -> Splits:
+                     seed: int = 0, augment: bool = True, **difficulty) -> Splits:
     """An ImageNet-LT-shaped stand-in: a milder long tail than Pl@ntNet's (the 80% smallest classes hold about 45%
     of the training images, every class at least 5), with balanced val and test parts (as ImageNet-LT's 20 and
-    50 images per class, here 20% of the mean class size each)."""
+    50 images per class, here 20% of the mean class size each); ``difficulty``: the knobs of the module docstring."""
     counts = long_tail_counts(n_classes, n_images, tail_classes=0.8, tail_share=0.45, min_count=5)
     generator = torch.Generator().manual_seed(seed + 1)
     group_of_class = torch.randperm(n_classes, generator=generator) // group_size
@@ -197,4 +226,5 @@ def imagenet_lt_like(n_images: int = 20_000, n_classes: int = 1000, *, group_siz
     parts = [p[torch.randperm(len(p), generator=generator)] for p in (train, *held_out)]
     description = (f"synthetic ImageNet-LT-like: {n_classes} classes, {len(train)} long-tailed training images, "
                    f"{per_class} val/test images per class, {image_size}px, seed {seed}")
-    return _make_splits("imagenet_lt_like", description, parts, group_of_class, image_size, seed, PLANTNET_STYLE, augment)
+    return _make_splits("imagenet_lt_like", description, parts, group_of_class, image_size, seed,
+                        _difficulty(PLANTNET_DIFFICULTY, difficulty), augment)

@@ -9,10 +9,12 @@ module and presentation, nothing else.
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib.pyplot as plt  # headless without a display; the inline backend under papermill
@@ -20,10 +22,11 @@ import pandas as pd
 import torch
 
 from data_prep import MissingDataError
+from experiments import calibration
 from experiments.claims import Verdict
 from experiments.grids import Cell
 from experiments.paths import FIGURES, RESULTS
-from experiments.profiles import Profile, get_profile
+from experiments.profiles import SETUPS, Profile, get_profile
 from experiments.provenance import git_commit, short_commit
 from experiments.store import ResultsStore
 from experiments.summary import column_labels, to_markdown
@@ -58,6 +61,7 @@ class Context:
         self.data_root = Path(data_root) if data_root else None
         self.store, self.figures = ResultsStore(store), figures
         self.data: list[str] = []  # descriptions of the datasets this notebook's runs used
+        self.setup: str | None = None  # the profile's setup this notebook trains (:meth:`describe`)
         self.outputs: list[str] = []
         self.started = time.time()
         self.commit = git_commit()
@@ -100,13 +104,15 @@ class Context:
 
     def describe(self, setup) -> None:
         """Show what this profile trains: the data, the model and the schedule (the paper's are in the notebook's text)."""
+        self.setup = next(name for name in SETUPS if getattr(self.profile, name) is setup)
         config = setup.config("cross_entropy", setup.seeds[0])  # the schedule's fields every run of the setup shares
         options = f" {config.model_options}" if config.model_options else ""
         _display_html(f"<p><b>{self.profile.name} profile:</b> {config.dataset} {config.dataset_options or ''}, "
                       f"{config.model}{options}, {config.epochs} epochs, batch {config.batch_size}, lr {config.lr} "
                       f"(x{config.lr_gamma:g} at {list(config.milestones)}), weight decay {config.weight_decay}, "
                       f"seeds {list(setup.seeds)}, SGD with Nesterov momentum {config.momentum:g}, "
-                      f"on {self.device}.</p>")
+                      f"on {self.device}.</p><p>Data: {html.escape(calibration.summary_line(self.profile, self.setup))}."
+                      f"</p>")
 
     # -- outputs ------------------------------------------------------------------------------------------------
     def stamp(self, data: str | None = None) -> str:
@@ -135,6 +141,9 @@ class Context:
         """Write a claim's verdict to ``figures/claims/claim<N>.json``; on the smoke profile (and any profile too short
         to train), training claims are "not run at this profile", with what the check computed kept as evidence.
         ``data`` names evidence that did not come from this profile's runs (e.g. GPU timings)."""
+        if verdict.training and self.setup is not None:
+            verdict = replace(verdict, evidence=(*verdict.evidence,
+                                                 f"data: {calibration.summary_line(self.profile, self.setup)}"))
         if verdict.training and not self.profile.judges_training:
             verdict = verdict.not_run(f"the {self.profile.name} profile trains too little to test a training claim")
         payload = {**verdict.to_dict(), "profile": self.profile.name, "notebook": self.notebook, "commit": self.commit,

@@ -4,13 +4,23 @@ and ``paper`` (the paper's protocols on the real datasets; GPUs in practice).
 A :class:`Setup` is one dataset with its model and training schedule; a notebook's grid
 (:mod:`experiments.grids`) turns it into one :class:`RunConfig` per loss, hyperparameter and seed. The loss
 hyperparameters are the paper's at every profile; only the data, the model and the schedule shrink.
+
+A profile that judges training claims on synthetic stand-ins takes their difficulty knobs from
+``experiments/calibrated/<profile>.json``, written by :mod:`experiments.calibration` (cross-entropy alone fitted to the
+paper's cross-entropy numbers), and only for the very setup they were chosen for.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+import warnings
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from experiments.config import RunConfig
+
+CALIBRATED = Path(__file__).parent / "calibrated"
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,7 @@ class Setup:
     dataset_options: dict = field(default_factory=dict)
     model_options: dict = field(default_factory=dict)
     data_subdir: str = ""  #: where a real dataset lives under the data root (its ``data_prep --root``)
+    difficulty: dict = field(default_factory=dict)  #: a stand-in's calibrated knobs (:mod:`data_prep.synthetic`)
     # A model option may name a file in the dataset's folder as "{data_root}/name": the config's key stays the same
     # on every machine and the training loop resolves it (ImageNet weights for Pl@ntNet's ResNet-50).
 
@@ -37,13 +48,18 @@ class Setup:
         return RunConfig(dataset=self.dataset, model=self.model, loss=loss, epochs=self.epochs,
                          batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
                          milestones=self.milestones, seed=seed,
-                         dataset_options={**self.dataset_options, **(dataset_options or {})},
+                         dataset_options={**self.dataset_options, **self.difficulty, **(dataset_options or {})},
                          model_options={**self.model_options, **(model_options or {})},
                          loss_options=dict(loss_options or {})).replace(**changes)
 
     @property
     def synthetic(self) -> bool:
         return self.dataset.endswith("_like")
+
+    def fingerprint(self) -> str:
+        """A hash of everything but the difficulty knobs: calibrated knobs apply to the setup with this fingerprint."""
+        fields = {**asdict(self), "difficulty": None}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,38 @@ class Profile:
     level_set_points: int  #: subdivisions of the simplex's sides in Figs. 1, 4, 5, 6
     replications: int  #: noise draws averaged in the level sets of Figs. 1 and 6 (the paper: 100)
     bound_samples: int  #: Monte Carlo samples per point of the Prop. 3.5 check
+
+    @property
+    def calibrated_setups(self) -> tuple[str, ...]:
+        """The setups whose stand-ins are calibrated: synthetic ones, on a profile that judges training claims."""
+        return tuple(name for name in SETUPS if self.judges_training and getattr(self, name).synthetic)
+
+
+SETUPS = ("cifar", "plantnet", "imagenet_lt", "imagenet")
+
+
+def calibrated(profile: Profile) -> Profile:
+    """``profile`` with the difficulty knobs stored for it by :mod:`experiments.calibration`, for each setup whose
+    fingerprint they were chosen for; a setup changed since keeps the default knobs, with a warning."""
+    path = CALIBRATED / f"{profile.name}.json"
+    if not profile.calibrated_setups or not path.exists():
+        return profile
+    try:
+        stored = json.loads(path.read_text())["setups"]
+    except (OSError, ValueError, KeyError) as error:
+        warnings.warn(f"{path} cannot be read ({error}): the {profile.name} stand-ins keep their default difficulty; "
+                      f"run `python -m experiments.calibration {profile.name}`", stacklevel=2)
+        return profile
+    changes = {}
+    for name in profile.calibrated_setups:
+        setup, entry = getattr(profile, name), stored.get(name)
+        if entry and entry["setup_fingerprint"] == setup.fingerprint():
+            changes[name] = replace(setup, difficulty=entry["knobs"])
+        else:
+            warnings.warn(f"the {profile.name} profile's {name} setup has no calibration in {path} (changed since?): "
+                          f"its stand-in keeps the default difficulty; run `python -m experiments.calibration "
+                          f"{profile.name}`", stacklevel=2)
+    return replace(profile, **changes)
 
 
 def _small_cnn(width: int) -> dict:
@@ -85,7 +133,7 @@ SMOKE = Profile(
     level_set_points=30, replications=10, bound_samples=200,
 )
 
-QUICK = Profile(
+QUICK = calibrated(Profile(
     name="quick",
     description="synthetic stand-ins shaped like each dataset, a small CNN, 10-12 epochs, 2-3 seeds: "
                 "the paper's qualitative claims at laptop scale",
@@ -101,7 +149,7 @@ QUICK = Profile(
                                                                      "per_class_test": 10, "n_classes": 200}),
     sweep_seeds=(0, 1, 2), figure3_ks=(1, 5, 10, 20, 50), figure3_epochs=2, judges_training=True,
     level_set_points=90, replications=100, bound_samples=4000,
-)
+))
 
 PAPER = Profile(
     name="paper",

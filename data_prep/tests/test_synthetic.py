@@ -1,5 +1,6 @@
 """The synthetic stand-ins: seeded, shaped like the real datasets, hard for a linear model yet learnable."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -76,3 +77,17 @@ def test_cifar100_like_is_not_solved_by_a_linear_model_in_one_epoch_but_is_learn
     print(f"linear model, one epoch: top-1 {top1:.3f}, top-5 {top5:.3f}")
     assert top1 < 0.6, top1  # far from separable
     assert top5 > 3 * 0.05, top5  # well above chance (5%): there is signal to learn
+
+
+def test_difficulty_knobs_change_the_images_and_bad_knobs_are_refused_by_name():
+    default = synthetic.imagenet_like(2, 1, 1, n_classes=10, augment=False)
+    noisier = synthetic.imagenet_like(2, 1, 1, n_classes=10, augment=False, pixel_noise=3.0)
+    assert torch.equal(default.train.labels, noisier.train.labels)
+    assert not torch.equal(default.train.images, noisier.train.images)
+    assert noisier.info["pixel_noise"] == 3.0 and default.info["pixel_noise"] == synthetic.PLANTNET_DIFFICULTY["pixel_noise"]
+    with pytest.raises(TypeError, match="pixel_nois"):
+        synthetic.cifar100_like(2, 1, 1, pixel_nois=1.0)
+    with pytest.raises(ValueError, match="'class_contrast' should be a number >= 0, got -0.5"):
+        synthetic.plantnet_like(1500, 60, class_contrast=-0.5)
+    with pytest.raises(ValueError, match="'max_shift' should be an integer"):
+        synthetic.imagenet_lt_like(1500, 60, max_shift=1.5)

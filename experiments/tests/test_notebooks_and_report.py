@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from data_prep import MissingDataError
-from experiments import analytic, catalogue, grids, harness, latex, report
+from experiments import analytic, calibration, catalogue, grids, harness, latex, report
+from experiments.claims import Verdict
 from experiments import paths, provenance
 from experiments.paths import NOTEBOOKS
 from experiments.profiles import PROFILES, QUICK, SMOKE
@@ -65,6 +66,16 @@ def test_the_description_of_a_setup_reads_the_schedule_from_its_config(tmp_path,
     config = ctx.profile.cifar.config("cross_entropy", 0)
     ctx.describe(ctx.profile.cifar)
     assert f"momentum {config.momentum:g}," in shown[0] and f"(x{config.lr_gamma:g} at {list(config.milestones)})" in shown[0]
+    assert "Data: uncalibrated stand-in cifar100_like" in shown[0]  # smoke trains too little to be calibrated
+
+
+def test_a_training_verdict_says_how_hard_its_data_is_for_cross_entropy(tmp_path, monkeypatch):
+    monkeypatch.setattr(harness, "_display_html", lambda html: None)
+    ctx = harness.start("table3_samples", "smoke", store=tmp_path / "store", figures=tmp_path / "figures")
+    ctx.describe(ctx.profile.cifar)
+    ctx.judge(Verdict.from_parts(3, [(True, "B has little impact")]))
+    evidence = json.loads((tmp_path / "figures" / "claims" / "claim3.json").read_text())["evidence"]
+    assert evidence[-1] == f"data: {calibration.summary_line(ctx.profile, 'cifar')}"
 
 
 def test_a_smoke_run_writes_its_outputs_with_profile_commit_and_data(tmp_path):

@@ -1,0 +1,273 @@
+"""Each synthetic stand-in's difficulty fitted to the paper's **cross-entropy** numbers alone, at a profile's scale.
+
+CE is the baseline the paper reports on every dataset and not the method under test, so fitting the data to it says
+nothing about the other losses: they are then judged on data as hard for CE as the real data. For each setup, the
+CE runs of the tables that report the fitted numbers (:mod:`experiments.grids`, first seed) are trained at candidate
+``pixel_noise`` and ``class_contrast`` (:mod:`data_prep.synthetic`) chosen by a compass search that minimises the
+root mean square gap, in points, to the paper's CE numbers marked ``fitted``; the held-out numbers are measured at the
+chosen knobs only, to show how faithful the stand-in is beyond the fit.
+
+``python -m experiments.calibration PROFILE`` stores every evaluated point, the chosen knobs and the fingerprints of
+the setup and of this search in ``experiments/calibrated/<profile>.json`` (read by :func:`experiments.profiles.calibrated`);
+a setup whose fingerprints match is not searched again. Runs go through the results store, so the chosen point's
+runs are the very runs the tables use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from experiments import grids, paper
+from experiments.paths import RESULTS
+from experiments.profiles import CALIBRATED, SETUPS, Profile, get_profile
+from experiments.provenance import git_commit
+from experiments.store import ResultsStore
+from experiments.train import run
+
+KNOBS = ("pixel_noise", "class_contrast")
+SMALLEST_KNOB = 0.05  #: knobs stay positive: no pixel noise or no class pattern is not a stand-in of real data
+MOVES_PER_STEP = 8  #: the search moves at most this many times at one step size
+
+
+@dataclass(frozen=True)
+class Target:
+    """A CE number of the paper and where our CE run reports it."""
+
+    label: str
+    published: float  #: percent
+    cell: tuple[tuple[str, object], ...]  #: labels picking the CE run in the grid (beside loss and seed)
+    metric: tuple[str, ...]  #: path in the run's test metrics, e.g. ("top", "1") or ("macro_top_by_group", "few", "1")
+    fitted: bool = True  #: False: held out, measured at the chosen knobs only
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """The calibration of one setup: its grid, the paper's CE numbers, and where the search starts."""
+
+    grid: Callable[[Profile], list]
+    targets: tuple[Target, ...]
+    start: dict  #: knobs the search starts from
+    step: float = 0.4  #: first step of every knob; halved twice, so the knobs are chosen to 0.1
+
+    def fingerprint(self) -> str:
+        spec = {"grid": self.grid.__name__, "targets": [asdict(t) for t in self.targets], "start": self.start,
+                "step": self.step, "knobs": KNOBS, "moves": MOVES_PER_STEP}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _ce(table: dict, *index) -> float:
+    value = table["cross_entropy"]
+    for i in index:
+        value = value[i]
+    return value
+
+
+def _cifar_targets() -> tuple[Target, ...]:
+    """Tables 4 and 7: top-1 and top-5 at p = 0 and p = 0.4 fitted, p = 0.2 held out."""
+    return tuple(Target(f"top-{k}, p = {p:g}", table["cross_entropy"][paper.LABEL_NOISE.index(p)][0], (("p", p),),
+                        ("top", str(k)), fitted=p != 0.2)
+                 for p in (0.0, 0.4, 0.2) for k, table in ((1, paper.TABLE_7), (5, paper.TABLE_4)))
+
+
+STAND_INS = {
+    "cifar": StandIn(grids.label_noise, _cifar_targets(), {"pixel_noise": 2.8, "class_contrast": 1.0}),
+    "plantnet": StandIn(grids.plantnet, (
+        Target("macro top-1", paper.TABLE_5[1]["cross_entropy"][0], (("K", 1),), ("macro_top", "1")),
+        *(Target(f"macro top-1, {group}-shot", paper.TABLE_5[1]["cross_entropy"][2][i], (("K", 1),),
+                 ("macro_top_by_group", group, "1")) for i, group in enumerate(("few", "medium", "many"))),
+        Target("top-1", paper.TABLE_8[1]["cross_entropy"][0], (("K", 1),), ("top", "1")),
+        Target("macro top-5", paper.TABLE_5[5]["cross_entropy"][0], (("K", 5),), ("macro_top", "5"), fitted=False),
+        Target("top-5", paper.TABLE_8[5]["cross_entropy"][0], (("K", 5),), ("top", "5"), fitted=False),
+    ), {"pixel_noise": 1.2, "class_contrast": 0.6}),
+    "imagenet_lt": StandIn(grids.imagenet_lt, (
+        Target("top-1", paper.TABLE_6[1]["cross_entropy"][0], (("K", 1),), ("top", "1")),
+        Target("top-5", paper.TABLE_6[5]["cross_entropy"][0], (("K", 5),), ("top", "5")),
+        *(Target(f"top-1, {group}-shot", paper.TABLE_6[1]["cross_entropy"][2][i], (("K", 1),),
+                 ("macro_top_by_group", group, "1"), fitted=False) for i, group in enumerate(("few", "medium", "many"))),
+    ), {"pixel_noise": 1.6, "class_contrast": 1.0}),
+    "imagenet": StandIn(grids.imagenet, (  # the paper gives CE's top-1 and top-5 only: nothing is held out
+        Target("top-1", paper.TABLE_9[1]["cross_entropy"][0], (("K", 1),), ("top", "1")),
+        Target("top-5", paper.TABLE_9[5]["cross_entropy"][0], (("K", 5),), ("top", "5")),
+    ), {"pixel_noise": 1.0, "class_contrast": 1.0}),
+}
+
+
+def ce_config(profile: Profile, setup: str, target: Target, knobs: dict):
+    """The config of the CE run behind ``target`` (the setup's first seed) with the difficulty ``knobs``."""
+    seed = getattr(profile, setup).seeds[0]
+    cells = [c for c in STAND_INS[setup].grid(profile) if c.labels["loss"] == "cross_entropy"
+             and c.labels["seed"] == seed and all(c.labels[k] == v for k, v in target.cell)]
+    if len(cells) != 1:
+        raise ValueError(f"{len(cells)} CE runs of {STAND_INS[setup].grid.__name__} match {dict(target.cell)}, "
+                         f"expected one")
+    config = cells[0].config
+    return config.replace(dataset_options={**config.dataset_options, **knobs})
+
+
+def measure(profile: Profile, setup: str, knobs: dict, targets, train) -> dict:
+    """Our CE number (percent) for each of ``targets`` at ``knobs``; ``train(config)`` gives a run's record."""
+    records = {}
+    for target in targets:
+        if target.cell not in records:
+            records[target.cell] = train(ce_config(profile, setup, target, knobs))
+    values = {}
+    for target in targets:
+        value = records[target.cell]["test"]
+        for key in target.metric:
+            value = value[key]
+        values[target.label] = 100 * value
+    return values
+
+
+def rms_gap(values: dict, targets) -> float:
+    """Root mean square of ours - the paper's over ``targets``, in points (inf if one is undefined)."""
+    gaps = [values[t.label] - t.published for t in targets]
+    return math.sqrt(sum(g * g for g in gaps) / len(gaps)) if all(map(math.isfinite, gaps)) else math.inf
+
+
+def compass_search(error: Callable[[dict], float], start: dict, step: float, halvings: int = 2) -> dict:
+    """Knobs minimising ``error``: move to the best of the 2 x len(start) neighbours one ``step`` away along a knob
+    while it improves (at most :data:`MOVES_PER_STEP` times), then halve the step, ``halvings`` times."""
+    centre, best = dict(start), error(start)
+    for _ in range(halvings + 1):
+        for _ in range(MOVES_PER_STEP):
+            neighbours = [{**centre, knob: round(max(SMALLEST_KNOB, centre[knob] + sign * step), 4)}
+                          for knob in centre for sign in (-1, 1)]
+            scored = min(((error(n), i, n) for i, n in enumerate(neighbours) if n != centre), default=None)
+            if scored is None or scored[0] >= best:
+                break
+            best, _, centre = scored
+        step /= 2
+    return centre
+
+
+def calibrate(profile: Profile, setup: str, train, halvings: int = 2) -> dict:
+    """Search the knobs of ``setup``'s stand-in, then measure the held-out numbers at the chosen ones: the entry
+    stored for it (every evaluated point, the chosen knobs, the gaps, the fingerprints)."""
+    stand_in = STAND_INS[setup]
+    fitted = [t for t in stand_in.targets if t.fitted]
+    points = []
+
+    def error(knobs: dict) -> float:
+        for point in points:
+            if point["knobs"] == knobs:
+                return point["rms_gap"]
+        values = measure(profile, setup, knobs, fitted, train)
+        points.append({"knobs": knobs, "values": values, "rms_gap": rms_gap(values, fitted)})
+        return points[-1]["rms_gap"]
+
+    started = time.time()
+    knobs = compass_search(error, stand_in.start, stand_in.step, halvings)
+    values = measure(profile, setup, knobs, stand_in.targets, train)
+    return {"dataset": getattr(profile, setup).dataset, "knobs": knobs,
+            "setup_fingerprint": getattr(profile, setup).fingerprint(), "search_fingerprint": stand_in.fingerprint(),
+            "targets": [{**asdict(t), "ours": values[t.label]} for t in stand_in.targets],
+            "rms_gap_fitted": rms_gap(values, fitted), "points": points, "commit": git_commit(),
+            "seconds": round(time.time() - started, 1)}
+
+
+def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
+    """Whether a stored entry was made for this setup with this search."""
+    return bool(entry) and entry["setup_fingerprint"] == getattr(profile, setup).fingerprint() \
+        and entry["search_fingerprint"] == STAND_INS[setup].fingerprint()
+
+
+def stored(profile_name: str) -> dict:
+    """The stored calibration of a profile ({} if none): {"profile", "setups": {setup: entry}}."""
+    path = CALIBRATED / f"{profile_name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def table(entry: dict) -> pd.DataFrame:
+    """One setup's calibration as the report shows it: each CE number, the paper's, ours, the gap, fitted or not."""
+    rows = [{"CE number": t["label"], "role": "fitted" if t["fitted"] else "held out", "paper (%)": t["published"],
+             "calibrated stand-in (%)": round(t["ours"], 1), "gap (points)": round(t["ours"] - t["published"], 1)}
+            for t in entry["targets"]]
+    return pd.DataFrame(rows).set_index("CE number")
+
+
+def current_entry(profile: Profile, setup: str) -> dict | None:
+    """The stored calibration of ``setup``, if it is the one the profile uses."""
+    entry = stored(profile.name).get("setups", {}).get(setup)
+    return entry if setup in profile.calibrated_setups and is_current(entry, profile, setup) else None
+
+
+def report_table(profile: Profile) -> pd.DataFrame:
+    """Every setup's CE numbers against the paper's (:func:`table`), or one row saying why it is not calibrated."""
+    parts = []
+    for setup in SETUPS:
+        entry, dataset = current_entry(profile, setup), getattr(profile, setup).dataset
+        if entry:
+            part = table(entry).assign(knobs=", ".join(f"{k} {v:g}" for k, v in entry["knobs"].items()))
+            parts.append(part.rename(index=lambda label, dataset=dataset: f"{dataset}: {label}"))
+        else:
+            parts.append(pd.DataFrame({"role": [summary_line(profile, setup)]}, index=[dataset]))
+    return pd.concat(parts).rename_axis("CE number")
+
+
+def search_table(profile: Profile) -> pd.DataFrame:
+    """Every point the searches evaluated, in order: the setup, the knobs, the RMS gap of the fitted numbers."""
+    rows = [{"data": entry["dataset"], **point["knobs"], "RMS gap (points)": round(point["rms_gap"], 2),
+             "chosen": point["knobs"] == entry["knobs"]}
+            for entry in filter(None, (current_entry(profile, setup) for setup in SETUPS)) for point in entry["points"]]
+    return pd.DataFrame(rows)
+
+
+def summary_line(profile: Profile, setup: str) -> str:
+    """What a verdict on ``setup``'s data says about its difficulty."""
+    if not getattr(profile, setup).synthetic:
+        return f"real data ({getattr(profile, setup).dataset})"
+    entry = current_entry(profile, setup)
+    if entry is None:
+        return f"uncalibrated stand-in {getattr(profile, setup).dataset} (its CE difficulty was not fitted to the paper's)"
+    gaps = {t["label"]: t["ours"] - t["published"] for t in entry["targets"]}
+    worst = max(gaps, key=lambda label: abs(gaps[label]))
+    return (f"stand-in {entry['dataset']} calibrated on CE alone ({', '.join(f'{k} {v:g}' for k, v in entry['knobs'].items())}): "
+            f"CE's fitted numbers {entry['rms_gap_fitted']:.1f} points RMS from the paper's, largest gap "
+            f"{gaps[worst]:+.1f} ({worst})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.calibration", description=__doc__.split("\n\n")[0])
+    parser.add_argument("profile")
+    parser.add_argument("--store", help="results store (default: results/<profile>)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    try:
+        profile = get_profile(args.profile)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not profile.calibrated_setups:
+        print(f"the {profile.name} profile has no stand-in to calibrate "
+              f"({'real data' if not profile.cifar.synthetic else 'it trains too little for its numbers to mean anything'})")
+        return 0
+    store = ResultsStore(Path(args.store) if args.store else RESULTS / profile.name)
+    calibration = stored(profile.name) or {"profile": profile.name, "setups": {}}
+    for setup in profile.calibrated_setups:
+        if is_current(calibration["setups"].get(setup), profile, setup):
+            print(f"{setup}: calibrated, up to date ({calibration['setups'][setup]['knobs']})")
+            continue
+        print(f"{setup}: calibrating {getattr(profile, setup).dataset} on cross-entropy ...", flush=True)
+        calibration["setups"][setup] = calibrate(profile, setup, lambda config: run(config, store, device=args.device))
+        path = CALIBRATED / f"{profile.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(calibration, indent=1, sort_keys=True) + "\n")
+        tmp.replace(path)  # each setup is kept as soon as it is done
+        print(table(calibration["setups"][setup]).to_string(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
