@@ -39,7 +39,7 @@ body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; 
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
-.reproduced { background: #d9f2d9; } .not-reproduced { background: #f9dcdc; } .not-run { background: #eee; }
+.reproduced { background: #d9f2d9; } .not-reproduced { background: #f9dcdc; } .not-run { background: #eee; } .inconclusive { background: #fdf0c8; }
 .failed { background: #f9dcdc; font-weight: bold; } .ok { background: #d9f2d9; }
 .badge { padding: 1px 6px; border-radius: 4px; white-space: nowrap; }
 img { max-width: 100%; } .muted { color: #666; font-size: 0.9em; } section { margin-bottom: 2.5em; }

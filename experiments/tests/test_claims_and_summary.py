@@ -65,7 +65,17 @@ def test_claim_3_holds_on_table_3_and_breaks_when_b_matters():
     assert claims.claim_3(_frame(paper.TABLE_3, "B")).status == claims.REPRODUCED
     assert claims.claim_3(_frame({**paper.TABLE_3, 1: 80.0}, "B")).status == claims.NOT_REPRODUCED
     noisy = _frame({**paper.TABLE_3, 1: 91.0}, "B").assign(se=2.0)  # 3.6 points apart, within 2 standard errors
-    assert claims.claim_3(noisy).status == claims.REPRODUCED
+    assert claims.claim_3(noisy).status == claims.INCONCLUSIVE  # ... and 0.4 from that tolerance, noise 2.8
+    assert claims.claim_3(_frame(paper.TABLE_3, "B").assign(se=0.3)).status == claims.REPRODUCED  # span 0.44 vs 1 +- 0.42
+
+
+def test_claim_3_is_inconclusive_either_side_of_its_threshold_within_the_noise():
+    """The two quick runs that flipped (issue 16): span 1.20 against 1.36, span 1.60 against 1.00, se 0.68 and 0.45."""
+    flipped = [{1: 90.0, 3: 91.2, 10: 90.5}, {1: 89.4, 3: 91.0, 10: 90.2}]
+    verdicts = [claims.claim_3(_frame(means, "B").assign(se=se)) for means, se in zip(flipped, (0.68, 0.45))]
+    assert [v.status for v in verdicts] == [claims.INCONCLUSIVE] * 2
+    assert verdicts[1].evidence[0].startswith("? the means over B span 1.60 points against 1.00")
+    assert claims.claim_3(_frame({1: 87.0, 3: 91.0, 10: 91.0}, "B").assign(se=0.45)).status == claims.NOT_REPRODUCED
 
 
 def test_claim_4_flat_noised_time_and_growing_smoothed_time():
@@ -75,6 +85,8 @@ def test_claim_4_flat_noised_time_and_growing_smoothed_time():
     assert claims.claim_4(frame).status == claims.REPRODUCED
     frame.loc[1, "epoch_seconds"] = 120.0
     assert claims.claim_4(frame).status == claims.NOT_REPRODUCED
+    on_cpu = claims.claim_4(frame, device="cpu")  # sequential runs on a shared CPU: no basis for a timing claim
+    assert on_cpu.status == claims.INCONCLUSIVE and "would have said 'not reproduced'" in on_cpu.evidence[0]
 
 
 def test_claim_5_holds_on_table_4_and_breaks_if_ce_wins_under_noise():

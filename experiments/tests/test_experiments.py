@@ -108,6 +108,14 @@ def test_an_interrupted_run_resumes_to_the_same_result_as_an_uninterrupted_one(t
     assert resumed["test"] == whole["test"] and resumed["selected_epoch"] == whole["selected_epoch"]
 
 
+def test_a_cpu_run_is_bit_reproducible_for_a_seed_and_a_thread_count(tmp_path):
+    """What makes a verdict survive a rerun on the same machine: the same seed and number of CPU threads give the same
+    losses and accuracies to the bit, without torch's deterministic mode. (Other thread counts sum in other orders.)"""
+    config = RunConfig(**TINY)
+    first, second = (run(config, ResultsStore(tmp_path / name)) for name in ("first", "second"))
+    assert _without_times(first) == _without_times(second) and first["test"] == second["test"]
+
+
 def test_a_compiled_run_is_the_eager_run_up_to_rounding(tmp_path):
     """The compiled step draws the noised loss's noise from PyTorch's random stream, as eager mode does: the first
     epoch's training loss agrees to rounding (later epochs drift apart as rounding differences are trained on)."""
