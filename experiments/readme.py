@@ -1,8 +1,9 @@
 """The README's numbers, generated from committed results: no number in a generated block is typed by hand.
 
 A block is the text between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->`` in ``README.md``; :data:`BLOCKS`
-says what writes each, from the default profile's verdicts (``figures/quick/claims/``) and the benchmarks' CSVs and
-reports (``benchmarks/results/``), each row stamped with its device, commit and versions.
+says what writes each, from the default profile's verdicts (``figures/quick/claims/``) and calibration
+(``experiments/calibrated/quick.json``), and the benchmarks' CSVs and reports (``benchmarks/results/``), each row
+stamped with its device, commit and versions.
 
     python -m experiments.readme            # rewrite the blocks
     python -m experiments.readme --check    # exit 1 if a block differs from what the committed results give
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from experiments.paper import CLAIMS
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, PROJECT_ROOT
+from experiments.profiles import CALIBRATED
 from experiments.provenance import short_commit
 
 README = PROJECT_ROOT / "README.md"
@@ -64,6 +66,24 @@ def verdicts(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
         lines.append(f"| {claim.number} | {_cell(claim.text)} | {verdict['status']} | {_cell(evidence)} |")
     made = ", ".join(sorted(stamps)) or "nothing yet"
     return "\n".join(lines) + f"\n\n*From `figures/{DEFAULT_PROFILE}/claims/` ({DEFAULT_PROFILE} profile, {made}).*"
+
+
+def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json") -> str:
+    """Each stand-in's chosen knobs and CE's numbers on it against the paper's, fitted and held out."""
+    if not path.exists():
+        return f"*No calibration stored for the {DEFAULT_PROFILE} profile: run `make calibrate`.*"
+    lines = ["| stand-in | knobs | CE fitted: ours (paper) | CE held out: ours (paper) | RMS gap, fitted |",
+             "|---|---|---|---|---|"]
+    setups = json.loads(path.read_text())["setups"]
+    for entry in setups.values():
+        numbers = {role: "; ".join(f"{t['label']} {t['ours']:.1f} ({t['published']:g})" for t in entry["targets"]
+                                   if t["fitted"] == role) or "none reported" for role in (True, False)}
+        knobs = ", ".join(f"{k} {v:g}" for k, v in entry["knobs"].items())
+        lines.append(f"| `{entry['dataset']}` | {knobs} | {numbers[True]} | {numbers[False]} | "
+                     f"{entry['rms_gap_fitted']:.1f} points |")
+    commits = ", ".join(sorted({short_commit(e["commit"]) for e in setups.values()}))
+    return "\n".join(lines) + (f"\n\n*From `experiments/calibrated/{path.name}` (CE runs of the first seed, commit "
+                               f"{commits}).*")
 
 
 def _headline(path: Path, configuration: dict[str, str], order: tuple[str, ...]) -> tuple[dict, list[str], list[str]]:
@@ -152,6 +172,7 @@ def gpu_results(results: Path = BENCHMARK_RESULTS) -> str:
 #: Each generated block of the README and what writes it.
 BLOCKS: dict[str, Callable[[], str]] = {
     "verdicts": verdicts,
+    "calibration": calibration,
     "noised-headline": noised_headline,
     "smooth-headline": smooth_headline,
     "kernel-resources": kernel_resources,
