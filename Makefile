@@ -81,7 +81,9 @@ paper-figures: $(STAMP) ## Calibrate, run every notebook [PROFILE=quick|smoke|pa
 	@status=0; $(MAKE) --no-print-directory calibrate || status=$$?; \
 	$(MAKE) --no-print-directory -k notebooks || status=$$?; \
 	$(MAKE) --no-print-directory report; \
-	if [ "$(PROFILE)" = quick ]; then $(MAKE) --no-print-directory readme; fi; \
+	if [ "$(PROFILE)" = quick ]; then \
+		rm -rf figures/quick/report && mkdir -p figures/quick/report && cp build/report/*.html figures/quick/report/; \
+		$(MAKE) --no-print-directory readme; fi; \
 	if [ $$status -ne 0 ]; then echo "paper-figures: some notebooks failed (see above and the report)"; fi; exit $$status
 
 notebooks: $(EXECUTED)
