@@ -57,11 +57,11 @@ class StandIn:
     grid: Callable[[Profile], list]
     targets: tuple[Target, ...]
     start: dict  #: knobs the search starts from
-    step: float = 0.4  #: first step of every knob; halved twice, so the knobs are chosen to 0.1
+    steps: dict  #: first step of each knob; halved twice, so a knob is chosen to a quarter of it
 
     def fingerprint(self) -> str:
         spec = {"grid": self.grid.__name__, "targets": [asdict(t) for t in self.targets], "start": self.start,
-                "step": self.step, "knobs": KNOBS, "moves": MOVES_PER_STEP}
+                "steps": self.steps, "knobs": KNOBS, "moves": MOVES_PER_STEP}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -79,8 +79,12 @@ def _cifar_targets() -> tuple[Target, ...]:
                  for p in (0.0, 0.4, 0.2) for k, table in ((1, paper.TABLE_7), (5, paper.TABLE_4)))
 
 
+BROAD = {"pixel_noise": 0.4, "class_contrast": 0.4}
+#: ImageNet's groups of 10 look-alikes: top-1 turns on a narrow range of class contrast, so its steps are finer.
+FINE_CONTRAST = {"pixel_noise": 0.4, "class_contrast": 0.1}
+
 STAND_INS = {
-    "cifar": StandIn(grids.label_noise, _cifar_targets(), {"pixel_noise": 2.8, "class_contrast": 1.0}),
+    "cifar": StandIn(grids.label_noise, _cifar_targets(), {"pixel_noise": 2.8, "class_contrast": 1.0}, BROAD),
     "plantnet": StandIn(grids.plantnet, (
         Target("macro top-1", paper.TABLE_5[1]["cross_entropy"][0], (("K", 1),), ("macro_top", "1")),
         *(Target(f"macro top-1, {group}-shot", paper.TABLE_5[1]["cross_entropy"][2][i], (("K", 1),),
@@ -88,17 +92,19 @@ STAND_INS = {
         Target("top-1", paper.TABLE_8[1]["cross_entropy"][0], (("K", 1),), ("top", "1")),
         Target("macro top-5", paper.TABLE_5[5]["cross_entropy"][0], (("K", 5),), ("macro_top", "5"), fitted=False),
         Target("top-5", paper.TABLE_8[5]["cross_entropy"][0], (("K", 5),), ("top", "5"), fitted=False),
-    ), {"pixel_noise": 1.2, "class_contrast": 0.6}),
+    ), {"pixel_noise": 1.2, "class_contrast": 0.6}, BROAD),
+    # The top-5 of the run selected on top-1 (the paper's is selected on top-5; CE's two differ by < 1 point here):
+    # one run per point instead of two.
     "imagenet_lt": StandIn(grids.imagenet_lt, (
         Target("top-1", paper.TABLE_6[1]["cross_entropy"][0], (("K", 1),), ("top", "1")),
-        Target("top-5", paper.TABLE_6[5]["cross_entropy"][0], (("K", 5),), ("top", "5")),
+        Target("top-5 (selected on top-1)", paper.TABLE_6[5]["cross_entropy"][0], (("K", 1),), ("top", "5")),
         *(Target(f"top-1, {group}-shot", paper.TABLE_6[1]["cross_entropy"][2][i], (("K", 1),),
                  ("macro_top_by_group", group, "1"), fitted=False) for i, group in enumerate(("few", "medium", "many"))),
-    ), {"pixel_noise": 1.6, "class_contrast": 1.0}),
+    ), {"pixel_noise": 1.2, "class_contrast": 0.3}, FINE_CONTRAST),
     "imagenet": StandIn(grids.imagenet, (  # the paper gives CE's top-1 and top-5 only: nothing is held out
         Target("top-1", paper.TABLE_9[1]["cross_entropy"][0], (("K", 1),), ("top", "1")),
-        Target("top-5", paper.TABLE_9[5]["cross_entropy"][0], (("K", 5),), ("top", "5")),
-    ), {"pixel_noise": 1.0, "class_contrast": 1.0}),
+        Target("top-5 (selected on top-1)", paper.TABLE_9[5]["cross_entropy"][0], (("K", 1),), ("top", "5")),
+    ), {"pixel_noise": 1.2, "class_contrast": 0.5}, FINE_CONTRAST),
 }
 
 
@@ -135,19 +141,19 @@ def rms_gap(values: dict, targets) -> float:
     return math.sqrt(sum(g * g for g in gaps) / len(gaps)) if all(map(math.isfinite, gaps)) else math.inf
 
 
-def compass_search(error: Callable[[dict], float], start: dict, step: float, halvings: int = 2) -> dict:
-    """Knobs minimising ``error``: move to the best of the 2 x len(start) neighbours one ``step`` away along a knob
-    while it improves (at most :data:`MOVES_PER_STEP` times), then halve the step, ``halvings`` times."""
-    centre, best = dict(start), error(start)
+def compass_search(error: Callable[[dict], float], start: dict, steps: dict, halvings: int = 2) -> dict:
+    """Knobs minimising ``error``: move to the best of the 2 x len(start) neighbours one step away along a knob
+    while it improves (at most :data:`MOVES_PER_STEP` times), then halve the steps, ``halvings`` times."""
+    centre, best, steps = dict(start), error(start), dict(steps)
     for _ in range(halvings + 1):
         for _ in range(MOVES_PER_STEP):
-            neighbours = [{**centre, knob: round(max(SMALLEST_KNOB, centre[knob] + sign * step), 4)}
+            neighbours = [{**centre, knob: round(max(SMALLEST_KNOB, centre[knob] + sign * steps[knob]), 4)}
                           for knob in centre for sign in (-1, 1)]
             scored = min(((error(n), i, n) for i, n in enumerate(neighbours) if n != centre), default=None)
             if scored is None or scored[0] >= best:
                 break
             best, _, centre = scored
-        step /= 2
+        steps = {knob: step / 2 for knob, step in steps.items()}
     return centre
 
 
@@ -167,13 +173,13 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2) -> dict:
         return points[-1]["rms_gap"]
 
     started = time.time()
-    knobs = compass_search(error, stand_in.start, stand_in.step, halvings)
+    knobs = compass_search(error, stand_in.start, stand_in.steps, halvings)
     values = measure(profile, setup, knobs, stand_in.targets, train)
     return {"dataset": getattr(profile, setup).dataset, "knobs": knobs,
             "setup_fingerprint": getattr(profile, setup).fingerprint(), "search_fingerprint": stand_in.fingerprint(),
             "targets": [{**asdict(t), "ours": values[t.label]} for t in stand_in.targets],
             "rms_gap_fitted": rms_gap(values, fitted), "points": points, "commit": git_commit(),
-            "seconds": round(time.time() - started, 1)}
+            "seconds": round(time.time() - started, 1)}  # wall time of this search: runs found in the store are free
 
 
 def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
