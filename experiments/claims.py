@@ -51,7 +51,7 @@ class Verdict:
         return self._overruled(INCONCLUSIVE, why)
 
     def _overruled(self, status: str, why: str) -> "Verdict":
-        return replace(self, status=status, evidence=(f"{why}; the check would have said '{self.status}':",
+        return replace(self, status=status, evidence=(f"{why}; the check alone would have said '{self.status}'",
                                                       *self.evidence))
 
     def to_dict(self) -> dict:

@@ -80,6 +80,10 @@ def test_calibration_trains_real_ce_runs_and_the_profile_takes_the_knobs_only_fo
     with pytest.warns(UserWarning, match="imagenet setup has no calibration"):
         assert profiles.calibrated(changed).imagenet.difficulty == {}
     assert "uncalibrated" in calibration.summary_line(changed, "imagenet")
+    held_out = {**entry, "targets": [*entry["targets"], {"label": "top-5 at p = 0.2", "fitted": False,
+                                                         "ours": 1099.0, "published": 100.0}]}
+    monkeypatch.setattr(calibration, "current_entry", lambda *_: held_out)
+    assert calibration.summary_line(calibrated, "imagenet").endswith("largest gap +999.0 (top-5 at p = 0.2, held out)")
 
 
 def test_the_committed_quick_calibration_is_the_one_the_quick_profile_uses():
