@@ -11,7 +11,8 @@ PATH is a checkout of github oval-group/smooth-topk kept outside this project (n
 `pip install future`. Without --reference the reference rows are left out.
 
 Rows:
-- smooth_hinge: `topk.losses.smooth_hinge`; reference: their SmoothTopkSVM (SmoothTop1SVM for K = 1), whose
+- smooth_hinge: `topk.losses.smooth_hinge` on the tree of `log_elementary_symmetric`; smooth_hinge_triton (CUDA,
+  K > 1): the same loss on the kernel of `topk._esp_kernel`; reference: their SmoothTopkSVM (SmoothTop1SVM for K = 1), whose
   hard/smooth switch is part of its cost; noised: `noised_hinge` with epsilon 1, B = 10; cross_entropy.
 - esp_saved_weights / esp_autograd: the backward choice of `log_elementary_symmetric` alone (the sum of
   log sigma_{K-1} and log sigma_K of s / K, forward+backward), so the two can be compared.
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _measure import median_seconds, peak_extra_bytes, selected_devices, write_csv  # noqa: E402
 
 from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
+from topk import fused  # noqa: E402
 from topk.elementary_symmetric import log_elementary_symmetric  # noqa: E402
 from topk.losses import noised_hinge, smooth_hinge  # noqa: E402
 
@@ -86,6 +88,9 @@ def _methods(k: int, n_classes: int, device: torch.device, svm) -> dict:
         "esp_saved_weights": lambda s, y: log_elementary_symmetric(s / k, k)[..., k - 1:].sum(),
         "esp_autograd": lambda s, y: log_elementary_symmetric(s / k, k, backward="autograd")[..., k - 1:].sum(),
     }
+    if device.type == "cuda" and fused.available() and k > 1:
+        methods["smooth_hinge_triton"] = lambda s, y: smooth_hinge(s, y, k, TAU, ALPHA, backend="triton")
+        methods["smooth_hinge"] = lambda s, y: smooth_hinge(s, y, k, TAU, ALPHA, backend="torch")
     if svm is not None:
         reference = _reference_loss(svm, n_classes, k, device)
         if reference is not None:
@@ -148,7 +153,7 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
                 spec = {**config, "method": name, "reference": str(reference) if reference else ""}
                 peak = peak_extra_bytes(lambda: _step(loss, s, y), device, __file__, spec)
                 errors = {}
-                if name in ("smooth_hinge", "reference"):
+                if name in ("smooth_hinge", "smooth_hinge_triton", "reference"):
                     errors = {f"grad_error_x{c}": _gradient_error(loss, exact[c], device, n_classes, c)
                               for c in ERROR_SCALES}
                 result[name] = (seconds, peak, errors)
@@ -157,9 +162,10 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
             line = ", ".join(f"{name} {t * 1e3:7.2f} ms {m / 2**20:6.1f} MB" for name, (t, m, _) in result.items())
             errors = " | grad error (x1, x20) " + ", ".join(
                 f"{name} {' '.join(f'{e:.1e}' for e in errs.values())}" for name, (_, _, errs) in result.items() if errs)
-            ratio = ""
+            ratio = "".join(f" | {name} / cross_entropy x{result[name][0] / result['cross_entropy'][0]:.1f} (target x5)"
+                            for name in ("smooth_hinge", "smooth_hinge_triton") if name in result)
             if "reference" in result:
-                ratio = f" | speed-up vs reference x{result['reference'][0] / result['smooth_hinge'][0]:.2f}"
+                ratio += f" | speed-up vs reference x{result['reference'][0] / result['smooth_hinge'][0]:.2f}"
             print(f"{device.type} L {n_classes:6d} K {k:2d}: {line}{errors}{ratio}", flush=True)
             write_csv(rows, FIELDS, out)
     return rows

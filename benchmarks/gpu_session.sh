@@ -5,6 +5,7 @@
 #   step    benchmarks/bench_training_step.py: ms per DenseNet-40-40 step, eager and compiled, overheads over CE
 #   kernel  the fused kernel's grid with its memory and noise floors, every kind of input (resumable: rerun to finish)
 #   fig3    Fig. 3 in GPU seconds
+#   hinge   the smoothed hinge on CUDA, tree against Triton kernel, against CE (headline, then the grid until the limit)
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 #   bash benchmarks/gpu_session.sh STAGE [seconds for the kernel grid, default 240]
 # pytopk (pure Python) can be put on PYTHONPATH beforehand for the kernel comparison; without it, that column is skipped.
@@ -30,7 +31,12 @@ case "${1:-tests}" in
   fig3)
     python3 benchmarks/bench_epoch_time.py --device cuda --out "$out/fig3_epoch_time.csv" 2>&1 \
       | tee "$out/fig3_epoch_time.log" || status=1 ;;
+  hinge)
+    python3 benchmarks/bench_smooth_hinge.py --device cuda --headline --out "$out/smooth_hinge_cuda_headline.csv" 2>&1 \
+      | tee "$out/smooth_hinge_cuda.log" || status=1
+    timeout "${2:-300}" python3 benchmarks/bench_smooth_hinge.py --device cuda --out "$out/smooth_hinge_cuda.csv" 2>&1 \
+      | tee -a "$out/smooth_hinge_cuda.log" ;;
   *)
-    echo "unknown stage ${1}: tests, step, kernel or fig3" >&2; status=2 ;;
+    echo "unknown stage ${1}: tests, step, kernel, fig3 or hinge" >&2; status=2 ;;
 esac
 exit $status

@@ -1,4 +1,5 @@
-"""Compile the fused kernel of :mod:`topk.fused` ahead of time for an NVIDIA target and report its resources.
+"""Compile the Triton kernels (the fused kernel of :mod:`topk.fused`, the smoothed hinge's of :mod:`topk._esp_kernel`)
+ahead of time for an NVIDIA target and report their resources.
 
 No GPU is needed: Triton compiles to PTX and its bundled ``ptxas`` assembles it for the target, whose
 ``-v`` report gives the registers per thread and any spill to local memory. This is the static half of
@@ -7,7 +8,8 @@ the GPU work; the timings need the device (``benchmarks/bench_fused_kernel.py``)
     python benchmarks/kernel_resources.py [--arch 90] [--check]
 
 ``--check`` exits 1 if a float32, float16 or bfloat16 configuration spills (the training dtypes; the float64
-path, kept for exact tests, is reported but not checked). Run without ``TRITON_INTERPRET`` set.
+path, kept for exact tests, is reported but not checked). Run without ``TRITON_INTERPRET`` set. The smoothed
+hinge's kernels run in float32 (float64 for float64 scores) whatever the scores' dtype.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.provenance import git_commit, short_commit  # noqa: E402
-from topk import fused  # noqa: E402
+from topk import elementary_symmetric, fused  # noqa: E402
 
 TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
@@ -67,6 +69,27 @@ def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, 
     return plan, triton.compile(source, target=GPUTarget("cuda", arch, 32), options=fused.compile_options(plan))
 
 
+#: (kernel of :mod:`topk._esp_kernel`, K of the smoothed hinge): every block size up to ``fused.MAX_K``
+ESP_CONFIGURATIONS = [(name, k) for name in ("log_esp_forward", "log_esp_backward") for k in (2, 5, 10, 50, 127)]
+
+
+def compile_esp_kernel(name: str, k: int, arch: int):
+    """A kernel of :mod:`topk._esp_kernel` compiled for ``sm_<arch>`` in float32, as the loss launches it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from topk import _esp_kernel
+
+    kernel = getattr(_esp_kernel, name)
+    pointers = [arg for arg in kernel.arg_names if arg.endswith("_ptr")]
+    constants = {"K": k, "ABSENT": elementary_symmetric.absent_log(torch.float32), "BLOCK": elementary_symmetric.esp_block(k)}
+    signature = {**dict.fromkeys(pointers, "*fp32"), "n": "i32", "row_stride": "i32", **dict.fromkeys(constants, "constexpr")}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(arg),): value for arg, value in constants.items()})
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=elementary_symmetric.ESP_COMPILE_OPTIONS)
+
+
 def ptxas_report(ptx: str, arch: int) -> dict[str, int]:
     """Registers per thread and spill bytes from ``ptxas -v`` for ``sm_<arch>a``."""
     import triton
@@ -92,10 +115,10 @@ def main() -> int:
     import triton
 
     commit = short_commit(git_commit())
-    print(f"triton {triton.__version__} (torch {torch.__version__}, commit {commit}), kernel of topk.fused for "
-          f"sm_{args.arch}: tile of {fused.TILE_ELEMENTS} values, {fused.NUM_WARPS} warps, "
+    print(f"triton {triton.__version__} (torch {torch.__version__}, commit {commit}), kernels of topk.fused and "
+          f"topk._esp_kernel for sm_{args.arch}: fused tile of {fused.TILE_ELEMENTS} values, {fused.NUM_WARPS} warps, "
           f"at most {fused.MAX_REGISTERS} registers")
-    print("dtype     k   B  noise  chunked  block(BxLxK)   regs  spill(st/ld)  compile_s")
+    print("kernel            dtype     k   B  noise  chunked  block(BxLxK)   regs  spill(st/ld)  compile_s")
     spilled = False
     for dtype, k, n_samples, has_noise, chunked in CONFIGURATIONS:
         start = time.perf_counter()
@@ -103,9 +126,16 @@ def main() -> int:
         report = ptxas_report(compiled.asm["ptx"], args.arch)
         spilled |= dtype != torch.float64 and report["spill_stores"] + report["spill_loads"] > 0
         block = f"{plan.block_samples}x{plan.block_classes}x{plan.block_k}"
-        print(f"{TRITON_TYPES[dtype]:8s} {k:3d} {n_samples:3d}  {str(has_noise):5s}  {str(chunked):7s}  {block:13s}"
-              f" {report['registers']:5d}  {report['spill_stores']:5d}/{report['spill_loads']:<5d}"
+        print(f"{'fused':17s} {TRITON_TYPES[dtype]:8s} {k:3d} {n_samples:3d}  {str(has_noise):5s}  {str(chunked):7s}  "
+              f"{block:13s} {report['registers']:5d}  {report['spill_stores']:5d}/{report['spill_loads']:<5d}"
               f"  {time.perf_counter() - start:8.1f}")
+    for name, k in ESP_CONFIGURATIONS:
+        start = time.perf_counter()
+        report = ptxas_report(compile_esp_kernel(name, k, args.arch).asm["ptx"], args.arch)
+        spilled |= report["spill_stores"] + report["spill_loads"] > 0
+        block = f"1x1x{elementary_symmetric.esp_block(k)}"
+        print(f"{name:17s} {'fp32':8s} {k:3d} {'-':>3s}  {'-':5s}  {'-':7s}  {block:13s} {report['registers']:5d}  "
+              f"{report['spill_stores']:5d}/{report['spill_loads']:<5d}  {time.perf_counter() - start:8.1f}")
     return 1 if args.check and spilled else 0
 
 

@@ -19,6 +19,10 @@ drawn by the caller from the device's generator, so a captured graph draws fresh
 
 With ``labels`` the forward operators return ``mean_b top(s + eps Z_b) - s_y``, the term of the hinge (Eq. 10,
 13), and the backward subtracts ``grad`` at ``y``: the loss's whole gradient is written in one pass.
+
+The smoothed hinge of Berrada et al. (2018) has two more, on the kernel of :mod:`topk._esp_kernel`:
+``topk::log_esp_pair`` (``log sigma_{k-1}`` and ``log sigma_k`` of ``exp(x)``, with the prefix products the
+backward reads) and ``topk::log_esp_pair_backward``.
 """
 
 import math
@@ -29,9 +33,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from topk import elementary_symmetric
 from topk._bounded_noise import bounded_normal, candidate_columns
 
-__all__ = ["perturbed_top", "pruned_perturbed_top", "fused_perturbed_top", "perturbed_top_backward"]
+__all__ = ["perturbed_top", "pruned_perturbed_top", "fused_perturbed_top", "perturbed_top_backward", "log_esp_pair",
+           "log_esp_pair_backward"]
 
 #: Automatic chunking: at most this many perturbed scores are materialised at once (about 16 MB in float32); a single
 #: sample is always allowed, so memory stays O(batch x L) however large L is.
@@ -202,3 +208,42 @@ def _scatter_gradient(ctx, grad_value, grad_positions):
 
 for _operator in (perturbed_top, pruned_perturbed_top, fused_perturbed_top):
     _operator.register_autograd(_scatter_gradient, setup_context=_save_positions)
+
+
+@torch.library.custom_op("topk::log_esp_pair", mutates_args=())
+def log_esp_pair(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``(log sigma_{k-1}, log sigma_k)`` of ``exp(x)`` for each row of ``x`` (``[rows, n]`` -> ``[rows, 2]``), and the
+    prefix products ``[rows, n, block]`` the backward reads (not differentiable)."""
+    return elementary_symmetric.launch_pair_forward(x, k)
+
+
+@log_esp_pair.register_fake
+def _(x, k):
+    block = elementary_symmetric.esp_block(k)
+    return x.new_empty(x.shape[0], 2), x.new_empty(x.shape[0], x.shape[1], block)
+
+
+@torch.library.custom_op("topk::log_esp_pair_backward", mutates_args=())
+def log_esp_pair_backward(x: Tensor, prefix: Tensor, pair: Tensor, grad_pair: Tensor, k: int) -> Tensor:
+    """``sum_j grad_pair[:, j] d pair[:, j] / d x``, ``d log sigma_j / d x_i = e^{x_i} sigma_{j-1}(x without i) /
+    sigma_j(x)``: ``[rows, n]``."""
+    return elementary_symmetric.launch_pair_backward(x, prefix, pair, grad_pair, k)
+
+
+@log_esp_pair_backward.register_fake
+def _(x, prefix, pair, grad_pair, k):
+    return torch.empty_like(x)
+
+
+def _save_prefix(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], output[1], output[0])
+    ctx.mark_non_differentiable(output[1])
+    ctx.k = inputs[1]
+
+
+def _esp_gradient(ctx, grad_pair, grad_prefix):
+    x, prefix, pair = ctx.saved_tensors
+    return log_esp_pair_backward(x, prefix, pair, grad_pair, ctx.k), None
+
+
+log_esp_pair.register_autograd(_esp_gradient, setup_context=_save_prefix)

@@ -164,8 +164,9 @@ def check_hyperparameter(name: str, value: object):
 
 
 def choose_backend(backend: object, s: torch.Tensor, rank: int, epsilon: float) -> str:
-    """The one backend rule: ``"torch"`` or ``"triton"`` for selecting the ``rank``-th largest perturbed score
-    (``k`` of the operator, ``k + 1`` of the loss).
+    """The one backend rule: ``"torch"`` or ``"triton"`` for a kernel whose work grows with ``rank``: the rank of the
+    selected perturbed score (``k`` of the operator, ``k + 1`` of the noised hinge), or the ``k + 1`` coefficients of
+    the smoothed hinge (``epsilon``: its ``tau``).
 
     ``"auto"`` means Triton for CUDA scores with ``epsilon > 0`` and ``rank <= topk.fused.MAX_K`` when it is
     installed, PyTorch otherwise. ``"triton"`` is refused, with the reason, where the kernel cannot run: without
@@ -184,6 +185,6 @@ def choose_backend(backend: object, s: torch.Tensor, rank: int, epsilon: float) 
         raise ValueError(f"backend='triton' needs CUDA scores, got scores on {s.device} "
                          "(set TRITON_INTERPRET=1 to run the kernel in Triton's interpreter)")
     if rank > fused.MAX_K:
-        raise ValueError(f"backend='triton' selects at most the {fused.MAX_K}-th largest score, got rank {rank} "
-                         "(k + 1 for the noised hinge)")
+        raise ValueError(f"backend='triton' handles at most rank {fused.MAX_K}, got rank {rank} "
+                         "(k + 1 for the hinge losses)")
     return backend

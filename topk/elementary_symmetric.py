@@ -15,6 +15,11 @@ log-sum-exp reduces over the outermost dimension of long contiguous vectors. The
 ``dc_m / da_i = w_{m,i}``, the softmax weight of the term ``a_i + b_{m-i}`` in ``c_m``: the forward pass
 keeps these weights, so the backward pass is multiply-adds only (no ``exp``), and as exact as autograd
 through the log-sum-exps, which ``backward="autograd"`` uses instead (slower; kept to measure against).
+
+The loss needs only ``sigma_{k-1}`` and ``sigma_k``: :func:`log_elementary_symmetric_pair` gives them, on this
+tree or (``backend="triton"``) on a Triton kernel that walks each row once, one program per row, with one launch
+forward and one backward (:mod:`topk._esp_kernel`; the custom operator ``topk::log_esp_pair``). The tree takes
+about ``6 log2 n`` operations per pass, each one kernel launch on a GPU.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import math
 
 import torch
 
-__all__ = ["log_elementary_symmetric", "absent_log"]
+__all__ = ["log_elementary_symmetric", "log_elementary_symmetric_pair", "absent_log"]
 
 BACKWARDS = ("saved_weights", "autograd")
 
@@ -71,6 +76,63 @@ def log_elementary_symmetric(x: torch.Tensor, k: int, *, backward: str = "saved_
     if coefficients.shape[0] < k + 1:  # fewer entries than k: the higher coefficients are absent
         coefficients = torch.cat([coefficients, coefficients.new_full((k + 1 - coefficients.shape[0], rows), absent)])
     return coefficients.T.reshape(*batch_shape, k + 1)
+
+
+def log_elementary_symmetric_pair(x: torch.Tensor, k: int, *, backend: str = "torch") -> torch.Tensor:
+    """``(log sigma_{k-1}, log sigma_k)`` of ``exp(x)`` along the last dimension: shape ``(..., n) -> (..., 2)``,
+    ``1 <= k <= n``, float32 or float64.
+
+    ``backend``: ``"torch"`` (the tree of :func:`log_elementary_symmetric`) or ``"triton"`` (the kernel of
+    :mod:`topk._esp_kernel`, through ``topk::log_esp_pair``; CUDA, or Triton's interpreter on a CPU). Both are exact
+    to rounding; the kernel's sequential recursion rounds ``n`` times where the tree rounds ``log2 n`` times.
+
+    >>> log_elementary_symmetric_pair(torch.zeros(4), 2).exp()  # C(4, 1), C(4, 2)
+    tensor([4., 6.])
+    """
+    if backend == "triton":
+        from topk._ops import log_esp_pair
+
+        rows = x.reshape(-1, x.shape[-1])  # [..., n] -> [rows, n]
+        return log_esp_pair(rows, k)[0].reshape(*x.shape[:-1], 2)
+    return log_elementary_symmetric(x, k)[..., k - 1:]
+
+
+#: Triton's compile options for the kernels: one warp per row (the coefficient block is at most 128 wide). Untimed.
+ESP_COMPILE_OPTIONS = {"num_warps": 1}
+
+
+def esp_block(k: int) -> int:
+    """The kernel's coefficient block: degrees ``0..k`` padded to a power of two."""
+    return 1 << k.bit_length()
+
+
+def launch_pair_forward(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run :func:`topk._esp_kernel.log_esp_forward`: the pair ``[rows, 2]`` and the prefix products
+    ``[rows, n, esp_block(k)]``."""
+    from topk._esp_kernel import log_esp_forward
+
+    rows = rows.contiguous()
+    n_rows, n = rows.shape
+    pair = rows.new_empty(n_rows, 2)
+    prefix = rows.new_empty(n_rows, n, esp_block(k))
+    if n_rows:
+        log_esp_forward[(n_rows,)](rows, prefix, pair, n, rows.stride(0), K=k, ABSENT=absent_log(torch.float32),
+                                   BLOCK=esp_block(k), **ESP_COMPILE_OPTIONS)
+    return pair, prefix
+
+
+def launch_pair_backward(rows: torch.Tensor, prefix: torch.Tensor, pair: torch.Tensor, grad_pair: torch.Tensor,
+                         k: int) -> torch.Tensor:
+    """Run :func:`topk._esp_kernel.log_esp_backward`: ``d (grad_pair . pair) / d rows``, shape ``[rows, n]``."""
+    from topk._esp_kernel import log_esp_backward
+
+    rows = rows.contiguous()
+    grad_rows = torch.empty_like(rows)
+    if rows.shape[0]:
+        log_esp_backward[(rows.shape[0],)](rows, prefix, pair, grad_pair.to(pair.dtype).contiguous(), grad_rows,
+                                           rows.shape[1], rows.stride(0), K=k, ABSENT=absent_log(torch.float32),
+                                           BLOCK=esp_block(k), **ESP_COMPILE_OPTIONS)
+    return grad_rows
 
 
 def _negligible_log(dtype: torch.dtype) -> float:

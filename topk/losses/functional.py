@@ -29,7 +29,7 @@ from topk._validation import (
     choose_backend,
 )
 from topk.operators import exact_top, monte_carlo_top
-from topk.elementary_symmetric import absent_log, log_elementary_symmetric
+from topk.elementary_symmetric import absent_log, log_elementary_symmetric_pair
 
 __all__ = [
     "zero_one_topk",
@@ -165,6 +165,7 @@ def smooth_hinge(
     *,
     hard_switch: bool = False,
     reduction: str = "mean",
+    backend: str = "auto",
 ) -> torch.Tensor:
     """The smoothed top-k hinge of Berrada, Zisserman & Kumar (ICLR 2018), Eq. 10-11: ``tau * softplus(z)`` with
 
@@ -182,6 +183,11 @@ def smooth_hinge(
     ``top_k(s) - top_{k+1}(s)`` is at least ``k tau ln(1000)`` get the hard loss instead. The loss is then
     discontinuous (it jumps by up to ``tau ln k`` at the switch); off by default.
 
+    ``backend`` chooses how ``sigma_{k-1}`` and ``sigma_k`` are computed (:func:`topk.elementary_symmetric.
+    log_elementary_symmetric_pair`): ``"torch"`` (a tree of ``O(log L)`` vectorised steps), ``"triton"`` (one kernel
+    launch forward, one backward) or ``"auto"``: Triton for CUDA scores when it is installed and ``k + 1 <=
+    topk.fused.MAX_K``, PyTorch otherwise.
+
     >>> s = torch.tensor([[2.4, 2.6, 2.3, 0.5]])
     >>> smooth_hinge(s, torch.tensor([2]), k=2, tau=0.01)  # the hard loss is 1 + (2.4 - 2.3) / 2
     tensor(1.0500)
@@ -190,6 +196,7 @@ def smooth_hinge(
     k = check_int(k, "k", 1, s.shape[-1] - 1, " (k + 1 must not exceed the number of classes)")
     tau = check_hyperparameter("tau", tau)
     alpha = check_hyperparameter("alpha", alpha)
+    backend = choose_backend(backend, s, k + 1, tau)
     scores = s.to(torch.promote_types(s.dtype, torch.float32))
     is_true = _is_true(s, y)
     gaps = scores - _true_scores(scores, y).unsqueeze(-1)  # s_j - s_y, exact to the rounding of one subtraction
@@ -203,8 +210,8 @@ def smooth_hinge(
         others = gaps.masked_fill(is_true, float("-inf"))
         top = others.amax(-1, keepdim=True).detach()
         x = ((others - top) / (k * tau)).masked_fill(is_true, absent_log(scores.dtype))  # e_y = 0: y is left out
-        log_sigma = log_elementary_symmetric(x, k)
-        z = (alpha + top.squeeze(-1) / k) / tau + log_sigma[..., k] - log_sigma[..., k - 1]
+        log_sigma = log_elementary_symmetric_pair(x, k, backend=backend)  # [..., L] -> [..., 2]
+        z = (alpha + top.squeeze(-1) / k) / tau + log_sigma[..., 1] - log_sigma[..., 0]
         loss = tau * torch.logaddexp(z, torch.zeros_like(z))  # softplus(z), exact also for z > 20 in float64
     if hard_switch:
         loss = torch.where(_separated(scores, k, tau), _tuple_hinge(scores, y, k, alpha), loss)

@@ -125,8 +125,9 @@ class SmoothHinge(_LossModule):
 
     loss_function = staticmethod(LF.smooth_hinge)
 
-    def __init__(self, k: int, tau: float, alpha: float = 1.0, *, hard_switch: bool = False, reduction: str = "mean"):
-        super().__init__(k=k, tau=tau, alpha=alpha, hard_switch=hard_switch, reduction=reduction)
+    def __init__(self, k: int, tau: float, alpha: float = 1.0, *, hard_switch: bool = False, reduction: str = "mean",
+                 backend: str = "auto"):
+        super().__init__(k=k, tau=tau, alpha=alpha, hard_switch=hard_switch, reduction=reduction, backend=backend)
 
 
 class NoisedHinge(_LossModule):

@@ -23,3 +23,13 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 @pytest.fixture(params=DEVICES)
 def device(request):
     return torch.device(request.param)
+
+
+@pytest.fixture(scope="module")
+def kernel_device():
+    """Where the Triton kernels run: CUDA when present, else the CPU under Triton's interpreter (set above)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no CUDA device and TRITON_INTERPRET is not 1")
+    return torch.device("cpu")

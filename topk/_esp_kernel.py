@@ -1,0 +1,74 @@
+"""The Triton source of the smoothed hinge's kernel (:mod:`topk.elementary_symmetric`), imported on first use so
+that ``TRITON_INTERPRET`` is read then.
+
+One program handles one row ``x`` of length ``n`` and walks it once, keeping the log-coefficients of
+``prod_{i < t} (1 + e^{x_i} X)`` up to degree ``K`` (the recursion ``sigma_j <- sigma_j + e^{x_t} sigma_{j-1}``, as
+a log-add-exp). The forward pass stores each prefix product; the backward pass walks the row back with the suffix
+product and combines both into ``sigma_m(x without i)``, which gives ``d log sigma_j / d x_i =
+e^{x_i} sigma_{j-1}(x without i) / sigma_j(x)`` with additions only: nothing is subtracted, nothing cancels.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _take(values, index, BLOCK: tl.constexpr):
+    """``values[index]`` for 1-D blocks, 0 where ``index`` is outside ``[0, BLOCK)`` (one select and one sum)."""
+    source = tl.arange(0, BLOCK)
+    return tl.sum(tl.where(source[:, None] == index[None, :], values[:, None], 0.0), axis=0)
+
+
+@triton.jit
+def _times_one_plus(log_poly, x_i, degree, ABSENT: tl.constexpr, BLOCK: tl.constexpr):
+    """Log-coefficients of ``poly * (1 + e^{x_i} X)``, truncated to the block: ``c_j = logaddexp(c_j, c_{j-1} + x_i)``."""
+    lower = tl.where(degree == 0, ABSENT, _take(log_poly, degree - 1, BLOCK)) + x_i
+    top = tl.maximum(log_poly, lower)
+    return top + tl.log(1.0 + tl.exp(tl.minimum(log_poly, lower) - top))
+
+
+@triton.jit
+def _log_coefficient_without(prefix, suffix, m, BLOCK: tl.constexpr):
+    """``log sigma_m`` of the row without one entry: ``logsumexp_{a <= m} prefix_a + suffix_{m - a}``."""
+    degree = tl.arange(0, BLOCK)
+    terms = tl.where(degree <= m, prefix + _take(suffix, m - degree, BLOCK), float("-inf"))
+    top = tl.max(terms, axis=0)
+    return top + tl.log(tl.sum(tl.exp(terms - top), axis=0))
+
+
+@triton.jit
+def log_esp_forward(x_ptr, prefix_ptr, out_ptr, n, row_stride,
+                    K: tl.constexpr, ABSENT: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[row] = (log sigma_{K-1}, log sigma_K)`` of ``e^{x[row]}``; ``prefix[row, t]``: the log-coefficients of
+    the product of the first ``t`` factors."""
+    row = tl.program_id(0).to(tl.int64)
+    degree = tl.arange(0, BLOCK)
+    first = tl.load(x_ptr + row * row_stride)
+    log_poly = tl.where(degree == 0, 0.0, ABSENT).to(first.dtype)  # the empty product: 1
+    for t in range(n):
+        tl.store(prefix_ptr + (row * n + t) * BLOCK + degree, log_poly)
+        log_poly = _times_one_plus(log_poly, tl.load(x_ptr + row * row_stride + t), degree, ABSENT, BLOCK)
+    tl.store(out_ptr + row * 2 + degree - (K - 1), log_poly, mask=(degree == K - 1) | (degree == K))
+
+
+@triton.jit
+def log_esp_backward(x_ptr, prefix_ptr, out_ptr, grad_out_ptr, grad_x_ptr, n, row_stride,
+                     K: tl.constexpr, ABSENT: tl.constexpr, BLOCK: tl.constexpr):
+    """``grad_x[row, i] = sum_j grad_out[row, j] d log sigma_j / d x_i`` for ``j = K - 1, K``."""
+    row = tl.program_id(0).to(tl.int64)
+    degree = tl.arange(0, BLOCK)
+    log_lower, log_upper = tl.load(out_ptr + row * 2), tl.load(out_ptr + row * 2 + 1)
+    grad_lower, grad_upper = tl.load(grad_out_ptr + row * 2), tl.load(grad_out_ptr + row * 2 + 1)
+    log_suffix = tl.where(degree == 0, 0.0, ABSENT).to(log_lower.dtype)
+    for step in range(n):
+        i = n - 1 - step
+        x_i = tl.load(x_ptr + row * row_stride + i)
+        log_prefix = tl.load(prefix_ptr + (row * n + i) * BLOCK + degree)
+        # d log sigma_j / d x_i = exp(x_i + log sigma_{j-1}(x without i) - log sigma_j(x))
+        upper_share = tl.exp(x_i + _log_coefficient_without(log_prefix, log_suffix, K - 1, BLOCK) - log_upper)
+        if K >= 2:
+            lower_share = tl.exp(x_i + _log_coefficient_without(log_prefix, log_suffix, K - 2, BLOCK) - log_lower)
+        else:
+            lower_share = 0.0
+        tl.store(grad_x_ptr + row * n + i, grad_upper * upper_share + grad_lower * lower_share)
+        log_suffix = _times_one_plus(log_suffix, x_i, degree, ABSENT, BLOCK)

@@ -1,0 +1,132 @@
+"""The smoothed hinge's Triton kernel (:mod:`topk._esp_kernel`, ``topk::log_esp_pair``): the tree's values and
+gradients in float64, brute-force enumeration, float32 stability at the extremes of Berrada et al.'s Table 5, the
+custom operators' contracts, the backend rule and one compiled graph. On CUDA when present, else under Triton's
+interpreter on the CPU."""
+
+import os
+
+import pytest
+import torch
+
+from topk import _ops
+from topk.elementary_symmetric import absent_log, log_elementary_symmetric_pair
+from topk.losses import SmoothHinge, smooth_hinge
+from topk.tests.optional import require
+from topk.tests.reference import enumerated_smooth_hinge
+
+require("triton")
+
+
+def _pair_and_gradient(x, k, backend, upstream):
+    x = x.detach().requires_grad_()
+    pair = log_elementary_symmetric_pair(x, k, backend=backend)
+    (grad,) = torch.autograd.grad(pair, x, upstream)
+    return pair.detach(), grad
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 20])
+def test_kernel_pair_and_gradient_equal_the_tree_in_float64(kernel_device, n):
+    g = torch.Generator().manual_seed(n)
+    x = (4 * torch.randn(3, 2, n, generator=g, dtype=torch.float64)).to(kernel_device)
+    x[..., ::5] = absent_log(torch.float64)  # left-out entries, as the loss leaves out the label
+    for k in sorted({1, 2, 5, n - 1, n} & set(range(1, n + 1))):
+        expected = log_elementary_symmetric_pair(x, k)
+        present = expected > -1e30  # sigma_j of fewer present entries than j: absent in both, at different levels
+        # and d log sigma_j is a ratio of two absent numbers there, which neither computes: no gradient asked
+        upstream = torch.randn(3, 2, 2, generator=g, dtype=torch.float64).to(kernel_device) * present
+        pair, grad = _pair_and_gradient(x, k, "triton", upstream)
+        expected, expected_grad = _pair_and_gradient(x, k, "torch", upstream)
+        assert (pair[~present] < -1e30).all()
+        torch.testing.assert_close(pair[present], expected[present], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_classes", [3, 5, 8])
+def test_triton_loss_equals_brute_force_enumeration(kernel_device, n_classes):
+    g = torch.Generator().manual_seed(n_classes)
+    s = (2 * torch.randn(4, n_classes, generator=g, dtype=torch.float64)).to(kernel_device).requires_grad_()
+    y = torch.randint(0, n_classes, (4,), generator=g).to(kernel_device)
+    for k in range(2, n_classes):
+        for tau, alpha in [(1.0, 1.0), (0.1, 1.0), (3.0, 0.0)]:
+            value = smooth_hinge(s, y, k, tau, alpha, reduction="none", backend="triton")
+            expected = enumerated_smooth_hinge(s, y, k, tau, alpha)
+            (grad,) = torch.autograd.grad(value.sum(), s)
+            (expected_grad,) = torch.autograd.grad(expected.sum(), s)
+            torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
+
+
+def test_float32_kernel_is_finite_and_close_to_float64_from_tau_1e3_to_100_with_scores_up_to_1e4(kernel_device):
+    """The extremes of the tree's float32 test, at L = 100: the kernel's n sequential roundings stay within 1e-5 of
+    float64 in value (plus the rounding of the score differences) and its gradient rows sum to 0."""
+    g = torch.Generator().manual_seed(0)
+    s64 = (torch.randn(3, 100, generator=g, dtype=torch.float64).clamp(-3, 3) * (1e4 / 3)).to(kernel_device)
+    s32 = s64.float()
+    y = torch.randint(0, 100, (3,), generator=g).to(kernel_device)
+    rounding = 8 * torch.finfo(torch.float32).eps * 1e4
+    for tau, k in ((1e-3, 2), (1e-3, 5), (1.0, 5), (100.0, 5)):
+        scores = s32.clone().requires_grad_()
+        value = smooth_hinge(scores, y, k, tau, reduction="none", backend="triton")
+        (grad,) = torch.autograd.grad(value.sum(), scores)
+        expected = smooth_hinge(s32.double(), y, k, tau, reduction="none", backend="torch")
+        assert torch.isfinite(value).all() and torch.isfinite(grad).all(), (tau, k)
+        assert ((value.double() - expected).abs() <= 1e-5 * expected.abs() + rounding).all(), (tau, k)
+        torch.testing.assert_close(grad.sum(-1), torch.zeros_like(value), rtol=0, atol=1e-5)
+
+
+def test_float32_kernel_gradient_at_the_benchmark_size_is_within_1e4_of_float64(kernel_device):
+    g = torch.Generator().manual_seed(1)
+    s = (3 * torch.randn(1, 1000, generator=g, dtype=torch.float64)).to(kernel_device)
+    y = torch.randint(0, 1000, (1,), generator=g).to(kernel_device)
+    grads = []
+    for scores, backend in ((s.float(), "triton"), (s, "torch")):
+        scores = scores.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(smooth_hinge(scores, y, 5, 1.0, backend=backend), scores)
+        grads.append(grad.double())
+    assert ((grads[0] - grads[1]).abs().max() / grads[1].abs().max()).item() <= 1e-4
+
+
+def test_half_precision_scores_go_through_the_kernel_in_float32(kernel_device):
+    s = torch.randn(4, 50, generator=torch.Generator().manual_seed(2)).to(kernel_device)
+    y = torch.tensor([0, 7, 49, 3], device=kernel_device)
+    expected = smooth_hinge(s.bfloat16().float(), y, 5, 1.0, backend="torch")
+    got = smooth_hinge(s.bfloat16(), y, 5, 1.0, backend="triton")
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2)
+
+
+def test_the_operators_pass_opcheck(kernel_device):
+    x = torch.randn(3, 9, dtype=torch.float64, device=kernel_device, requires_grad=True)
+    torch.library.opcheck(_ops.log_esp_pair, (x, 4), test_utils=("test_schema", "test_faketensor",
+                                                                  "test_autograd_registration"))
+    pair, prefix = _ops.log_esp_pair(x.detach(), 4)
+    torch.library.opcheck(_ops.log_esp_pair_backward, (x.detach(), prefix, pair, torch.ones_like(pair), 4))
+
+
+def test_module_takes_the_backend_and_compiles_as_one_graph(kernel_device):
+    torch._dynamo.reset()
+    s = torch.randn(5, 20, dtype=torch.float64, device=kernel_device, requires_grad=True)
+    y = torch.arange(5, device=kernel_device)
+    loss = SmoothHinge(k=3, tau=0.5, backend="triton")
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    eager_value = loss(s, y)
+    (eager_grad,) = torch.autograd.grad(eager_value, s)
+    value = compiled(s, y)
+    (grad,) = torch.autograd.grad(value, s)
+    torch.testing.assert_close(value, eager_value, rtol=0, atol=0)
+    torch.testing.assert_close(grad, eager_grad, rtol=0, atol=0)
+
+
+def test_auto_backend_takes_the_kernel_only_for_cuda_scores(kernel_device, monkeypatch):
+    """``auto`` on CPU scores is the tree even with the interpreter on; ``triton`` on CPU needs the interpreter."""
+    calls = []
+    monkeypatch.setattr(_ops.elementary_symmetric, "launch_pair_forward",
+                        lambda *args, launch=_ops.elementary_symmetric.launch_pair_forward: calls.append(1) or launch(*args))
+    s = torch.randn(2, 10, device=kernel_device)
+    smooth_hinge(s, torch.tensor([1, 2], device=kernel_device), 3, 1.0)
+    assert len(calls) == (1 if kernel_device.type == "cuda" else 0)
+    if kernel_device.type == "cpu":
+        monkeypatch.delenv("TRITON_INTERPRET")
+        with pytest.raises(ValueError, match="backend='triton' needs CUDA scores, got scores on cpu"):
+            smooth_hinge(s, torch.tensor([1, 2]), 3, 1.0, backend="triton")
+        assert "TRITON_INTERPRET" not in os.environ
