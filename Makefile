@@ -71,7 +71,7 @@ bench-gpu: $(STAMP) ## On a CUDA machine: the fused kernel's grid and Fig. 3 in 
 	$(PY) benchmarks/bench_fused_kernel.py --device cuda
 	PYTHONPATH=$(CURDIR) $(PY) benchmarks/bench_epoch_time.py --device cuda
 
-kernel-resources: $(STAMP) ## Compile the fused kernel for sm_90a (no GPU needed) and print its registers and spills
+kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU needed) and print their registers and spills
 	env -u TRITON_INTERPRET $(PY) benchmarks/kernel_resources.py --arch 90 --check
 
 calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's cross-entropy numbers (experiments/calibrated/; no-op when current)
