@@ -82,7 +82,7 @@ def _reference_loss(svm, n_classes: int, k: int, device: torch.device):
 def _methods(k: int, n_classes: int, device: torch.device, svm) -> dict:
     """The measured losses; ``svm`` is the reference's `topk.svm` module, or None to leave it out."""
     methods = {
-        "smooth_hinge": lambda s, y: smooth_hinge(s, y, k, TAU, ALPHA),
+        "smooth_hinge": lambda s, y: smooth_hinge(s, y, k, TAU, ALPHA, backend="torch"),
         "noised": lambda s, y: noised_hinge(s, y, k, 1.0, 10),
         "cross_entropy": lambda s, y: F.cross_entropy(s, y),
         "esp_saved_weights": lambda s, y: log_elementary_symmetric(s / k, k)[..., k - 1:].sum(),
@@ -90,7 +90,6 @@ def _methods(k: int, n_classes: int, device: torch.device, svm) -> dict:
     }
     if device.type == "cuda" and fused.available() and k > 1:
         methods["smooth_hinge_triton"] = lambda s, y: smooth_hinge(s, y, k, TAU, ALPHA, backend="triton")
-        methods["smooth_hinge"] = lambda s, y: smooth_hinge(s, y, k, TAU, ALPHA, backend="torch")
     if svm is not None:
         reference = _reference_loss(svm, n_classes, k, device)
         if reference is not None:

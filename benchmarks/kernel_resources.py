@@ -43,12 +43,19 @@ CONFIGURATIONS = [
 ]
 
 
-def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, chunked: bool, arch: int):
-    """The kernel compiled for ``sm_<arch>`` with the launch plan the library would choose."""
+def _compile(kernel, signature: dict[str, str], constants: dict[str, object], arch: int, options: dict):
+    """``kernel`` compiled for ``sm_<arch>`` with the argument types of ``signature`` and the ``constants``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    source = ASTSource(fn=kernel, signature={**signature, **dict.fromkeys(constants, "constexpr")},
+                       constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, chunked: bool, arch: int):
+    """The kernel compiled for ``sm_<arch>`` with the launch plan the library would choose."""
     plan = fused.launch_plan(256, 10**5 if chunked else 1000, n_samples, k, dtype, torch.device("cpu"),
                              n_chunks=8 if chunked else 1)
     scores = TRITON_TYPES[dtype]
@@ -62,11 +69,7 @@ def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, 
     }
     constants = {"K": k, "HAS_NOISE": has_noise, "FINAL": not chunked, "PRUNE": not has_noise, "BLOCK_B": plan.block_samples,
                  "BLOCK_L": plan.block_classes, "BLOCK_K": plan.block_k}
-    kernel = fused._kernel()
-    signature.update(dict.fromkeys(constants, "constexpr"))
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
-    return plan, triton.compile(source, target=GPUTarget("cuda", arch, 32), options=fused.compile_options(plan))
+    return plan, _compile(fused._kernel(), signature, constants, arch, fused.compile_options(plan))
 
 
 #: (kernel of :mod:`topk._esp_kernel`, K of the smoothed hinge): every block size up to ``fused.MAX_K``
@@ -75,19 +78,12 @@ ESP_CONFIGURATIONS = [(name, k) for name in ("log_esp_forward", "log_esp_backwar
 
 def compile_esp_kernel(name: str, k: int, arch: int):
     """A kernel of :mod:`topk._esp_kernel` compiled for ``sm_<arch>`` in float32, as the loss launches it."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from topk import _esp_kernel
 
     kernel = getattr(_esp_kernel, name)
-    pointers = [arg for arg in kernel.arg_names if arg.endswith("_ptr")]
-    constants = {"K": k, "ABSENT": elementary_symmetric.absent_log(torch.float32), "BLOCK": elementary_symmetric.esp_block(k)}
-    signature = {**dict.fromkeys(pointers, "*fp32"), "n": "i32", "row_stride": "i32", **dict.fromkeys(constants, "constexpr")}
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(kernel.arg_names.index(arg),): value for arg, value in constants.items()})
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=elementary_symmetric.ESP_COMPILE_OPTIONS)
+    signature = {**{arg: "*fp32" for arg in kernel.arg_names if arg.endswith("_ptr")}, "n": "i32"}
+    constants = {"K": k, "ABSENT": elementary_symmetric.ESP_ABSENT, "BLOCK": elementary_symmetric.esp_block(k)}
+    return _compile(kernel, signature, constants, arch, elementary_symmetric.ESP_COMPILE_OPTIONS)
 
 
 def ptxas_report(ptx: str, arch: int) -> dict[str, int]:

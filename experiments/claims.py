@@ -122,14 +122,13 @@ def claim_3(table3: pd.DataFrame) -> Verdict:
     spread = max(means.values()) - min(means.values())
     small_best = max(v for b, v in means.items() if 3 <= b <= 10)
     gap = max(means.values()) - small_best
+    spread_holds, gap_holds = (_decided(value, tolerance, noise, below=True) for value in (spread, gap))
     within = f" (within the noise, {noise:.2f})" if noise else ""
     return Verdict.from_parts(3, [
-        (_decided(spread, tolerance, noise, below=True),
-         f"the means over B span {spread:.2f} points against {tolerance:.2f} (1 point, or 2 standard errors of a mean "
-         f"if larger){within if abs(spread - tolerance) <= noise else ''}"),
-        (_decided(gap, tolerance, noise, below=True),
-         f"the best B in 3..10 ({_fmt(small_best)}) is {gap:.2f} below the best B ({_fmt(max(means.values()))}), "
-         f"against {tolerance:.2f}{within if abs(gap - tolerance) <= noise else ''}"),
+        (spread_holds, f"the means over B span {spread:.2f} points against {tolerance:.2f} (1 point, or 2 standard "
+                       f"errors of a mean if larger){within if spread_holds is None else ''}"),
+        (gap_holds, f"the best B in 3..10 ({_fmt(small_best)}) is {gap:.2f} below the best B "
+                    f"({_fmt(max(means.values()))}), against {tolerance:.2f}{within if gap_holds is None else ''}"),
     ])
 
 

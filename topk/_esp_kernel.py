@@ -37,22 +37,20 @@ def _log_coefficient_without(prefix, suffix, m, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def log_esp_forward(x_ptr, prefix_ptr, out_ptr, n, row_stride,
-                    K: tl.constexpr, ABSENT: tl.constexpr, BLOCK: tl.constexpr):
-    """``out[row] = (log sigma_{K-1}, log sigma_K)`` of ``e^{x[row]}``; ``prefix[row, t]``: the log-coefficients of
-    the product of the first ``t`` factors."""
+def log_esp_forward(x_ptr, prefix_ptr, out_ptr, n, K: tl.constexpr, ABSENT: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[row] = (log sigma_{K-1}, log sigma_K)`` of ``e^{x[row]}`` (``x``: contiguous rows of ``n``);
+    ``prefix[row, t]``: the log-coefficients of the product of the first ``t`` factors."""
     row = tl.program_id(0).to(tl.int64)
     degree = tl.arange(0, BLOCK)
-    first = tl.load(x_ptr + row * row_stride)
-    log_poly = tl.where(degree == 0, 0.0, ABSENT).to(first.dtype)  # the empty product: 1
+    log_poly = tl.where(degree == 0, 0.0, ABSENT).to(x_ptr.dtype.element_ty)  # the empty product: 1
     for t in range(n):
         tl.store(prefix_ptr + (row * n + t) * BLOCK + degree, log_poly)
-        log_poly = _times_one_plus(log_poly, tl.load(x_ptr + row * row_stride + t), degree, ABSENT, BLOCK)
+        log_poly = _times_one_plus(log_poly, tl.load(x_ptr + row * n + t), degree, ABSENT, BLOCK)
     tl.store(out_ptr + row * 2 + degree - (K - 1), log_poly, mask=(degree == K - 1) | (degree == K))
 
 
 @triton.jit
-def log_esp_backward(x_ptr, prefix_ptr, out_ptr, grad_out_ptr, grad_x_ptr, n, row_stride,
+def log_esp_backward(x_ptr, prefix_ptr, out_ptr, grad_out_ptr, grad_x_ptr, n,
                      K: tl.constexpr, ABSENT: tl.constexpr, BLOCK: tl.constexpr):
     """``grad_x[row, i] = sum_j grad_out[row, j] d log sigma_j / d x_i`` for ``j = K - 1, K``."""
     row = tl.program_id(0).to(tl.int64)
@@ -62,7 +60,7 @@ def log_esp_backward(x_ptr, prefix_ptr, out_ptr, grad_out_ptr, grad_x_ptr, n, ro
     log_suffix = tl.where(degree == 0, 0.0, ABSENT).to(log_lower.dtype)
     for step in range(n):
         i = n - 1 - step
-        x_i = tl.load(x_ptr + row * row_stride + i)
+        x_i = tl.load(x_ptr + row * n + i)
         log_prefix = tl.load(prefix_ptr + (row * n + i) * BLOCK + degree)
         # d log sigma_j / d x_i = exp(x_i + log sigma_{j-1}(x without i) - log sigma_j(x))
         upper_share = tl.exp(x_i + _log_coefficient_without(log_prefix, log_suffix, K - 1, BLOCK) - log_upper)

@@ -99,6 +99,9 @@ def log_elementary_symmetric_pair(x: torch.Tensor, k: int, *, backend: str = "to
 
 #: Triton's compile options for the kernels: one warp per row (the coefficient block is at most 128 wide). Untimed.
 ESP_COMPILE_OPTIONS = {"num_warps": 1}
+#: The kernels' absent coefficient, in float32 and float64 alike: ``exp`` of it is 0 in both, and a sum of three
+#: stays finite in float32 (a float64 input's own absent entries, far lower, are absorbed the same way).
+ESP_ABSENT = absent_log(torch.float32)
 
 
 def esp_block(k: int) -> int:
@@ -116,8 +119,8 @@ def launch_pair_forward(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
     pair = rows.new_empty(n_rows, 2)
     prefix = rows.new_empty(n_rows, n, esp_block(k))
     if n_rows:
-        log_esp_forward[(n_rows,)](rows, prefix, pair, n, rows.stride(0), K=k, ABSENT=absent_log(torch.float32),
-                                   BLOCK=esp_block(k), **ESP_COMPILE_OPTIONS)
+        log_esp_forward[(n_rows,)](rows, prefix, pair, n, K=k, ABSENT=ESP_ABSENT, BLOCK=esp_block(k),
+                                   **ESP_COMPILE_OPTIONS)
     return pair, prefix
 
 
@@ -130,8 +133,8 @@ def launch_pair_backward(rows: torch.Tensor, prefix: torch.Tensor, pair: torch.T
     grad_rows = torch.empty_like(rows)
     if rows.shape[0]:
         log_esp_backward[(rows.shape[0],)](rows, prefix, pair, grad_pair.to(pair.dtype).contiguous(), grad_rows,
-                                           rows.shape[1], rows.stride(0), K=k, ABSENT=absent_log(torch.float32),
-                                           BLOCK=esp_block(k), **ESP_COMPILE_OPTIONS)
+                                           rows.shape[1], K=k, ABSENT=ESP_ABSENT, BLOCK=esp_block(k),
+                                           **ESP_COMPILE_OPTIONS)
     return grad_rows
 
 
