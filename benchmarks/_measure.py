@@ -42,6 +42,31 @@ def median_seconds(call: Callable[[], object], device: torch.device, min_repeats
     return statistics.median(times)
 
 
+def interleaved_median_seconds(calls: dict[str, Callable[[], object]], device: torch.device, min_rounds: int = 5,
+                               budget_s: float = 2.0) -> dict[str, float]:
+    """Median wall time of each of ``calls``, measured in rounds that run every call once in turn (after one warm-up
+    each), so that a change in the machine's speed during the measurement reaches every call alike. About
+    ``budget_s`` per call, 5 to 50 rounds."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+
+    def one_round():
+        for name, call in calls.items():
+            sync()
+            start = time.perf_counter()
+            call()
+            sync()
+            times[name].append(time.perf_counter() - start)
+
+    one_round()  # warm-up
+    first = sum(seconds[0] for seconds in times.values())
+    rounds = int(max(min_rounds, min(50, budget_s * len(calls) / max(first, 1e-6))))
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        one_round()
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
 def selected_devices(choice: str) -> list[torch.device]:
     """The devices of a ``--device cpu|cuda|all`` choice (CUDA only where present), announced on stdout."""
     devices = [torch.device("cpu")] if choice in ("cpu", "all") else []

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _measure import median_seconds, peak_extra_bytes, selected_devices, write_csv  # noqa: E402
+from _measure import interleaved_median_seconds, peak_extra_bytes, selected_devices, write_csv  # noqa: E402
 
 from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
 from topk.losses import noised_hinge  # noqa: E402
@@ -97,11 +97,10 @@ def run(grid: dict, devices: list[torch.device], max_elements: int, out: Path) -
                              "status": f"skipped: noise has {batch * n_classes * n_samples:.2e} numbers"})
                 continue
             s, y = _inputs(device, batch, n_classes, scale)
+            steps = {name: lambda loss=loss: _step(loss, s, y, k, n_samples, epsilon) for name, loss in methods.items()}
             result = {}
-            for name, loss in methods.items():
-                step = lambda: _step(loss, s, y, k, n_samples, epsilon)  # noqa: E731
-                seconds = median_seconds(step, device)
-                peak = peak_extra_bytes(step, device, __file__, {"method": name, **config})
+            for name, seconds in interleaved_median_seconds(steps, device).items():
+                peak = peak_extra_bytes(steps[name], device, __file__, {"method": name, **config})
                 result[name] = (seconds, peak)
                 rows.append({**provenance, **config, "method": name, "status": "ok", "ms": round(seconds * 1e3, 4),
                              "peak_extra_mb": round(peak / 2**20, 2)})

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _measure import median_seconds, peak_extra_bytes, selected_devices, write_csv  # noqa: E402
+from _measure import interleaved_median_seconds, peak_extra_bytes, selected_devices, write_csv  # noqa: E402
 
 from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
 from topk import fused  # noqa: E402
@@ -146,11 +146,12 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
                 rows.append({**provenance, **config, "method": "reference",
                              "status": "skipped: needs L >= k + int(1 + 0.2 k)"})
             s, y = _inputs(device, n_classes)
+            steps = {name: lambda loss=loss: _step(loss, s, y) for name, loss in methods.items()}
             result = {}
-            for name, loss in methods.items():
-                seconds = median_seconds(lambda: _step(loss, s, y), device)
+            for name, seconds in interleaved_median_seconds(steps, device).items():
+                loss = methods[name]
                 spec = {**config, "method": name, "reference": str(reference) if reference else ""}
-                peak = peak_extra_bytes(lambda: _step(loss, s, y), device, __file__, spec)
+                peak = peak_extra_bytes(steps[name], device, __file__, spec)
                 errors = {}
                 if name in ("smooth_hinge", "smooth_hinge_triton", "reference"):
                     errors = {f"grad_error_x{c}": _gradient_error(loss, exact[c], device, n_classes, c)

@@ -19,6 +19,7 @@ candidates, and only they need noise.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -50,14 +51,37 @@ def candidate_threshold(s: torch.Tensor, k: int, epsilon: float) -> torch.Tensor
     return kth - 2 * epsilon * Z_MAX * (1 + margin) - margin * kth.abs()
 
 
-def candidate_columns(s: torch.Tensor, k: int, epsilon: float) -> torch.Tensor | None:
-    """The columns of each row that can reach the ``k`` largest of ``s + eps Z`` (the same number ``M >= k`` for every
-    row: the largest candidate count, so some rows carry a few non-candidates, which cannot enter either), shape
-    ``(..., M)``; ``None`` when ``M`` is more than half the classes, where pruning would not pay. Reads the candidate
-    count on the host: for CPU scores (on CUDA the fused kernel prunes without a host read)."""
-    n_classes = s.shape[-1]
-    count = int((s >= candidate_threshold(s, k, epsilon)).sum(-1).max()) if s.numel() else 0
-    m = max(count, k)
-    if 2 * m > n_classes:
+@dataclass(frozen=True)
+class Candidates:
+    """The candidate classes of the rows of an ``[n_rows, n_classes]`` score matrix, listed row by row: ``flat``, their
+    flat index in that matrix; ``padded``, their flat index in ``[n_rows, width]``, where each row's candidates fill
+    its first slots (``width``: the largest count of a row)."""
+
+    flat: torch.Tensor
+    padded: torch.Tensor
+    width: int
+    n_rows: int
+    n_classes: int
+
+    def columns(self) -> torch.Tensor:
+        """``[n_rows, width]``: the class of each slot; 0 in the slots past a row's candidates."""
+        columns = torch.zeros(self.n_rows * self.width, dtype=torch.long)
+        return columns.index_copy_(0, self.padded, self.flat.remainder(self.n_classes)).view(self.n_rows, self.width)
+
+
+def candidates(s: torch.Tensor, k: int, epsilon: float) -> Candidates | None:
+    """The classes of each row of ``s`` (``[R, L]``) that can reach the ``k`` largest of ``s + eps Z``: those not below
+    :func:`candidate_threshold` (every class of a row whose threshold is NaN, and a NaN score, are candidates).
+    ``None`` where a row has more than half its classes as candidates, where pruning would not pay. Reads the counts
+    on the host: for CPU scores (on CUDA the fused kernel prunes without a host read)."""
+    n_rows, n_classes = s.shape
+    is_candidate = torch.lt(s, candidate_threshold(s, k, epsilon)).logical_not_()  # [R, L]
+    counts = is_candidate.sum(-1)  # [R]
+    width = int(counts.max()) if n_rows else 0
+    if 2 * width > n_classes:
         return None
-    return torch.topk(s, m, dim=-1, sorted=False).indices
+    flat = is_candidate.view(-1).nonzero().squeeze(1)  # [n], row by row
+    row_starts = counts.cumsum(0) - counts  # [R]: each row's first entry in the list
+    rows = flat.div(n_classes, rounding_mode="floor")
+    slots = torch.arange(flat.numel()) - row_starts.repeat_interleave(counts, output_size=flat.numel())
+    return Candidates(flat=flat, padded=rows * width + slots, width=width, n_rows=n_rows, n_classes=n_classes)

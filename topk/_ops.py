@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from topk import elementary_symmetric
-from topk._bounded_noise import bounded_normal, candidate_columns
+from topk._bounded_noise import Candidates, bounded_normal, candidates
 
 __all__ = ["perturbed_top", "pruned_perturbed_top", "fused_perturbed_top", "perturbed_top_backward", "log_esp_pair",
            "log_esp_pair_backward"]
@@ -43,18 +43,18 @@ __all__ = ["perturbed_top", "pruned_perturbed_top", "fused_perturbed_top", "pert
 #: sample is always allowed, so memory stays O(batch x L) however large L is.
 CHUNK_ELEMENTS = 1 << 22
 
-# PyTorch's CPU allocator does not cache: a fresh noise buffer page-faults on every call, which costs about half as
-# much as drawing the noise. Each thread keeps one CPU scratch buffer per dtype for the noise of
-# ``pruned_perturbed_top``, which it overwrites with the perturbed scores (CUDA's caching allocator needs none).
+# PyTorch's CPU allocator does not cache: a fresh buffer page-faults on every call, which costs about half as much as
+# drawing the noise. Each thread keeps CPU scratch buffers, one per use and dtype, for the noise and the perturbed
+# scores of ``pruned_perturbed_top`` (CUDA's caching allocator needs none).
 _scratch_buffers = threading.local()
 
 
-def _scratch(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+def _scratch(use: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     numel = math.prod(shape)
     buffers = _scratch_buffers.__dict__.setdefault("buffers", {})
-    buffer = buffers.get(dtype)
+    buffer = buffers.get((use, dtype))
     if buffer is None or buffer.numel() < numel:
-        buffer = buffers[dtype] = torch.empty(numel, dtype=dtype)
+        buffer = buffers[(use, dtype)] = torch.empty(numel, dtype=dtype)
     return buffer[:numel].view(shape)
 
 
@@ -69,20 +69,22 @@ def _minus_true_scores(value: Tensor, scores: Tensor, labels: Optional[Tensor]) 
     return value.to(scores.dtype)
 
 
-def _top_of_perturbed(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top: bool,
-                      overwrite_noise: bool = False) -> tuple[Tensor, Tensor]:
-    """The mean over the samples of ``top_k`` (``topSigma_k``) of ``s + eps z`` in the accumulation dtype (NaN for a
-    row holding a NaN) and the selected positions, shape ``(B, ..., r)``. ``s + eps z`` is rounded twice (product,
-    then sum), as the fused kernel does; ``overwrite_noise``: computed in ``noise``'s memory."""
-    accumulate = _accumulate_dtype(scores)
-    perturbed = (noise.mul_(epsilon) if overwrite_noise else noise * epsilon).add_(scores)  # [B, ..., L]
-    values, positions = torch.topk(perturbed, k, dim=-1)  # [B, ..., L] -> [B, ..., k], sorted
+def _mean_top(perturbed: Tensor, k: int, sum_top: bool, accumulate: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The mean over the samples (the first dimension) of ``top_k`` (``topSigma_k``) of the rows of ``perturbed``
+    (``[B, ..., M]``) in the ``accumulate`` dtype (NaN for a row holding a NaN), and the selected positions, shape
+    ``(B, ..., r)``."""
+    values, positions = torch.topk(perturbed, k, dim=-1)  # [B, ..., M] -> [B, ..., k], sorted
     if sum_top:
         selected = values.sum(-1, dtype=accumulate)
     else:
         selected, positions = values[..., k - 1].to(accumulate).contiguous(), positions[..., k - 1:].contiguous()
-    value = selected.sum(0) / noise.shape[0]  # [B, ...] -> [...], summed in the fused operator's order
+    value = selected.sum(0) / perturbed.shape[0]  # [B, ...] -> [...], summed in the fused operator's order
     return torch.where(values[..., 0].isnan().any(0), float("nan"), value), positions
+
+
+def _top_of_perturbed(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top: bool) -> tuple[Tensor, Tensor]:
+    """:func:`_mean_top` of ``s + eps z``, rounded twice (product, then sum) as the fused kernel does."""
+    return _mean_top((noise * epsilon).add_(scores), k, sum_top, _accumulate_dtype(scores))
 
 
 @torch.library.custom_op("topk::perturbed_top", mutates_args=())
@@ -105,26 +107,41 @@ def _(scores, noise, k, epsilon, sum_top, labels):
 
 
 def pruned_top_of_perturbed(scores: Tensor, k: int, epsilon: float, n_samples: int, sum_top: bool,
-                            samples_per_chunk: int, draw: Callable[[int, int, Optional[Tensor]], Tensor],
-                            overwrite_noise: bool = False) -> tuple[Tensor, Tensor]:
+                            samples_per_chunk: int, draw: Callable[[int, int, Optional[Candidates]], Tensor]
+                            ) -> tuple[Tensor, Tensor]:
     """:func:`_top_of_perturbed` with noise for the candidate classes only (:mod:`topk._bounded_noise`).
-    ``draw(start, stop, columns)`` gives samples ``start..stop`` of the noise at ``columns`` (``None``: every class),
-    shape ``(stop - start, ..., M)``; the samples are taken ``samples_per_chunk`` at a time (0: as many as keep
-    ``CHUNK_ELEMENTS`` perturbed scores)."""
-    columns = candidate_columns(scores, k, epsilon)
-    candidates = scores if columns is None else scores.gather(-1, columns)  # [..., L] -> [..., M]
-    samples_per_chunk = samples_per_chunk or max(1, CHUNK_ELEMENTS // max(1, candidates.numel()))
+    ``draw(start, stop, candidates)`` gives samples ``start..stop`` of the noise at the candidates, listed row by
+    row, or at every score when ``candidates`` is ``None`` (no pruning): shape ``(stop - start, n)``, a tensor this
+    function overwrites. The samples are taken ``samples_per_chunk`` at a
+    time (0: as many as keep ``CHUNK_ELEMENTS`` perturbed scores). Each row's perturbed candidates are laid out
+    padded to the longest row, with -inf past its candidates, which can never be selected (every row has ``k``)."""
+    rows = scores.reshape(-1, scores.shape[-1])  # [..., L] -> [R, L]
+    found = candidates(rows, k, epsilon)
+    if found is None:
+        def perturb(noise):  # [b, R * L] -> [b, R, L]
+            return noise.view(-1, *rows.shape).mul_(epsilon).add_(rows)
+        per_sample = rows.numel()
+    else:
+        values = rows.reshape(-1)[found.flat]  # [n]
+
+        def perturb(noise):  # [b, n] -> [b, R, width]
+            padded = _scratch("perturbed", (noise.shape[0], found.n_rows * found.width), rows.dtype)
+            padded.fill_(float("-inf")).index_copy_(1, found.padded, noise.mul_(epsilon).add_(values))
+            return padded.view(-1, found.n_rows, found.width)
+        per_sample = found.n_rows * found.width
+    samples_per_chunk = samples_per_chunk or max(1, CHUNK_ELEMENTS // max(1, per_sample))
+    accumulate = _accumulate_dtype(scores)
     means, positions = [], []
     for start in range(0, n_samples, samples_per_chunk):
         stop = min(start + samples_per_chunk, n_samples)
-        mean, at = _top_of_perturbed(candidates, draw(start, stop, columns), k, epsilon, sum_top, overwrite_noise)
+        mean, at = _mean_top(perturb(draw(start, stop, found)), k, sum_top, accumulate)
         means.append((mean, stop - start))
         positions.append(at)
     value = means[0][0] if len(means) == 1 else sum(mean * count for mean, count in means) / n_samples
-    positions = torch.cat(positions)  # [B, ..., r], among the candidates
-    if columns is not None:
-        positions = columns.expand(n_samples, *columns.shape).gather(-1, positions)  # -> the classes' columns
-    return value, positions
+    positions = torch.cat(positions)  # [B, R, r], among the slots
+    if found is not None:
+        positions = found.columns().expand(n_samples, -1, -1).gather(-1, positions)  # -> the classes' columns
+    return value.reshape(scores.shape[:-1]), positions.reshape(n_samples, *scores.shape[:-1], positions.shape[-1])
 
 
 @torch.library.custom_op("topk::pruned_perturbed_top", mutates_args=(), device_types="cpu")
@@ -135,12 +152,11 @@ def pruned_perturbed_top(scores: Tensor, seed: Tensor, k: int, epsilon: float, n
     a CPU. ``samples_per_chunk``: samples drawn at once (0: as many as fit in ``CHUNK_ELEMENTS`` numbers)."""
     generator = torch.Generator().manual_seed(int(seed))
 
-    def draw(start, stop, columns):
-        shape = (stop - start, *(scores.shape if columns is None else columns.shape))
-        return bounded_normal(shape, generator=generator, out=_scratch(shape, scores.dtype))
+    def draw(start, stop, found):
+        shape = (stop - start, scores.numel() if found is None else found.flat.numel())
+        return bounded_normal(shape, generator=generator, out=_scratch("noise", shape, scores.dtype))
 
-    value, positions = pruned_top_of_perturbed(scores, k, epsilon, n_samples, sum_top, samples_per_chunk, draw,
-                                               overwrite_noise=True)
+    value, positions = pruned_top_of_perturbed(scores, k, epsilon, n_samples, sum_top, samples_per_chunk, draw)
     return _minus_true_scores(value, scores, labels), positions
 
 

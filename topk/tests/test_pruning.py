@@ -20,9 +20,9 @@ def _pruned_and_unpruned(s, k, epsilon, sum_top, samples_per_chunk=0, n_samples=
     generator = torch.Generator().manual_seed(1)
     noise = torch.randn((n_samples, *s.shape), dtype=s.dtype, generator=generator)
 
-    def draw(start, stop, columns):  # the full noise's draws at the candidates' columns
-        part = noise[start:stop]
-        return part if columns is None else part.gather(-1, columns.expand(stop - start, *columns.shape))
+    def draw(start, stop, found):  # the full noise's draws at the candidates
+        part = noise[start:stop].reshape(stop - start, -1)
+        return part.clone() if found is None else part[:, found.flat]
 
     pruned = _ops.pruned_top_of_perturbed(s, k, epsilon, n_samples, sum_top, samples_per_chunk, draw)
     return pruned, _ops._top_of_perturbed(s, noise, k, epsilon, sum_top), noise
@@ -57,17 +57,31 @@ def test_a_threshold_set_too_tight_is_detected(monkeypatch):
 
 def test_trained_network_logits_leave_a_few_candidates():
     """N(0, 5^2) logits over 1,000 classes, k = K + 1 = 6, the paper's eps = 0.2 on CIFAR-100: a small fraction of the
-    classes get noise."""
+    classes get noise, and every class left out is below the bound."""
     s = _scores(5.0, shape=(128, 1000), dtype=torch.float32)
-    columns = _bounded_noise.candidate_columns(s, 6, 0.2)
-    assert columns is not None and columns.shape == (128, columns.shape[1]) and columns.shape[1] < 100
+    found = _bounded_noise.candidates(s, 6, 0.2)
+    assert found is not None and found.width < 100 and found.flat.numel() < 128 * 50
     kth = torch.topk(s, 6, dim=-1).values[:, -1:]
-    outside = torch.ones_like(s, dtype=torch.bool).scatter_(-1, columns, False)
+    outside = torch.ones(s.numel(), dtype=torch.bool).index_fill_(0, found.flat, False).view(s.shape)
     assert (s[outside] < (kth - 2 * 0.2 * _bounded_noise.Z_MAX).expand_as(s)[outside]).all()
 
 
+def test_candidates_fill_the_first_slots_of_their_row():
+    s = torch.tensor([[0.0, 9.0, -9.0, 8.0, 7.0], [5.0, -9.0, -9.0, -9.0, -9.0]])
+    found = _bounded_noise.candidates(s, 1, 0.1)  # bound 2 x 0.1 x 5.68 = 1.14 below each row's top
+    assert found is not None and found.width == 2 and found.flat.tolist() == [1, 3, 5]
+    assert found.columns().tolist() == [[1, 3], [0, 0]]  # row 1 has one candidate; its second slot is padding
+
+
+def test_nan_scores_and_undefined_thresholds_are_candidates():
+    s = torch.tensor([[float("nan"), 9.0, -9.0, -9.0, -9.0, -9.0], [float("inf"), float("inf"), 0.0, -9.0, -9.0, -9.0]])
+    assert _bounded_noise.candidates(s, 2, 0.1) is None  # row 2's threshold is inf - inf: every class is a candidate
+    found = _bounded_noise.candidates(s[:1], 2, 0.1)  # the second largest is 9: the bound is 7.86
+    assert found is not None and found.flat.tolist() == [0, 1]  # the NaN and the 9
+
+
 def test_no_pruning_where_most_classes_are_candidates():
-    assert _bounded_noise.candidate_columns(_scores(1.0), 6, 1.0) is None  # every class within 2 eps Z_MAX of the top
+    assert _bounded_noise.candidates(_scores(1.0).reshape(-1, 300), 6, 1.0) is None  # all within 2 eps Z_MAX
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
