@@ -16,7 +16,7 @@ MODULES := torch torchvision numpy scipy pandas matplotlib seaborn jupyterlab pa
 PYTEST_ARGS ?=
 # A checkout of github oval-group/smooth-topk outside this project, for `make bench` (optional).
 REFERENCE ?=
-# The notebooks: PROFILE=smoke|quick|paper, DATA=root of the real datasets (paper), DEVICE=cpu|cuda, THREADS=torch CPU
+# The notebooks: PROFILE=smoke|quick|gpu|paper, DATA=root of the real datasets (paper), DEVICE=cpu|cuda, THREADS=torch CPU
 # threads per notebook (0: torch's default; use THREADS=1 with make -j2).
 PROFILE ?= quick
 DATA ?=
@@ -34,7 +34,7 @@ PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-pr
 	$(if $(WORKERS),-p workers $(WORKERS)) $(if $(COMPILE),-p compile_mode $(COMPILE))
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test bench bench-gpu readme kernel-resources calibrate paper-figures notebooks report check-report lab clean \
+.PHONY: help venv test bench bench-gpu profile-time readme kernel-resources calibrate paper-figures notebooks report check-report lab clean \
 	clean-results
 
 help: ## List the targets
@@ -67,6 +67,9 @@ bench: $(STAMP) ## Loss benchmarks vs pytopk, the smoothed hinge's reference (RE
 readme: | $(STAMP) ## Regenerate the README's numbers from the committed results (figures/quick, benchmarks/results)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.readme
 
+profile-time: $(STAMP) ## Estimate a stand-in profile's hours on this machine [PROFILE=quick|gpu DEVICE=cpu|cuda THREADS=n]
+	PYTHONPATH=$(CURDIR) $(PY) benchmarks/bench_profile_time.py $(PROFILE) --device $(DEVICE) --threads $(THREADS)
+
 bench-gpu: $(STAMP) ## On a CUDA machine: the fused kernel's grid and Fig. 3 in GPU seconds (CSV in benchmarks/results/)
 	$(PY) benchmarks/bench_fused_kernel.py --device cuda
 	PYTHONPATH=$(CURDIR) $(PY) benchmarks/bench_epoch_time.py --device cuda
@@ -77,7 +80,7 @@ kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU need
 calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's cross-entropy numbers (experiments/calibrated/; no-op when current)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.calibration $(PROFILE) --device $(DEVICE)
 
-paper-figures: $(STAMP) ## Calibrate, run every notebook [PROFILE=quick|smoke|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
+paper-figures: $(STAMP) ## Calibrate, run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
 	@status=0; $(MAKE) --no-print-directory calibrate || status=$$?; \
 	$(MAKE) --no-print-directory -k notebooks || status=$$?; \
 	$(MAKE) --no-print-directory report; \

@@ -6,6 +6,7 @@
 #   kernel  the fused kernel's grid with its memory and noise floors, every kind of input (resumable: rerun to finish)
 #   fig3    Fig. 3 in GPU seconds
 #   hinge   the smoothed hinge on CUDA, tree against Triton kernel, against CE (headline, then the grid until the limit)
+#   profile the gpu profile's hours on this GPU (bench_profile_time.py: each setup's images/s times its workload)
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 #   bash benchmarks/gpu_session.sh STAGE [seconds for the kernel grid, default 240]
 # pytopk (pure Python) can be put on PYTHONPATH beforehand for the kernel comparison; without it, that column is skipped.
@@ -36,7 +37,10 @@ case "${1:-tests}" in
       | tee "$out/smooth_hinge_cuda.log" || status=1
     timeout "${2:-300}" python3 benchmarks/bench_smooth_hinge.py --device cuda --out "$out/smooth_hinge_cuda.csv" 2>&1 \
       | tee -a "$out/smooth_hinge_cuda.log" ;;
+  profile)
+    python3 benchmarks/bench_profile_time.py gpu --device cuda --out "$out/profile_time_gpu_cuda.csv" 2>&1 \
+      | tee "$out/profile_time_gpu_cuda.log" || status=1 ;;
   *)
-    echo "unknown stage ${1}: tests, step, kernel, fig3 or hinge" >&2; status=2 ;;
+    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge or profile" >&2; status=2 ;;
 esac
 exit $status

@@ -128,3 +128,15 @@ def imagenet(profile: Profile) -> list[Cell]:
              {"loss_options": _noised(k, 0.5, 10), "lr": 0.1 * scale, "weight_decay": 1.5e-4, **chosen}),
         ]
     return _cells(setup, setup.seeds, runs)
+
+
+#: The grids each training notebook runs (``notebooks/<name>.ipynb``), in the report's order.
+NOTEBOOK_GRIDS = {
+    "table2_fig2_epsilon": (table2, figure2),
+    "table3_samples": (table3,),
+    "fig3_epoch_time": (figure3,),
+    "table4_table7_label_noise": (label_noise,),
+    "table5_table8_plantnet": (plantnet,),
+    "table6_imagenet_lt": (imagenet_lt,),
+    "table9_imagenet": (imagenet,),
+}

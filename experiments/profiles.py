@@ -1,5 +1,7 @@
-"""The three scales at which the notebooks run: ``smoke`` (CI, minutes), ``quick`` (a laptop-class CPU, under an hour)
-and ``paper`` (the paper's protocols on the real datasets; GPUs in practice).
+"""The scales at which the notebooks run: ``smoke`` (CI, minutes), ``quick`` (a laptop-class CPU, under two hours),
+``gpu`` (the paper's models and schedules on full-size stand-ins) and ``paper`` (the paper's protocols on the real
+datasets). ``python -m experiments.workload PROFILE`` counts what a profile trains; ``benchmarks/bench_profile_time.py``
+turns that into hours on a given machine.
 
 A :class:`Setup` is one dataset with its model and training schedule; a notebook's grid
 (:mod:`experiments.grids`) turns it into one :class:`RunConfig` per loss, hyperparameter and seed. The loss
@@ -167,7 +169,26 @@ PAPER = Profile(
     level_set_points=150, replications=100, bound_samples=20_000,
 )
 
-PROFILES = {profile.name: profile for profile in (SMOKE, QUICK, PAPER)}
+GPU = calibrated(Profile(
+    name="gpu",
+    description="full-size synthetic stand-ins (the real datasets' numbers of images and classes; the 224-px ones "
+                "rendered at 64 px to stay in GPU memory) with the paper's models, schedules and seeds; randomly "
+                "initialised (no ImageNet weights for a stand-in)",
+    cifar=replace(PAPER.cifar, dataset="cifar100_like", data_subdir="",
+                  dataset_options={"per_class_train": 450, "per_class_val": 50, "per_class_test": 100}),
+    plantnet=replace(PAPER.plantnet, dataset="plantnet_like", data_subdir="", model_options={},
+                     dataset_options={"n_images": 306_146, "n_classes": 1081, "image_size": 64}),
+    imagenet_lt=replace(PAPER.imagenet_lt, dataset="imagenet_lt_like", data_subdir="",
+                        dataset_options={"n_images": 115_846, "n_classes": 1000, "image_size": 64}),
+    imagenet=replace(PAPER.imagenet, dataset="imagenet_like", data_subdir="",
+                     dataset_options={"per_class_train": 1231, "per_class_val": 50, "per_class_test": 50,
+                                      "n_classes": 1000, "image_size": 64}),
+    sweep_seeds=PAPER.sweep_seeds, figure3_ks=PAPER.figure3_ks, figure3_epochs=PAPER.figure3_epochs,
+    judges_training=True, level_set_points=PAPER.level_set_points, replications=PAPER.replications,
+    bound_samples=PAPER.bound_samples,
+))
+
+PROFILES = {profile.name: profile for profile in (SMOKE, QUICK, GPU, PAPER)}
 
 
 def get_profile(name: str) -> Profile:

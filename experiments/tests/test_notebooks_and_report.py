@@ -2,6 +2,7 @@
 harness stops on missing real data and survives a diverged run, and the report marks failures and stays offline."""
 
 import json
+import re
 
 import nbformat
 import pytest
@@ -14,8 +15,7 @@ from experiments import paths, provenance
 from experiments.paths import NOTEBOOKS
 from experiments.profiles import PROFILES, QUICK, SMOKE
 
-ALL_GRIDS = (grids.table2, grids.figure2, grids.table3, grids.figure3, grids.label_noise, grids.plantnet,
-             grids.imagenet_lt, grids.imagenet)
+ALL_GRIDS = tuple(grid for notebook_grids in grids.NOTEBOOK_GRIDS.values() for grid in notebook_grids)
 
 
 def test_every_source_notebook_is_catalogued_output_free_and_has_one_parameters_cell():
@@ -27,6 +27,8 @@ def test_every_source_notebook_is_catalogued_output_free_and_has_one_parameters_
         assert all(not cell.outputs and cell.execution_count is None for cell in code), name
         assert sum("parameters" in cell.metadata.get("tags", []) for cell in code) == 1, name
         assert f'harness.start("{name}"' in code[1].source, name
+        used = {grid.__name__ for grid in grids.NOTEBOOK_GRIDS.get(name, ())}
+        assert used == set(re.findall(r"grids\.(\w+)\(", "".join(cell.source for cell in code))), name
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))

@@ -1,0 +1,121 @@
+"""How long a profile takes on this machine: each setup's training and evaluation speed measured here, times the images
+:mod:`experiments.workload` counts for each notebook and for one point of the calibration.
+
+    python benchmarks/bench_profile_time.py gpu --device cuda
+    python benchmarks/bench_profile_time.py quick --device cpu --threads 1    # as `make -j2 paper-figures THREADS=1`
+
+A training step is the engine's (:func:`experiments.train.train_epoch`): the setup's model and batch size, channels-last
+and bfloat16 autocast on CUDA, cross-entropy, SGD with Nesterov momentum; evaluation is its forward pass in eval mode.
+The images are random (the augmentation's cost is left out) and the loss is cross-entropy: the paper's losses add
+their own cost (Fig. 3; `benchmarks/bench_epoch_time.py`). The estimate is compared with a measured profile in the
+README. Not a test: timings depend on the machine. Rows go to benchmarks/results/profile_time_<profile>_<device>.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _measure import write_csv  # noqa: E402
+
+from experiments.models import build_model  # noqa: E402
+from experiments.profiles import SETUPS, get_profile  # noqa: E402
+from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
+from experiments.workload import profile_work, stand_in_size  # noqa: E402
+
+FIELDS = [*STAMP_FIELDS, "profile", "notebook", "setup", "runs", "epochs", "train_images", "eval_images",
+          "train_images_per_s", "eval_images_per_s", "hours"]
+
+
+def _timed_rate(step, batch_size: int, device: torch.device, budget_s: float) -> float:
+    """Images per second of ``step`` (one batch), after two warm-up steps, over at least 3 steps and ``budget_s``."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(2):
+        step()
+    sync()
+    steps, start = 0, time.perf_counter()
+    while steps < 3 or time.perf_counter() - start < budget_s:
+        step()
+        steps += 1
+        if steps % 5 == 0:
+            sync()
+    sync()
+    return steps * batch_size / (time.perf_counter() - start)
+
+
+def setup_rates(setup, device: torch.device, budget_s: float) -> tuple[float, float]:
+    """(training, evaluation) images per second of ``setup``'s model at its batch size and image size."""
+    size = stand_in_size(setup)
+    cuda = device.type == "cuda"
+    model = build_model(setup.model, size.num_classes, **setup.model_options).to(device)
+    memory_format = torch.channels_last if cuda else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    images = torch.randn(setup.batch_size, 3, size.image_size, size.image_size, device=device).contiguous(
+        memory_format=memory_format)
+    labels = torch.randint(0, size.num_classes, (setup.batch_size,), device=device)
+    config = setup.config("cross_entropy", setup.seeds[0])
+    optimiser = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, nesterov=True,
+                                weight_decay=config.weight_decay)
+
+    def train_step():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            scores = model(images)
+        loss = F.cross_entropy(scores.float(), labels)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+
+    @torch.no_grad()
+    def eval_step():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            model(images).float()
+
+    model.train()
+    train_rate = _timed_rate(train_step, setup.batch_size, device, budget_s)
+    model.eval()
+    return train_rate, _timed_rate(eval_step, setup.batch_size, device, budget_s)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("profile")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--budget", type=float, default=5.0, help="seconds of measurement per setup and mode")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device, profile = torch.device(args.device), get_profile(args.profile)
+    out = args.out or Path(__file__).parent / "results" / f"profile_time_{profile.name}_{device.type}.csv"
+    provenance = stamp(device)
+    print(f"{provenance['device_name']} ({device.type}, {torch.get_num_threads()} CPU threads), profile {profile.name}")
+    rates = {}
+    for name in SETUPS:
+        setup = getattr(profile, name)
+        rates[name] = setup_rates(setup, device, args.budget)
+        print(f"  {name:12s} {setup.model:14s} batch {setup.batch_size:4d}: train {rates[name][0]:9.1f} images/s, "
+              f"eval {rates[name][1]:9.1f} images/s", flush=True)
+    rows, totals = [], {}
+    for work in profile_work(profile):
+        train_rate, eval_rate = rates[work.setup]
+        hours = (work.train_images / train_rate + work.eval_images / eval_rate) / 3600
+        totals[work.notebook] = totals.get(work.notebook, 0.0) + hours
+        rows.append({**provenance, "profile": profile.name, **vars(work), "train_images_per_s": round(train_rate, 1),
+                     "eval_images_per_s": round(eval_rate, 1), "hours": round(hours, 4)})
+    write_csv(rows, FIELDS, out)
+    for notebook, hours in totals.items():
+        print(f"  {notebook:28s} {hours:10.2f} h")
+    notebooks = sum(hours for notebook, hours in totals.items() if notebook != "calibration point")
+    print(f"training notebooks: {notebooks:.2f} h; each point of the calibration's search: "
+          f"{totals.get('calibration point', 0):.2f} h. CSV: {out}")
+
+
+if __name__ == "__main__":
+    main()

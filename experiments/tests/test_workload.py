@@ -1,0 +1,51 @@
+"""What a profile trains, counted before it runs (:mod:`experiments.workload`)."""
+
+import pytest
+
+import data_prep
+from experiments import grids, workload
+from experiments.profiles import GPU, PAPER, QUICK, SMOKE
+
+
+def test_a_stand_in_size_is_its_generator_s_at_any_image_size():
+    size = workload.stand_in_size(SMOKE.plantnet)
+    splits = data_prep.load("plantnet_like", **SMOKE.plantnet.dataset_options)
+    assert (size.train, size.val, size.test, size.num_classes) == (
+        len(splits.train), len(splits.val), len(splits.test), splits.num_classes)
+    assert size.image_size == splits.info["image_size"] == 16
+
+
+def test_a_run_shared_by_two_notebooks_is_counted_once():
+    rows = {(row.notebook, row.setup): row for row in workload.profile_work(QUICK)}
+    table3, label_noise = len(grids.table3(QUICK)), len(grids.label_noise(QUICK))
+    shared = len({c.config.key() for c in grids.table3(QUICK)} & {c.config.key() for c in grids.label_noise(QUICK)})
+    assert shared > 0
+    assert rows[("table3_samples", "cifar")].runs == table3
+    assert rows[("table4_table7_label_noise", "cifar")].runs == label_noise - shared
+
+
+def test_images_count_full_batches_every_epoch_and_evaluations():
+    row = next(r for r in workload.profile_work(SMOKE) if r.notebook == "table3_samples")
+    size, setup = workload.stand_in_size(SMOKE.cifar), SMOKE.cifar
+    assert row.train_images == row.runs * setup.epochs * (size.train // setup.batch_size * setup.batch_size)
+    assert row.eval_images == row.runs * (setup.epochs * size.val + size.test)
+
+
+def test_one_calibration_point_per_calibrated_setup():
+    points = [row for row in workload.profile_work(QUICK) if row.notebook == "calibration point"]
+    assert [row.setup for row in points] == list(QUICK.calibrated_setups) and all(row.runs == 1 for row in points)
+    assert not [row for row in workload.profile_work(SMOKE) if row.notebook == "calibration point"]
+
+
+def test_the_gpu_profile_has_the_paper_s_models_and_schedules_on_stand_ins():
+    for name in ("cifar", "plantnet", "imagenet_lt", "imagenet"):
+        gpu, paper = getattr(GPU, name), getattr(PAPER, name)
+        assert gpu.synthetic and (gpu.model, gpu.epochs, gpu.batch_size, gpu.lr, gpu.milestones, gpu.seeds) == (
+            paper.model, paper.epochs, paper.batch_size, paper.lr, paper.milestones, paper.seeds)
+    size = workload.stand_in_size(GPU.cifar)
+    assert (size.train, size.val, size.test) == (45_000, 5_000, 10_000)  # CIFAR-100's split, as the paper's
+
+
+def test_a_real_dataset_cannot_be_counted():
+    with pytest.raises(ValueError, match="'cifar100' dataset is real"):
+        workload.stand_in_size(PAPER.cifar)

@@ -1,0 +1,103 @@
+"""What a profile trains, counted before anything runs: per training notebook, its distinct runs (a run shared with an
+earlier notebook is trained once, by the results store) and the images they push through a training step and through
+an evaluation; and one point of the calibration's search.
+
+``benchmarks/bench_profile_time.py`` measures how fast a machine trains each setup and turns these counts into hours.
+Only stand-in profiles can be counted: a real dataset's size is known from its files.
+
+    python -m experiments.workload gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from dataclasses import dataclass
+from functools import cache
+
+import data_prep
+from experiments.grids import NOTEBOOK_GRIDS
+from experiments.profiles import SETUPS, Profile, Setup, get_profile
+
+
+@dataclass(frozen=True)
+class StandInSize:
+    """A stand-in's split sizes, classes and image side, as its generator makes them for a setup's options."""
+
+    train: int
+    val: int
+    test: int
+    num_classes: int
+    image_size: int
+
+
+@dataclass(frozen=True)
+class Work:
+    """Runs of one setup within one notebook (``notebook`` is ``"calibration point"`` for one point of the
+    calibration's search: one cross-entropy run per calibrated setup)."""
+
+    notebook: str
+    setup: str  #: the profile's attribute: cifar, plantnet, imagenet_lt or imagenet
+    runs: int
+    epochs: int  #: summed over the runs
+    train_images: int  #: images through a training step: full batches only, as the training loop takes them
+    eval_images: int  #: images evaluated: the validation set after every epoch, the test set once per run
+
+
+def stand_in_size(setup: Setup) -> StandInSize:
+    """The sizes of ``setup``'s stand-in: its generator run on 1-pixel images (the labels and splits are the same at
+    every image size; only the rendering, skipped here, depends on it)."""
+    if setup.dataset not in data_prep.SYNTHETIC:
+        raise ValueError(f"the {setup.dataset!r} dataset is real: its size comes from its files, not from a profile; "
+                         f"the stand-ins are {sorted(data_prep.SYNTHETIC)}")
+    return _size(setup.dataset, tuple(sorted(setup.dataset_options.items())))
+
+
+@cache
+def _size(dataset: str, options: tuple) -> StandInSize:
+    generator = data_prep.SYNTHETIC[dataset]
+    options = dict(options)
+    image_size = options.pop("image_size", inspect.signature(generator).parameters["image_size"].default)
+    splits = generator(**options, image_size=1, augment=False)
+    return StandInSize(len(splits.train), len(splits.val), len(splits.test), splits.num_classes, image_size)
+
+
+def _work(notebook: str, name: str, setup: Setup, configs: list) -> Work:
+    size = stand_in_size(setup)
+    epochs = sum(config.epochs for config in configs)
+    full_batches = sum(config.epochs * (size.train // config.batch_size * config.batch_size) for config in configs)
+    evaluated = sum(config.epochs * size.val + size.test for config in configs)
+    return Work(notebook, name, len(configs), epochs, full_batches, evaluated)
+
+
+def profile_work(profile: Profile) -> list[Work]:
+    """The training notebooks' work, in the report's order, one row per notebook and setup, then one calibration
+    point per calibrated setup (its first seed, as :mod:`experiments.calibration` trains it)."""
+    rows, seen = [], set()
+    setup_names = {getattr(profile, name).dataset: name for name in SETUPS}  # each setup has its own dataset
+    for notebook, notebook_grids in NOTEBOOK_GRIDS.items():
+        by_setup: dict[str, list] = {}
+        for grid in notebook_grids:
+            for cell in grid(profile):
+                if cell.config.key() not in seen:
+                    seen.add(cell.config.key())
+                    by_setup.setdefault(setup_names[cell.setup.dataset], []).append(cell.config)
+        rows += [_work(notebook, name, getattr(profile, name), configs) for name, configs in by_setup.items()]
+    for name in profile.calibrated_setups:
+        setup = getattr(profile, name)
+        rows.append(_work("calibration point", name, setup, [setup.config("cross_entropy", setup.seeds[0])]))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("profile")
+    profile = get_profile(parser.parse_args().profile)
+    print(f"{'notebook':28s} {'setup':12s} {'runs':>5s} {'epochs':>7s} {'train images':>14s} {'eval images':>13s}")
+    for row in profile_work(profile):
+        print(f"{row.notebook:28s} {row.setup:12s} {row.runs:5d} {row.epochs:7d} {row.train_images:14,d} "
+              f"{row.eval_images:13,d}")
+
+
+if __name__ == "__main__":
+    main()
