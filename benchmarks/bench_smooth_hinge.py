@@ -12,7 +12,8 @@ PATH is a checkout of github oval-group/smooth-topk kept outside this project (n
 
 Rows:
 - smooth_hinge: `topk.losses.smooth_hinge` on the tree of `log_elementary_symmetric`; smooth_hinge_triton (CUDA,
-  K > 1): the same loss on the kernel of `topk._esp_kernel`; reference: their SmoothTopkSVM (SmoothTop1SVM for K = 1), whose
+  K > 1): the same loss on the kernel of `topk._esp_kernel`, and smooth_hinge_triton_compiled, that under
+  `torch.compile(fullgraph=True)`; reference: their SmoothTopkSVM (SmoothTop1SVM for K = 1), whose
   hard/smooth switch is part of its cost; noised: `noised_hinge` with epsilon 1, B = 10; cross_entropy.
 - esp_saved_weights / esp_autograd: the backward choice of `log_elementary_symmetric` alone (the sum of
   log sigma_{K-1} and log sigma_K of s / K, forward+backward), so the two can be compared.
@@ -90,6 +91,8 @@ def _methods(k: int, n_classes: int, device: torch.device, svm) -> dict:
     }
     if device.type == "cuda" and fused.available() and k > 1:
         methods["smooth_hinge_triton"] = lambda s, y: smooth_hinge(s, y, k, TAU, ALPHA, backend="triton")
+        # The ops around the kernel (the shift, the masks, the softplus, the reduction) fused by Inductor.
+        methods["smooth_hinge_triton_compiled"] = torch.compile(methods["smooth_hinge_triton"], fullgraph=True)
     if svm is not None:
         reference = _reference_loss(svm, n_classes, k, device)
         if reference is not None:
@@ -163,7 +166,8 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
             errors = " | grad error (x1, x20) " + ", ".join(
                 f"{name} {' '.join(f'{e:.1e}' for e in errs.values())}" for name, (_, _, errs) in result.items() if errs)
             ratio = "".join(f" | {name} / cross_entropy x{result[name][0] / result['cross_entropy'][0]:.1f} (target x5)"
-                            for name in ("smooth_hinge", "smooth_hinge_triton") if name in result)
+                            for name in ("smooth_hinge", "smooth_hinge_triton", "smooth_hinge_triton_compiled")
+                            if name in result)
             if "reference" in result:
                 ratio += f" | speed-up vs reference x{result['reference'][0] / result['smooth_hinge'][0]:.2f}"
             print(f"{device.type} L {n_classes:6d} K {k:2d}: {line}{errors}{ratio}", flush=True)
