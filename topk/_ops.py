@@ -20,9 +20,10 @@ drawn by the caller from the device's generator, so a captured graph draws fresh
 With ``labels`` the forward operators return ``mean_b top(s + eps Z_b) - s_y``, the term of the hinge (Eq. 10,
 13), and the backward subtracts ``grad`` at ``y``: the loss's whole gradient is written in one pass.
 
-The smoothed hinge of Berrada et al. (2018) has two more, on the kernel of :mod:`topk._esp_kernel`:
+The smoothed hinge of Berrada et al. (2018) has four more, on the kernel of :mod:`topk._esp_kernel`:
 ``topk::log_esp_pair`` (``log sigma_{k-1}`` and ``log sigma_k`` of ``exp(x)``, with the prefix products the
-backward reads) and ``topk::log_esp_pair_backward``.
+backward reads) and ``topk::log_esp_pair_backward``; and ``topk::smooth_hinge_rows`` (the whole loss of each row in
+one launch, the same kernel run on the scores) with ``topk::smooth_hinge_rows_backward``.
 """
 
 import math
@@ -37,7 +38,7 @@ from topk import elementary_symmetric
 from topk._bounded_noise import Candidates, bounded_normal, candidates
 
 __all__ = ["perturbed_top", "pruned_perturbed_top", "fused_perturbed_top", "perturbed_top_backward", "log_esp_pair",
-           "log_esp_pair_backward"]
+           "log_esp_pair_backward", "smooth_hinge_rows", "smooth_hinge_rows_backward"]
 
 #: Automatic chunking: at most this many perturbed scores are materialised at once (about 16 MB in float32); a single
 #: sample is always allowed, so memory stays O(batch x L) however large L is.
@@ -263,3 +264,46 @@ def _esp_gradient(ctx, grad_pair, grad_prefix):
 
 
 log_esp_pair.register_autograd(_esp_gradient, setup_context=_save_prefix)
+
+
+@torch.library.custom_op("topk::smooth_hinge_rows", mutates_args=())
+def smooth_hinge_rows(scores: Tensor, labels: Tensor, k: int, tau: float,
+                      alpha: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The smoothed hinge of Berrada et al. (2018) of each row of ``scores`` (``[rows, n]``, labels ``[rows]``) in one
+    kernel launch: the loss ``[rows]``, then what the backward reads (the prefix products, the pair ``log sigma_{k-1},
+    log sigma_k`` and ``(z, shift)``; not differentiable)."""
+    return elementary_symmetric.launch_hinge_forward(scores, labels, k, tau, alpha)
+
+
+@smooth_hinge_rows.register_fake
+def _(scores, labels, k, tau, alpha):
+    n_rows, n = scores.shape
+    return (scores.new_empty(n_rows), scores.new_empty(n_rows, n, elementary_symmetric.esp_block(k)),
+            scores.new_empty(n_rows, 2), scores.new_empty(n_rows, 2))
+
+
+@torch.library.custom_op("topk::smooth_hinge_rows_backward", mutates_args=())
+def smooth_hinge_rows_backward(scores: Tensor, labels: Tensor, prefix: Tensor, pair: Tensor, aux: Tensor,
+                               grad_loss: Tensor, k: int, tau: float) -> Tensor:
+    """``d sum(grad_loss * loss) / d scores``, ``[rows, n]``, in one kernel launch."""
+    return elementary_symmetric.launch_hinge_backward(scores, labels, prefix, pair, aux, grad_loss, k, tau)
+
+
+@smooth_hinge_rows_backward.register_fake
+def _(scores, labels, prefix, pair, aux, grad_loss, k, tau):
+    return torch.empty_like(scores)
+
+
+def _save_hinge(ctx, inputs, output):
+    scores, labels, ctx.k, ctx.tau, _ = inputs
+    ctx.save_for_backward(scores, labels, *output[1:])
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)  # no zero gradients made for the saved outputs (the prefix is [rows, n, block])
+
+
+def _hinge_gradient(ctx, grad_loss, *unused):
+    scores, labels, prefix, pair, aux = ctx.saved_tensors
+    return smooth_hinge_rows_backward(scores, labels, prefix, pair, aux, grad_loss, ctx.k, ctx.tau), None, None, None, None
+
+
+smooth_hinge_rows.register_autograd(_hinge_gradient, setup_context=_save_hinge)

@@ -109,33 +109,61 @@ def esp_block(k: int) -> int:
     return 1 << k.bit_length()
 
 
+#: Scores read at once when the hinge's kernel looks for a row's largest score.
+HINGE_SHIFT_CHUNK = 1024
+
+
+def _launch_forward(x: torch.Tensor, k: int, hinge: tuple | None):
+    from topk._esp_kernel import log_esp_forward
+
+    n_rows, n = x.shape
+    pair, prefix = x.new_empty(n_rows, 2), x.new_empty(n_rows, n, esp_block(k))
+    loss, aux = (x.new_empty(n_rows), x.new_empty(n_rows, 2)) if hinge else (pair, pair)
+    labels, tau, alpha = hinge or (pair, 1.0, 0.0)
+    if n_rows:
+        log_esp_forward[(n_rows,)](x, prefix, pair, n, labels, loss, aux, 1.0 / (k * tau), tau, alpha / tau, K=k,
+                                   ABSENT=ESP_ABSENT, BLOCK=esp_block(k), LOSS=hinge is not None,
+                                   CHUNK=HINGE_SHIFT_CHUNK, **ESP_COMPILE_OPTIONS)
+    return pair, prefix, loss, aux
+
+
+def _launch_backward(x, prefix, pair, grad, k: int, hinge: tuple | None) -> torch.Tensor:
+    from topk._esp_kernel import log_esp_backward
+
+    grad_x = torch.empty_like(x)
+    labels, aux, tau = hinge or (pair, pair, 1.0)
+    if x.shape[0]:
+        log_esp_backward[(x.shape[0],)](x, prefix, pair, grad.to(pair.dtype).contiguous(), grad_x, x.shape[1], labels,
+                                        aux, 1.0 / (k * tau), tau, K=k, ABSENT=ESP_ABSENT, BLOCK=esp_block(k),
+                                        LOSS=hinge is not None, **ESP_COMPILE_OPTIONS)
+    return grad_x
+
+
 def launch_pair_forward(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Run :func:`topk._esp_kernel.log_esp_forward`: the pair ``[rows, 2]`` and the prefix products
     ``[rows, n, esp_block(k)]``."""
-    from topk._esp_kernel import log_esp_forward
-
-    rows = rows.contiguous()
-    n_rows, n = rows.shape
-    pair = rows.new_empty(n_rows, 2)
-    prefix = rows.new_empty(n_rows, n, esp_block(k))
-    if n_rows:
-        log_esp_forward[(n_rows,)](rows, prefix, pair, n, K=k, ABSENT=ESP_ABSENT, BLOCK=esp_block(k),
-                                   **ESP_COMPILE_OPTIONS)
+    pair, prefix, _, _ = _launch_forward(rows.contiguous(), k, None)
     return pair, prefix
 
 
 def launch_pair_backward(rows: torch.Tensor, prefix: torch.Tensor, pair: torch.Tensor, grad_pair: torch.Tensor,
                          k: int) -> torch.Tensor:
     """Run :func:`topk._esp_kernel.log_esp_backward`: ``d (grad_pair . pair) / d rows``, shape ``[rows, n]``."""
-    from topk._esp_kernel import log_esp_backward
+    return _launch_backward(rows.contiguous(), prefix, pair, grad_pair, k, None)
 
-    rows = rows.contiguous()
-    grad_rows = torch.empty_like(rows)
-    if rows.shape[0]:
-        log_esp_backward[(rows.shape[0],)](rows, prefix, pair, grad_pair.to(pair.dtype).contiguous(), grad_rows,
-                                           rows.shape[1], K=k, ABSENT=ESP_ABSENT, BLOCK=esp_block(k),
-                                           **ESP_COMPILE_OPTIONS)
-    return grad_rows
+
+def launch_hinge_forward(scores: torch.Tensor, labels: torch.Tensor, k: int, tau: float,
+                         alpha: float) -> tuple[torch.Tensor, ...]:
+    """The smoothed hinge of each row of ``scores`` ``[rows, n]`` (labels ``[rows]``) in one launch: the loss
+    ``[rows]``, then what its backward reads: the prefix products, the pair ``[rows, 2]`` and ``(z, shift)``
+    ``[rows, 2]``."""
+    pair, prefix, loss, aux = _launch_forward(scores.contiguous(), k, (labels.contiguous(), tau, alpha))
+    return loss, prefix, pair, aux
+
+
+def launch_hinge_backward(scores, labels, prefix, pair, aux, grad_loss, k: int, tau: float) -> torch.Tensor:
+    """The gradient of ``sum(grad_loss * loss)`` with respect to ``scores`` ``[rows, n]``, in one launch."""
+    return _launch_backward(scores.contiguous(), prefix, pair, grad_loss, k, (labels.contiguous(), aux, tau))
 
 
 def _negligible_log(dtype: torch.dtype) -> float:

@@ -44,7 +44,7 @@ def test_kernel_compiles_for_sm90_without_register_spills():
     (torch 2.11) and 3.8."""
     environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     run = _run("kernel_resources.py", "--arch", "90", "--check", environment=environment)
-    assert run.stdout.count("\n") >= 2 + 7 + 10, run.stdout
+    assert run.stdout.count("\n") >= 2 + 7 + 20, run.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA, run the script itself")

@@ -183,9 +183,10 @@ def smooth_hinge(
     ``top_k(s) - top_{k+1}(s)`` is at least ``k tau ln(1000)`` get the hard loss instead. The loss is then
     discontinuous (it jumps by up to ``tau ln k`` at the switch); off by default.
 
-    ``backend`` chooses how ``sigma_{k-1}`` and ``sigma_k`` are computed (:func:`topk.elementary_symmetric.
-    log_elementary_symmetric_pair`): ``"torch"`` (a tree of ``O(log L)`` vectorised steps), ``"triton"`` (one kernel
-    launch forward, one backward) or ``"auto"``: Triton for CUDA scores when it is installed and ``k + 1 <=
+    ``backend`` chooses the implementation: ``"torch"`` (PyTorch operations, ``sigma_{k-1}`` and ``sigma_k`` on the
+    tree of :func:`topk.elementary_symmetric.log_elementary_symmetric_pair`, ``O(log L)`` vectorised steps),
+    ``"triton"`` (for ``k >= 2``, the whole loss of each row in one kernel launch, its gradient in one more:
+    ``topk::smooth_hinge_rows``) or ``"auto"``: Triton for CUDA scores when it is installed and ``k + 1 <=
     topk.fused.MAX_K``, PyTorch otherwise.
 
     >>> s = torch.tensor([[2.4, 2.6, 2.3, 0.5]])
@@ -198,24 +199,35 @@ def smooth_hinge(
     alpha = check_hyperparameter("alpha", alpha)
     backend = choose_backend(backend, s, k + 1, tau)
     scores = s.to(torch.promote_types(s.dtype, torch.float32))
-    is_true = _is_true(s, y)
+    if k > 1 and backend == "triton":  # the whole loss of each row in one launch, its gradient in one more
+        from topk._ops import smooth_hinge_rows
+
+        rows = scores.reshape(-1, scores.shape[-1])  # [..., L] -> [rows, L]
+        loss = smooth_hinge_rows(rows, y.reshape(-1), k, tau, alpha)[0].reshape(scores.shape[:-1])
+    else:
+        loss = _smooth_hinge_tree(scores, y, k, tau, alpha)
+    if hard_switch:
+        loss = torch.where(_separated(scores, k, tau), _tuple_hinge(scores, y, k, alpha), loss)
+    return _reduce(loss.to(s.dtype), reduction)
+
+
+def _smooth_hinge_tree(scores: torch.Tensor, y: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
+    """:func:`smooth_hinge` per sample in PyTorch operations, the polynomials on the tree of
+    :func:`log_elementary_symmetric_pair`."""
+    is_true = _is_true(scores, y)
     gaps = scores - _true_scores(scores, y).unsqueeze(-1)  # s_j - s_y, exact to the rounding of one subtraction
     # Both forms are invariant to shifting the gaps by a constant, so shifting by the (detached) largest one keeps
     # every exponent <= 0, whatever tau, and leaves the values and the autograd gradient exact.
     if k == 1:
         logits = gaps + alpha * ~is_true
         top = logits.amax(-1, keepdim=True).detach()
-        loss = (top + tau * torch.logsumexp((logits - top) / tau, dim=-1, keepdim=True)).squeeze(-1)
-    else:
-        others = gaps.masked_fill(is_true, float("-inf"))
-        top = others.amax(-1, keepdim=True).detach()
-        x = ((others - top) / (k * tau)).masked_fill(is_true, absent_log(scores.dtype))  # e_y = 0: y is left out
-        log_sigma = log_elementary_symmetric_pair(x, k, backend=backend)  # [..., L] -> [..., 2]
-        z = (alpha + top.squeeze(-1) / k) / tau + log_sigma[..., 1] - log_sigma[..., 0]
-        loss = tau * torch.logaddexp(z, torch.zeros_like(z))  # softplus(z), exact also for z > 20 in float64
-    if hard_switch:
-        loss = torch.where(_separated(scores, k, tau), _tuple_hinge(scores, y, k, alpha), loss)
-    return _reduce(loss.to(s.dtype), reduction)
+        return (top + tau * torch.logsumexp((logits - top) / tau, dim=-1, keepdim=True)).squeeze(-1)
+    others = gaps.masked_fill(is_true, float("-inf"))
+    top = others.amax(-1, keepdim=True).detach()
+    x = ((others - top) / (k * tau)).masked_fill(is_true, absent_log(scores.dtype))  # e_y = 0: y is left out
+    log_sigma = log_elementary_symmetric_pair(x, k, backend="torch")  # [..., L] -> [..., 2]
+    z = (alpha + top.squeeze(-1) / k) / tau + log_sigma[..., 1] - log_sigma[..., 0]
+    return tau * torch.logaddexp(z, torch.zeros_like(z))  # softplus(z), exact also for z > 20 in float64
 
 
 def _separated(s: torch.Tensor, k: int, tau: float) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""The smoothed hinge's Triton kernel (:mod:`topk._esp_kernel`, ``topk::log_esp_pair``): the tree's values and
-gradients in float64, brute-force enumeration, float32 stability at the extremes of Berrada et al.'s Table 5, the
+"""The smoothed hinge's Triton kernel (:mod:`topk._esp_kernel`: ``topk::log_esp_pair``, and ``topk::smooth_hinge_rows``,
+the whole loss of each row in one launch): the tree's values and gradients in float64, brute-force enumeration, float32 stability at the extremes of Berrada et al.'s Table 5, the
 custom operators' contracts, the backend rule and one compiled graph. On CUDA when present, else under Triton's
 interpreter on the CPU."""
 
@@ -95,12 +95,64 @@ def test_half_precision_scores_go_through_the_kernel_in_float32(kernel_device):
     torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("k, tau, alpha, scale", [(2, 1.0, 1.0, 1.0), (5, 0.1, 1.0, 5.0), (9, 0.01, 0.5, 20.0),
+                                                   (4, 30.0, 0.0, 1.0)])
+def test_one_launch_loss_equals_the_tree_in_float64(kernel_device, k, tau, alpha, scale):
+    """The loss of each row computed whole in the kernel (shift, left-out label, softplus, gradient at the label)
+    against the PyTorch path, on a batch of two dimensions and with per-row weights in the backward."""
+    g = torch.Generator().manual_seed(k)
+    s = (scale * torch.randn(3, 4, 30, generator=g, dtype=torch.float64)).to(kernel_device)
+    y = torch.randint(0, 30, (3, 4), generator=g).to(kernel_device)
+    weights = torch.rand(3, 4, generator=g, dtype=torch.float64).to(kernel_device)
+    results = []
+    for backend in ("triton", "torch"):
+        scores = s.clone().requires_grad_()
+        value = smooth_hinge(scores, y, k, tau, alpha, reduction="none", backend=backend)
+        (grad,) = torch.autograd.grad((weights * value).sum(), scores)
+        results.append((value, grad))
+    (value, grad), (expected, expected_grad) = results
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad.sum(-1), torch.zeros_like(value), rtol=0, atol=1e-12)  # the shift's invariance
+
+
+def test_one_launch_loss_dispatches_about_as_many_operators_as_cross_entropy(kernel_device):
+    """Forward and backward of the loss on the kernel: the two launches, the label check (4 operators, no host read)
+    and the mean (the tree needs hundreds), counted at the dispatcher; views, which launch nothing, are not counted."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += func.overloadpacket.__name__ not in ("view", "expand", "promote_types")
+            return func(*args, **(kwargs or {}))
+
+    s = torch.randn(8, 50, device=kernel_device, requires_grad=True)
+    y = torch.randint(0, 50, (8,), device=kernel_device)
+    counts = {}
+    for name, loss in {"kernel": lambda: smooth_hinge(s, y, 5, 1.0, backend="triton"),
+                       "tree": lambda: smooth_hinge(s, y, 5, 1.0, backend="torch"),
+                       "cross_entropy": lambda: torch.nn.functional.cross_entropy(s, y)}.items():
+        Count.calls = 0
+        with Count():
+            torch.autograd.grad(loss(), s)
+        counts[name] = Count.calls
+    assert counts["kernel"] <= counts["cross_entropy"] + 4 and counts["tree"] > 30 * counts["kernel"], counts
+
+
 def test_the_operators_pass_opcheck(kernel_device):
     x = torch.randn(3, 9, dtype=torch.float64, device=kernel_device, requires_grad=True)
     torch.library.opcheck(_ops.log_esp_pair, (x, 4), test_utils=("test_schema", "test_faketensor",
                                                                   "test_autograd_registration"))
     pair, prefix = _ops.log_esp_pair(x.detach(), 4)
     torch.library.opcheck(_ops.log_esp_pair_backward, (x.detach(), prefix, pair, torch.ones_like(pair), 4))
+    y = torch.tensor([0, 4, 8], device=kernel_device)
+    torch.library.opcheck(_ops.smooth_hinge_rows, (x, y, 4, 0.5, 1.0), test_utils=(
+        "test_schema", "test_faketensor", "test_autograd_registration"))
+    _, prefix, pair, aux = _ops.smooth_hinge_rows(x.detach(), y, 4, 0.5, 1.0)
+    torch.library.opcheck(_ops.smooth_hinge_rows_backward,
+                          (x.detach(), y, prefix, pair, aux, torch.ones(3, dtype=x.dtype, device=kernel_device), 4, 0.5))
 
 
 def test_module_takes_the_backend_and_compiles_as_one_graph(kernel_device):
