@@ -169,6 +169,21 @@ def gpu_results(results: Path = BENCHMARK_RESULTS) -> str:
     return "\n".join(parts)
 
 
+def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
+    """Each committed estimate of a profile's time (``bench_profile_time.py``): hours of the training notebooks and of
+    one calibration point, on the machine that measured it."""
+    lines = []
+    for path in sorted(results.glob("profile_time_*.csv")):
+        rows = _rows(path)
+        if not rows:
+            continue
+        hours = lambda notebooks: sum(float(r["hours"]) for r in rows if notebooks(r["notebook"]))  # noqa: E731
+        lines.append(f"- `{rows[0]['profile']}` profile: training notebooks "
+                     f"{hours(lambda name: name != 'calibration point'):.2f} h, one calibration point "
+                     f"{hours(lambda name: name == 'calibration point'):.2f} h ({_stamp(rows[0])}; `{path.name}`)")
+    return "\n".join(lines) or "*No profile time estimate in `benchmarks/results/`: run `make profile-time`.*"
+
+
 #: Each generated block of the README and what writes it.
 BLOCKS: dict[str, Callable[[], str]] = {
     "verdicts": verdicts,
@@ -177,6 +192,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "smooth-headline": smooth_headline,
     "kernel-resources": kernel_resources,
     "gpu-results": gpu_results,
+    "profile-time": profile_time,
 }
 
 

@@ -40,6 +40,17 @@ def test_headline_block_reads_the_csv_with_its_stamp(tmp_path):
     assert "commit bbbbbbbbbb" in text
 
 
+def test_profile_time_block_sums_the_notebooks_apart_from_the_calibration_point(tmp_path):
+    fields = {"device": "cuda", "device_name": "test-gpu", "commit": "c" * 40, "python": "3", "torch": "9.9",
+              "triton": "3", "topk": "0", "profile": "gpu"}
+    rows = [{**fields, "notebook": name, "hours": hours}
+            for name, hours in (("table3_samples", "2.5"), ("table9_imagenet", "1.25"), ("calibration point", "4.0"))]
+    with (tmp_path / "profile_time_gpu_cuda.csv").open("w") as handle:
+        handle.write(",".join(rows[0]) + "\n" + "\n".join(",".join(r.values()) for r in rows) + "\n")
+    text = readme.profile_time(tmp_path)
+    assert "`gpu` profile: training notebooks 3.75 h, one calibration point 4.00 h (test-gpu (cuda)" in text
+
+
 def test_a_readme_without_a_block_is_a_clear_error():
     try:
         readme.regenerate("no blocks here")
