@@ -10,7 +10,7 @@ else
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
-MODULES := torch torchvision numpy scipy pandas matplotlib seaborn jupyterlab papermill nbconvert nbformat ipykernel \
+MODULES := torch torchvision numpy numba scipy pandas matplotlib seaborn jupyterlab papermill nbconvert nbformat ipykernel \
 	pytest xdist hypothesis pytopk tqdm PIL latex2mathml
 # Statistical and property tests are seeded; `make test PYTEST_ARGS="-m 'not slow'"` skips the long ones.
 PYTEST_ARGS ?=

@@ -5,8 +5,8 @@ samples of ``topSigma_K`` / ``top_K`` of ``s + eps Z_b`` (Eq. 11), with the path
 mean of the selected one-hots (and, for the noised hinge, minus ``e_y``: Eq. 12). Four operators do it:
 
 - ``topk::perturbed_top``: the PyTorch path, any device; the noise is an input (``B x ... x L``);
-- ``topk::pruned_perturbed_top``: the PyTorch path on CPU, drawing bounded noise for the candidate classes only
-  (exact pruning, :mod:`topk._bounded_noise`) from a seed given as a one-element tensor;
+- ``topk::pruned_perturbed_top``: the CPU kernel of :mod:`topk._cpu_kernel`, drawing bounded noise only for the
+  classes that can reach the top (exact pruning) from a seed given as a one-element tensor;
 - ``topk::fused_perturbed_top``: the Triton kernel of :mod:`topk.fused` (CUDA; on a CPU only under Triton's
   interpreter); the noise is drawn in the kernel from a Philox seed given as a one-element device tensor,
   or given explicitly;
@@ -26,38 +26,15 @@ backward reads) and ``topk::log_esp_pair_backward``; and ``topk::smooth_hinge_ro
 one launch, the same kernel run on the scores) with ``topk::smooth_hinge_rows_backward``.
 """
 
-import math
-import threading
-from collections.abc import Callable
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from topk import elementary_symmetric
-from topk._bounded_noise import Candidates, bounded_normal, candidates
+from topk import _cpu_kernel, elementary_symmetric
 
 __all__ = ["perturbed_top", "pruned_perturbed_top", "fused_perturbed_top", "perturbed_top_backward", "log_esp_pair",
            "log_esp_pair_backward", "smooth_hinge_rows", "smooth_hinge_rows_backward"]
-
-#: Automatic chunking: at most this many perturbed scores are materialised at once (about 16 MB in float32); a single
-#: sample is always allowed, so memory stays O(batch x L) however large L is.
-CHUNK_ELEMENTS = 1 << 22
-
-# PyTorch's CPU allocator does not cache: a fresh buffer page-faults on every call, which costs about half as much as
-# drawing the noise. Each thread keeps CPU scratch buffers, one per use and dtype, for the noise and the perturbed
-# scores of ``pruned_perturbed_top`` (CUDA's caching allocator needs none).
-_scratch_buffers = threading.local()
-
-
-def _scratch(use: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-    numel = math.prod(shape)
-    buffers = _scratch_buffers.__dict__.setdefault("buffers", {})
-    buffer = buffers.get((use, dtype))
-    if buffer is None or buffer.numel() < numel:
-        buffer = buffers[(use, dtype)] = torch.empty(numel, dtype=dtype)
-    return buffer[:numel].view(shape)
-
 
 def _accumulate_dtype(scores: Tensor) -> torch.dtype:
     return torch.promote_types(scores.dtype, torch.float32)
@@ -70,17 +47,24 @@ def _minus_true_scores(value: Tensor, scores: Tensor, labels: Optional[Tensor]) 
     return value.to(scores.dtype)
 
 
-def _mean_top(perturbed: Tensor, k: int, sum_top: bool, accumulate: torch.dtype) -> tuple[Tensor, Tensor]:
-    """The mean over the samples (the first dimension) of ``top_k`` (``topSigma_k``) of the rows of ``perturbed``
-    (``[B, ..., M]``) in the ``accumulate`` dtype (NaN for a row holding a NaN), and the selected positions, shape
-    ``(B, ..., r)``."""
-    values, positions = torch.topk(perturbed, k, dim=-1)  # [B, ..., M] -> [B, ..., k], sorted
+def _mean_of_selected(values: Tensor, positions: Tensor, k: int, sum_top: bool,
+                      accumulate: torch.dtype) -> tuple[Tensor, Tensor]:
+    """From the ``k`` largest perturbed values of each row and sample in decreasing order, ``[B, ..., k]``, and their
+    positions: the mean over the samples of ``top_k`` (``sum_top``: ``topSigma_k``) in the ``accumulate`` dtype (NaN
+    where a sample's row holds a NaN), and the positions the gradient reads, ``[B, ..., r]``."""
     if sum_top:
         selected = values.sum(-1, dtype=accumulate)
     else:
         selected, positions = values[..., k - 1].to(accumulate).contiguous(), positions[..., k - 1:].contiguous()
-    value = selected.sum(0) / perturbed.shape[0]  # [B, ...] -> [...], summed in the fused operator's order
+    value = selected.sum(0) / values.shape[0]  # [B, ...] -> [...], summed in the fused operator's order
     return torch.where(values[..., 0].isnan().any(0), float("nan"), value), positions
+
+
+def _mean_top(perturbed: Tensor, k: int, sum_top: bool, accumulate: torch.dtype) -> tuple[Tensor, Tensor]:
+    """:func:`_mean_of_selected` of the rows of ``perturbed`` (``[B, ..., M]``), selected by :func:`torch.topk` (which
+    ranks NaN first)."""
+    values, positions = torch.topk(perturbed, k, dim=-1)  # [B, ..., M] -> [B, ..., k], sorted
+    return _mean_of_selected(values, positions, k, sum_top, accumulate)
 
 
 def _top_of_perturbed(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top: bool) -> tuple[Tensor, Tensor]:
@@ -107,62 +91,20 @@ def _(scores, noise, k, epsilon, sum_top, labels):
     return scores.new_empty(scores.shape[:-1]), scores.new_empty(positions_shape, dtype=torch.long)
 
 
-def pruned_top_of_perturbed(scores: Tensor, k: int, epsilon: float, n_samples: int, sum_top: bool,
-                            samples_per_chunk: int, draw: Callable[[int, int, Optional[Candidates]], Tensor]
-                            ) -> tuple[Tensor, Tensor]:
-    """:func:`_top_of_perturbed` with noise for the candidate classes only (:mod:`topk._bounded_noise`).
-    ``draw(start, stop, candidates)`` gives samples ``start..stop`` of the noise at the candidates, listed row by
-    row, or at every score when ``candidates`` is ``None`` (no pruning): shape ``(stop - start, n)``, a tensor this
-    function overwrites. The samples are taken ``samples_per_chunk`` at a
-    time (0: as many as keep ``CHUNK_ELEMENTS`` perturbed scores). Each row's perturbed candidates are laid out
-    padded to the longest row, with -inf past its candidates, which can never be selected (every row has ``k``)."""
-    rows = scores.reshape(-1, scores.shape[-1])  # [..., L] -> [R, L]
-    found = candidates(rows, k, epsilon)
-    if found is None:
-        def perturb(noise):  # [b, R * L] -> [b, R, L]
-            return noise.view(-1, *rows.shape).mul_(epsilon).add_(rows)
-        per_sample = rows.numel()
-    else:
-        values = rows.reshape(-1)[found.flat]  # [n]
-
-        def perturb(noise):  # [b, n] -> [b, R, width]
-            padded = _scratch("perturbed", (noise.shape[0], found.n_rows * found.width), rows.dtype)
-            padded.fill_(float("-inf")).index_copy_(1, found.padded, noise.mul_(epsilon).add_(values))
-            return padded.view(-1, found.n_rows, found.width)
-        per_sample = found.n_rows * found.width
-    samples_per_chunk = samples_per_chunk or max(1, CHUNK_ELEMENTS // max(1, per_sample))
-    accumulate = _accumulate_dtype(scores)
-    means, positions = [], []
-    for start in range(0, n_samples, samples_per_chunk):
-        stop = min(start + samples_per_chunk, n_samples)
-        mean, at = _mean_top(perturb(draw(start, stop, found)), k, sum_top, accumulate)
-        means.append((mean, stop - start))
-        positions.append(at)
-    value = means[0][0] if len(means) == 1 else sum(mean * count for mean, count in means) / n_samples
-    positions = torch.cat(positions)  # [B, R, r], among the slots
-    if found is not None:
-        positions = found.columns().expand(n_samples, -1, -1).gather(-1, positions)  # -> the classes' columns
-    return value.reshape(scores.shape[:-1]), positions.reshape(n_samples, *scores.shape[:-1], positions.shape[-1])
-
-
 @torch.library.custom_op("topk::pruned_perturbed_top", mutates_args=(), device_types="cpu")
 def pruned_perturbed_top(scores: Tensor, seed: Tensor, k: int, epsilon: float, n_samples: int, sum_top: bool,
-                         samples_per_chunk: int, labels: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """:func:`perturbed_top` on CPU, with bounded noise drawn for the candidate classes only, from a CPU generator
-    seeded by ``seed`` (a one-element int64 tensor). The candidate count is read on the host, which costs nothing on
-    a CPU. ``samples_per_chunk``: samples drawn at once (0: as many as fit in ``CHUNK_ELEMENTS`` numbers)."""
-    generator = torch.Generator().manual_seed(int(seed))
-
-    def draw(start, stop, found):
-        shape = (stop - start, scores.numel() if found is None else found.flat.numel())
-        return bounded_normal(shape, generator=generator, out=_scratch("noise", shape, scores.dtype))
-
-    value, positions = pruned_top_of_perturbed(scores, k, epsilon, n_samples, sum_top, samples_per_chunk, draw)
-    return _minus_true_scores(value, scores, labels), positions
+                         labels: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """:func:`perturbed_top` on CPU, on the kernel of :mod:`topk._cpu_kernel`: the noise is its counter-based bounded
+    normals for ``seed`` (a one-element int64 tensor), drawn only for the classes that can reach the top."""
+    rows = scores.reshape(-1, scores.shape[-1])  # [..., L] -> [R, L]
+    values, positions = _cpu_kernel.perturbed_top_k(rows, int(seed), k, epsilon, n_samples)  # [B, R, k] each
+    value, positions = _mean_of_selected(values, positions, k, sum_top, _accumulate_dtype(scores))
+    value = _minus_true_scores(value.reshape(scores.shape[:-1]), scores, labels)
+    return value, positions.reshape(n_samples, *scores.shape[:-1], positions.shape[-1])
 
 
 @pruned_perturbed_top.register_fake
-def _(scores, seed, k, epsilon, n_samples, sum_top, samples_per_chunk, labels):
+def _(scores, seed, k, epsilon, n_samples, sum_top, labels):
     positions_shape = (n_samples, *scores.shape[:-1], k if sum_top else 1)
     return scores.new_empty(scores.shape[:-1]), scores.new_empty(positions_shape, dtype=torch.long)
 

@@ -24,10 +24,13 @@ import torch
 
 from topk import _ops
 from topk._bounded_noise import bounded_normal
-from topk._ops import CHUNK_ELEMENTS
 from topk._validation import check_generator, check_hyperparameter, check_int, check_noise, check_scores, choose_backend
 
 __all__ = ["top_k", "top_sum_k", "smooth_top_k", "smooth_top_sum_k"]
+
+#: Automatic chunking of the PyTorch path: at most this many perturbed scores are materialised at once (about 16 MB in
+#: float32); a single sample is always allowed, so memory stays O(batch x L) however large L is.
+CHUNK_ELEMENTS = 1 << 22
 
 
 def top_k(s: torch.Tensor, k: int) -> torch.Tensor:
@@ -72,18 +75,18 @@ def monte_carlo_top(s, k, epsilon, n_samples, *, generator=None, noise=None, sam
     """The Monte Carlo mean over ``n_samples`` of ``top_k`` (``sum_top``: ``topSigma_k``) of ``s + eps Z_b`` (Eq. 11),
     minus ``s_y`` when ``labels`` are given; arguments already checked, ``backend`` already chosen.
 
-    Without explicit ``noise``, both paths draw the bounded noise of :mod:`topk._bounded_noise` and prune exactly: the
-    Triton path in the kernel, from one Philox seed; the PyTorch path on CPU draws noise for the candidate classes
-    only, from one seed. Both seeds are drawn from ``generator`` on the scores' device. On CUDA the PyTorch path draws
-    noise for every class, a chunk of samples at a time (memory ``O(samples_per_chunk x s.numel())``): sizing the
-    candidates would read the device. Explicit ``noise`` is used as given, for every class. Nothing reads the device.
+    Without explicit ``noise``, the estimate draws the bounded noise of :mod:`topk._bounded_noise` and prunes exactly:
+    on CPU the kernel of :mod:`topk._cpu_kernel`, on CUDA the Triton kernel, each from one seed drawn from
+    ``generator`` on the scores' device, each drawing noise only where it can change the result. On CUDA the PyTorch
+    path draws noise for every class, a chunk of samples at a time (memory ``O(samples_per_chunk x s.numel())``):
+    sizing the candidates would read the device. Explicit ``noise`` is used as given, for every class. Nothing reads
+    the device.
     """
     if backend == "triton":
         seed = None if noise is not None else _seed(generator, s)
         return _ops.fused_perturbed_top(s, seed, noise, k, epsilon, n_samples, labels)[0]
     if noise is None and s.device.type == "cpu":
-        return _ops.pruned_perturbed_top(s, _seed(generator, s), k, epsilon, n_samples, sum_top,
-                                         samples_per_chunk or 0, labels)[0]
+        return _ops.pruned_perturbed_top(s, _seed(generator, s), k, epsilon, n_samples, sum_top, labels)[0]
     chunk = _samples_per_chunk(n_samples, s, samples_per_chunk)
     total = 0.0
     for start in range(0, n_samples, chunk):
@@ -139,8 +142,9 @@ def smooth_top_sum_k(
         generator: where ``Z`` is drawn from when ``noise`` is not given (default: the global RNG).
         noise: the standard normal draws ``Z`` themselves, shape ``(n_samples, *s.shape)``, same dtype
             and device as ``s``; used as given.
-        samples_per_chunk: how many samples are perturbed at once; by default as many as fit in
-            ``CHUNK_ELEMENTS`` numbers, at least one (memory O(batch x L) for very large L).
+        samples_per_chunk: how many samples the PyTorch path perturbs at once (explicit ``noise``, or CUDA
+            scores on the PyTorch backend); by default as many as fit in ``CHUNK_ELEMENTS`` numbers, at least one
+            (memory O(batch x L) for very large L). The CPU kernel stores nothing of size ``B x L`` and needs none.
 
     Returns:
         shape ``s.shape[:-1]``; its gradient is the mean over the samples of ``arg topSigma_K(s + eps Z_b)``

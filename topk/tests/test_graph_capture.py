@@ -180,7 +180,7 @@ def test_perturbed_top_operator_passes_opcheck(sum_top, with_labels):
 def test_pruned_operator_passes_opcheck(sum_top, with_labels):
     s, _, y = _operator_samples()
     seed = torch.tensor([5])
-    torch.library.opcheck(_ops.pruned_perturbed_top, (10 * s.requires_grad_(), seed, 3, 0.2, 4, sum_top, 0,
+    torch.library.opcheck(_ops.pruned_perturbed_top, (10 * s.requires_grad_(), seed, 3, 0.2, 4, sum_top,
                                                       y if with_labels else None))
 
 
