@@ -43,14 +43,14 @@ def median_seconds(call: Callable[[], object], device: torch.device, min_repeats
 
 
 def interleaved_median_seconds(calls: dict[str, Callable[[], object]], device: torch.device, min_rounds: int = 5,
-                               budget_s: float = 2.0) -> dict[str, float]:
-    """Median wall time of each of ``calls``, measured in rounds that run every call once in turn (after one warm-up
-    each), so that a change in the machine's speed during the measurement reaches every call alike. About
-    ``budget_s`` per call, 5 to 50 rounds."""
+                               budget_s: float = 2.0, warmup_rounds: int = 3) -> dict[str, float]:
+    """Median wall time of each of ``calls``, measured in rounds that run every call once in turn, so that a change in
+    the machine's speed during the measurement reaches every call alike. ``warmup_rounds`` rounds are discarded (the
+    first call of a compiled kernel loads it, and the next few still run slow); the last of them sizes the measurement:
+    about ``budget_s`` per call, 5 to 50 rounds."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times: dict[str, list[float]] = {name: [] for name in calls}
 
-    def one_round():
+    def one_round(times):
         for name, call in calls.items():
             sync()
             start = time.perf_counter()
@@ -58,12 +58,14 @@ def interleaved_median_seconds(calls: dict[str, Callable[[], object]], device: t
             sync()
             times[name].append(time.perf_counter() - start)
 
-    one_round()  # warm-up
-    first = sum(seconds[0] for seconds in times.values())
-    rounds = int(max(min_rounds, min(50, budget_s * len(calls) / max(first, 1e-6))))
-    times = {name: [] for name in calls}
+    warmup: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(warmup_rounds):
+        one_round(warmup)
+    last = sum(seconds[-1] for seconds in warmup.values())
+    rounds = int(max(min_rounds, min(50, budget_s * len(calls) / max(last, 1e-6))))
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
-        one_round()
+        one_round(times)
     return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 

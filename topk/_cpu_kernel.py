@@ -32,7 +32,7 @@ import torch
 
 from topk._bounded_noise import Z_MAX, slack
 
-__all__ = ["perturbed_top_k", "normals"]
+__all__ = ["perturbed_top", "normals"]
 
 #: Each thread gets at least this many scores. Below it a call runs on one thread: after a parallel PyTorch operation,
 #: PyTorch's OpenMP workers keep spinning for a while on the other cores, and a pool thread sharing a core with one of
@@ -137,32 +137,32 @@ def _cutoff(kth, reach, slack):
 
 
 @numba.njit(nogil=True, cache=True)
-def _top_of_rows(scores, key, epsilon, reach, slack, first_row, n_rows, values, positions):
-    """Per row of the block ``scores`` (rows ``first_row...`` of ``n_rows``) and sample ``b``: the ``k`` largest of
-    ``s + epsilon z_b`` in decreasing order into ``values[b, row]`` and their classes into ``positions[b, row]``
-    (``k = values.shape[-1]``); a row holding a NaN gets NaN values. ``reach``: the most ``|fl(epsilon z)|`` can be;
+def _top_of_rows(scores, key, epsilon, k, reach, slack, first_row, n_rows, selected, positions):
+    """Per row of the block ``scores`` (rows ``first_row...`` of ``n_rows``) and sample ``b``, over the ``k`` largest of
+    ``s + epsilon z_b``: ``selected[b, row]``, the ``k``-th largest, or their sum when ``positions`` has ``k`` slots
+    (``topSigma_k``), summed in float64; ``positions[b, row]``, the class of the ``k``-th largest, or of each of the
+    ``k`` largest in decreasing order. A row holding a NaN gets NaN. ``reach``: the most ``|fl(epsilon z)|`` can be;
     ``slack``: the relative rounding of a sum in the scores' dtype."""
-    n_samples, _, k = values.shape
+    n_samples, _, r_slots = positions.shape
     block_rows, n_classes = scores.shape
-    cast = np.empty(1, scores.dtype)  # a value stored here is rounded to the scores' dtype
-    cast[0] = epsilon
-    eps = cast[0]
     drawn = np.empty(n_classes, np.int64)
-    perturbed = np.empty(n_classes, scores.dtype)
-    top = np.empty(k, scores.dtype)
-    top_at = np.empty(k, np.int64)
+    perturbed = np.empty(n_classes, scores.dtype)  # a value stored here is rounded to the scores' dtype
+    perturbed[0] = epsilon
+    eps = perturbed[0]
+    top, best = np.empty(k, scores.dtype), np.empty(k, scores.dtype)
+    top_at, best_at = np.empty(k, np.int64), np.empty(k, np.int64)
     others = np.empty(n_classes, np.int64)
     is_top = np.zeros(n_classes, np.bool_)
     for r in range(block_rows):
-        row = scores[r]
+        row, out = scores[r], first_row + r
         has_nan = False
         for j in range(n_classes):  # the k largest scores
             has_nan |= row[j] != row[j]
             if j < k or row[j] > top[k - 1]:
                 _insert(top, top_at, j, row[j], j)
         if has_nan:
-            values[:, first_row + r, :] = np.nan
-            positions[:, first_row + r, :] = 0
+            selected[:, out] = np.nan
+            positions[:, out, :] = 0
             continue
         cutoff = _cutoff(top[k - 1], reach, slack)
         is_top[top_at] = True
@@ -172,14 +172,14 @@ def _top_of_rows(scores, key, epsilon, reach, slack, first_row, n_rows, values, 
             n_others += (not row[j] < cutoff) & (not is_top[j])
         is_top[top_at] = False
         for b in range(n_samples):
-            base = np.uint64(((b * n_rows) + first_row + r) * n_classes)
-            best, best_at = values[b, first_row + r], positions[b, first_row + r]
+            base = np.uint64(((b * n_rows) + out) * n_classes)
+            # draws in loops of independent iterations (a draw's latency hides behind the next one's), then insertions:
+            # the k largest scores' first, then those of the classes that can beat the k-th largest of these
             for t in range(k):
-                j = top_at[t]
-                cast[0] = _normal(key, base + np.uint64(j))
-                _insert(best, best_at, t, row[j] + eps * cast[0], j)
-            # the classes that can beat the k-th largest so far, then their draws in a loop of independent iterations
-            # (a draw's latency is hidden behind the next one's), then their insertion
+                perturbed[t] = _normal(key, base + np.uint64(top_at[t]))
+                perturbed[t] = row[top_at[t]] + eps * perturbed[t]
+            for t in range(k):
+                _insert(best, best_at, t, perturbed[t], top_at[t])
             n_drawn = 0
             for t in range(n_others):
                 j = others[t]
@@ -191,6 +191,15 @@ def _top_of_rows(scores, key, epsilon, reach, slack, first_row, n_rows, values, 
             for t in range(n_drawn):
                 if perturbed[t] > best[k - 1]:
                     _insert(best, best_at, k, perturbed[t], drawn[t])
+            if r_slots == k:
+                total = 0.0
+                for t in range(k):
+                    total += best[t]
+                    positions[b, out, t] = best_at[t]
+                selected[b, out] = total
+            else:
+                selected[b, out] = best[k - 1]
+                positions[b, out, 0] = best_at[k - 1]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -219,16 +228,17 @@ def _kernel_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def perturbed_top_k(scores: torch.Tensor, seed: int, k: int, epsilon: float,
-                    n_samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row of the CPU ``scores`` (``[R, L]``) and each sample ``b``, the ``k`` largest of ``s + epsilon z_b``
-    in decreasing order, ``[B, R, k]`` (float32 or float64), and their classes, ``[B, R, k]`` int64; ``z`` is the
-    noise of :func:`normals` for ``seed``, drawn only for the classes that can reach the top."""
+def perturbed_top(scores: torch.Tensor, seed: int, k: int, epsilon: float, n_samples: int,
+                  sum_top: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each row of the CPU ``scores`` (``[R, L]``) and each sample ``b``: the ``k``-th largest of ``s + epsilon z_b``
+    (``sum_top``: the sum of the ``k`` largest), ``[B, R]`` in float32 (float64 for float64 scores), and its class
+    (``sum_top``: theirs, in decreasing order), ``[B, R, 1]`` (``[B, R, k]``) int64. ``z`` is the noise of
+    :func:`normals` for ``seed``, drawn only for the classes that can reach the top."""
     dtype = _kernel_dtype(scores.dtype)
     rows = scores.detach().to(dtype).contiguous().numpy()
     n_rows, n_classes = rows.shape
-    values = np.empty((n_samples, n_rows, k), rows.dtype)
-    positions = np.empty((n_samples, n_rows, k), np.int64)
+    selected = np.empty((n_samples, n_rows), rows.dtype)
+    positions = np.empty((n_samples, n_rows, k if sum_top else 1), np.int64)
     margin = slack(dtype)
     reach = epsilon * Z_MAX * (1.0 + margin)
     key = _key(seed)
@@ -236,17 +246,18 @@ def perturbed_top_k(scores: torch.Tensor, seed: int, k: int, epsilon: float,
     bounds = [n_rows * i // n_blocks for i in range(n_blocks + 1)]
 
     def block(i):
-        _top_of_rows(rows[bounds[i]:bounds[i + 1]], key, epsilon, reach, margin, bounds[i], n_rows, values, positions)
+        _top_of_rows(rows[bounds[i]:bounds[i + 1]], key, epsilon, k, reach, margin, bounds[i], n_rows, selected,
+                     positions)
 
     others = [_pool().submit(block, i) for i in range(1, n_blocks)]
     block(0)
     for other in others:
         other.result()
-    return torch.from_numpy(values), torch.from_numpy(positions)
+    return torch.from_numpy(selected), torch.from_numpy(positions)
 
 
 def normals(seed: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The draws :func:`perturbed_top_k` makes for ``seed``, materialised: ``shape = (B, R, L)`` (or any shape with the
+    """The draws :func:`perturbed_top` makes for ``seed``, materialised: ``shape = (B, R, L)`` (or any shape with the
     same number of elements, in that order), cast to ``dtype`` as the kernel casts them."""
     out = np.empty(math.prod(shape), np.float64)
     _fill_normals(_key(seed), out)

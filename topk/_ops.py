@@ -47,24 +47,17 @@ def _minus_true_scores(value: Tensor, scores: Tensor, labels: Optional[Tensor]) 
     return value.to(scores.dtype)
 
 
-def _mean_of_selected(values: Tensor, positions: Tensor, k: int, sum_top: bool,
-                      accumulate: torch.dtype) -> tuple[Tensor, Tensor]:
-    """From the ``k`` largest perturbed values of each row and sample in decreasing order, ``[B, ..., k]``, and their
-    positions: the mean over the samples of ``top_k`` (``sum_top``: ``topSigma_k``) in the ``accumulate`` dtype (NaN
-    where a sample's row holds a NaN), and the positions the gradient reads, ``[B, ..., r]``."""
+def _mean_top(perturbed: Tensor, k: int, sum_top: bool, accumulate: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The mean over the samples (the first dimension) of ``top_k`` (``topSigma_k``) of the rows of ``perturbed``
+    (``[B, ..., M]``) in the ``accumulate`` dtype (NaN for a row holding a NaN), and the selected positions, shape
+    ``(B, ..., r)``."""
+    values, positions = torch.topk(perturbed, k, dim=-1)  # [B, ..., M] -> [B, ..., k], sorted
     if sum_top:
         selected = values.sum(-1, dtype=accumulate)
     else:
         selected, positions = values[..., k - 1].to(accumulate).contiguous(), positions[..., k - 1:].contiguous()
-    value = selected.sum(0) / values.shape[0]  # [B, ...] -> [...], summed in the fused operator's order
+    value = selected.sum(0) / perturbed.shape[0]  # [B, ...] -> [...], summed in the fused operator's order
     return torch.where(values[..., 0].isnan().any(0), float("nan"), value), positions
-
-
-def _mean_top(perturbed: Tensor, k: int, sum_top: bool, accumulate: torch.dtype) -> tuple[Tensor, Tensor]:
-    """:func:`_mean_of_selected` of the rows of ``perturbed`` (``[B, ..., M]``), selected by :func:`torch.topk` (which
-    ranks NaN first)."""
-    values, positions = torch.topk(perturbed, k, dim=-1)  # [B, ..., M] -> [B, ..., k], sorted
-    return _mean_of_selected(values, positions, k, sum_top, accumulate)
 
 
 def _top_of_perturbed(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top: bool) -> tuple[Tensor, Tensor]:
@@ -97,10 +90,9 @@ def pruned_perturbed_top(scores: Tensor, seed: Tensor, k: int, epsilon: float, n
     """:func:`perturbed_top` on CPU, on the kernel of :mod:`topk._cpu_kernel`: the noise is its counter-based bounded
     normals for ``seed`` (a one-element int64 tensor), drawn only for the classes that can reach the top."""
     rows = scores.reshape(-1, scores.shape[-1])  # [..., L] -> [R, L]
-    values, positions = _cpu_kernel.perturbed_top_k(rows, int(seed), k, epsilon, n_samples)  # [B, R, k] each
-    value, positions = _mean_of_selected(values, positions, k, sum_top, _accumulate_dtype(scores))
-    value = _minus_true_scores(value.reshape(scores.shape[:-1]), scores, labels)
-    return value, positions.reshape(n_samples, *scores.shape[:-1], positions.shape[-1])
+    selected, positions = _cpu_kernel.perturbed_top(rows, int(seed), k, epsilon, n_samples, sum_top)  # [B, R], [B, R, r]
+    value = (selected.sum(0) / n_samples).reshape(scores.shape[:-1])  # a NaN row's samples are all NaN
+    return _minus_true_scores(value, scores, labels), positions.reshape(n_samples, *scores.shape[:-1], -1)
 
 
 @pruned_perturbed_top.register_fake

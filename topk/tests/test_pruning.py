@@ -25,13 +25,15 @@ def _kernel_and_unpruned(s, k, epsilon, sum_top, n_samples=6):
     return kernel, _ops.perturbed_top(s, noise, k, epsilon, sum_top, None), noise
 
 
-def _assert_same_selection(kernel, unpruned, sum_top):
+def _assert_same_selection(kernel, unpruned, sum_top, perturbed):
     (value, positions), (expected_value, expected_positions) = kernel, unpruned
-    assert torch.equal(value, expected_value)
-    if sum_top:  # the same set of k columns, listed in the perturbed values' order
+    if sum_top:  # the same set of k columns; the kernel sums them in float64, PyTorch in the scores' dtype
         assert torch.equal(positions.sort(-1).values, expected_positions.sort(-1).values)
+        n_samples, k = positions.shape[0], positions.shape[-1]  # a sum's rounding: (terms) eps (sum of |terms|)
+        rounding = (k + n_samples) * torch.finfo(value.dtype).eps * k * perturbed.abs().max()
+        torch.testing.assert_close(value, expected_value, rtol=0, atol=rounding)
     else:
-        assert torch.equal(positions, expected_positions)
+        assert torch.equal(value, expected_value) and torch.equal(positions, expected_positions)
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -39,8 +41,9 @@ def _assert_same_selection(kernel, unpruned, sum_top):
 @pytest.mark.parametrize("sum_top", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_the_kernel_equals_the_unpruned_estimate_given_its_draws(scale, k, epsilon, sum_top, dtype):
-    kernel, unpruned, _ = _kernel_and_unpruned(_scores(scale, dtype=dtype), k, epsilon, sum_top)
-    _assert_same_selection(kernel, unpruned, sum_top)
+    s = _scores(scale, dtype=dtype)
+    kernel, unpruned, noise = _kernel_and_unpruned(s, k, epsilon, sum_top)
+    _assert_same_selection(kernel, unpruned, sum_top, (noise * epsilon).add_(s))
 
 
 def test_a_pruning_bound_set_too_tight_is_detected(monkeypatch):
@@ -62,12 +65,12 @@ def test_half_precision_scores_are_computed_in_float32(dtype):
 
 def test_rows_split_over_threads_give_the_same_result(monkeypatch):
     s = _scores(5.0, shape=(37, 300), dtype=torch.float32)
-    alone = _cpu_kernel.perturbed_top_k(s, SEED, 6, 0.2, 5)
+    alone = _cpu_kernel.perturbed_top(s, SEED, 6, 0.2, 5, True)
     monkeypatch.setattr(_cpu_kernel, "MIN_SCORES_PER_THREAD", 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        split = _cpu_kernel.perturbed_top_k(s, SEED, 6, 0.2, 5)
+        split = _cpu_kernel.perturbed_top(s, SEED, 6, 0.2, 5, True)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(alone[0], split[0]) and torch.equal(alone[1], split[1])
