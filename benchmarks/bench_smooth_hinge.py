@@ -148,8 +148,9 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
             if reference is not None and "reference" not in methods:
                 rows.append({**provenance, **config, "method": "reference",
                              "status": "skipped: needs L >= k + int(1 + 0.2 k)"})
-            s, y = _inputs(device, n_classes)
-            steps = {name: lambda loss=loss: _step(loss, s, y) for name, loss in methods.items()}
+            inputs = {name: _inputs(device, n_classes) for name in methods}  # each frees its own gradient
+            steps = {name: lambda loss=loss, s=inputs[name][0], y=inputs[name][1]: _step(loss, s, y)
+                     for name, loss in methods.items()}
             result = {}
             for name, seconds in interleaved_median_seconds(steps, device).items():
                 loss = methods[name]
