@@ -15,7 +15,7 @@ largest of those perturbed values is a floor for its result, and only the listed
 reaches that floor get a draw. Exact given the bounded noise: about 30 draws per row and sample at batch 128, L 1000,
 k 6, logits x2, eps 0.2.
 
-Rows are split in blocks over ``torch.get_num_threads()`` threads when there are enough of them (the compiled function
+Rows are split in blocks over ``torch.get_num_threads()`` threads when the work is large enough (the compiled function
 releases the GIL). Scores in float32 and float64 are computed in their dtype, ``s + eps z`` rounded twice (product,
 then sum) as PyTorch rounds it; half-precision scores are computed in float32.
 """
@@ -34,10 +34,12 @@ from topk._bounded_noise import Z_MAX, slack
 
 __all__ = ["perturbed_top", "normals"]
 
-#: Each thread gets at least this many scores. Below it a call runs on one thread: after a parallel PyTorch operation,
-#: PyTorch's OpenMP workers keep spinning for a while on the other cores, and a pool thread sharing a core with one of
-#: them made a step at batch 128 x L 1000 slower on two threads than on one.
-MIN_SCORES_PER_THREAD = 1 << 20
+#: Each thread gets at least this much work, counted as scores read plus noise draws (estimated from the candidates of
+#: the first PROBE_ROWS rows). Below it a call runs on one thread: after a parallel PyTorch operation, PyTorch's OpenMP
+#: workers keep spinning for a while on the other cores, and a pool thread sharing a core with one of them made a step
+#: at batch 128 x L 1000, logits x2, eps 0.2 (about 230,000 of work) no faster on two threads than on one.
+MIN_WORK_PER_THREAD = 1 << 19
+PROBE_ROWS = 8
 _GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX_2 = np.uint64(0x94D049BB133111EB)
@@ -136,6 +138,42 @@ def _cutoff(kth, reach, slack):
     return lowest - reach - 2.0 * slack * (abs(lowest) + reach)
 
 
+@numba.njit(inline="always")
+def _candidates(row, reach, slack, top, top_at, is_top, others):
+    """The ``k = len(top)`` largest scores of ``row`` into ``top`` (decreasing) and ``top_at``, and the other classes
+    that can reach the ``k`` largest perturbed values into ``others``: returns their count, or -1 if ``row`` holds a NaN.
+    ``is_top`` (all False, as left) marks the ``k`` largest while the others are listed."""
+    k, n_classes = top.shape[0], row.shape[0]
+    has_nan = False
+    for j in range(n_classes):
+        has_nan |= row[j] != row[j]
+        if j < k or row[j] > top[k - 1]:
+            _insert(top, top_at, j, row[j], j)
+    if has_nan:
+        return -1
+    cutoff = _cutoff(top[k - 1], reach, slack)
+    is_top[top_at] = True
+    n_others = 0
+    for j in range(n_classes):  # listed without a branch (an undefined cutoff keeps all)
+        others[n_others] = j
+        n_others += (not row[j] < cutoff) & (not is_top[j])
+    is_top[top_at] = False
+    return n_others
+
+
+@numba.njit(nogil=True, cache=True)
+def _mean_candidates(scores, k, reach, slack):
+    """The mean number of :func:`_candidates` beside the ``k`` largest over the rows of ``scores``."""
+    n_rows, n_classes = scores.shape
+    top, top_at = np.empty(k, scores.dtype), np.empty(k, np.int64)
+    is_top, others = np.zeros(n_classes, np.bool_), np.empty(n_classes, np.int64)
+    total = 0
+    for r in range(n_rows):
+        found = _candidates(scores[r], reach, slack, top, top_at, is_top, others)
+        total += found if found >= 0 else n_classes
+    return total / max(n_rows, 1)
+
+
 @numba.njit(nogil=True, cache=True)
 def _top_of_rows(scores, key, epsilon, k, reach, slack, first_row, n_rows, selected, positions):
     """Per row of the block ``scores`` (rows ``first_row...`` of ``n_rows``) and sample ``b``, over the ``k`` largest of
@@ -155,22 +193,11 @@ def _top_of_rows(scores, key, epsilon, k, reach, slack, first_row, n_rows, selec
     is_top = np.zeros(n_classes, np.bool_)
     for r in range(block_rows):
         row, out = scores[r], first_row + r
-        has_nan = False
-        for j in range(n_classes):  # the k largest scores
-            has_nan |= row[j] != row[j]
-            if j < k or row[j] > top[k - 1]:
-                _insert(top, top_at, j, row[j], j)
-        if has_nan:
+        n_others = _candidates(row, reach, slack, top, top_at, is_top, others)
+        if n_others < 0:  # a NaN score
             selected[:, out] = np.nan
             positions[:, out, :] = 0
             continue
-        cutoff = _cutoff(top[k - 1], reach, slack)
-        is_top[top_at] = True
-        n_others = 0
-        for j in range(n_classes):  # the other candidates, listed without a branch (an undefined cutoff keeps all)
-            others[n_others] = j
-            n_others += (not row[j] < cutoff) & (not is_top[j])
-        is_top[top_at] = False
         for b in range(n_samples):
             base = np.uint64(((b * n_rows) + out) * n_classes)
             # draws in loops of independent iterations (a draw's latency hides behind the next one's), then insertions:
@@ -224,6 +251,17 @@ def _pool() -> ThreadPoolExecutor:
     return _pools[pid]
 
 
+def _n_blocks(rows: np.ndarray, k: int, reach: float, margin: float, n_samples: int) -> int:
+    """How many threads share the rows: one per ``MIN_WORK_PER_THREAD`` of estimated work, at most
+    ``torch.get_num_threads()``."""
+    threads = min(torch.get_num_threads(), rows.shape[0])
+    if threads <= 1:
+        return 1
+    draws_per_row = n_samples * (k + _mean_candidates(rows[:PROBE_ROWS], k, reach, margin))
+    work = rows.shape[0] * (rows.shape[1] + draws_per_row)
+    return max(1, min(threads, int(work // MIN_WORK_PER_THREAD)))
+
+
 def _kernel_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
@@ -242,7 +280,7 @@ def perturbed_top(scores: torch.Tensor, seed: int, k: int, epsilon: float, n_sam
     margin = slack(dtype)
     reach = epsilon * Z_MAX * (1.0 + margin)
     key = _key(seed)
-    n_blocks = max(1, min(torch.get_num_threads(), n_rows, rows.size // MIN_SCORES_PER_THREAD))
+    n_blocks = _n_blocks(rows, k, reach, margin, n_samples)
     bounds = [n_rows * i // n_blocks for i in range(n_blocks + 1)]
 
     def block(i):

@@ -66,7 +66,7 @@ def test_half_precision_scores_are_computed_in_float32(dtype):
 def test_rows_split_over_threads_give_the_same_result(monkeypatch):
     s = _scores(5.0, shape=(37, 300), dtype=torch.float32)
     alone = _cpu_kernel.perturbed_top(s, SEED, 6, 0.2, 5, True)
-    monkeypatch.setattr(_cpu_kernel, "MIN_SCORES_PER_THREAD", 1)
+    monkeypatch.setattr(_cpu_kernel, "MIN_WORK_PER_THREAD", 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
