@@ -45,6 +45,15 @@ _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX_2 = np.uint64(0x94D049BB133111EB)
 
 
+def _compiled(function):
+    """``function`` compiled by Numba, releasing the GIL; its machine code cached on disk where Numba finds a writable
+    place (beside this file, or the user's cache directory), else compiled again in each process."""
+    try:
+        return numba.njit(nogil=True, cache=True)(function)
+    except RuntimeError:  # Numba found no writable cache location
+        return numba.njit(nogil=True)(function)
+
+
 @numba.njit(inline="always")
 def _mix(x):
     """SplitMix64's output function: a bijection of 64-bit words that spreads every input bit over the output."""
@@ -161,7 +170,7 @@ def _candidates(row, reach, slack, top, top_at, is_top, others):
     return n_others
 
 
-@numba.njit(nogil=True, cache=True)
+@_compiled
 def _mean_candidates(scores, k, reach, slack):
     """The mean number of :func:`_candidates` beside the ``k`` largest over the rows of ``scores``."""
     n_rows, n_classes = scores.shape
@@ -174,7 +183,7 @@ def _mean_candidates(scores, k, reach, slack):
     return total / max(n_rows, 1)
 
 
-@numba.njit(nogil=True, cache=True)
+@_compiled
 def _top_of_rows(scores, key, epsilon, k, reach, slack, first_row, n_rows, selected, positions):
     """Per row of the block ``scores`` (rows ``first_row...`` of ``n_rows``) and sample ``b``, over the ``k`` largest of
     ``s + epsilon z_b``: ``selected[b, row]``, the ``k``-th largest, or their sum when ``positions`` has ``k`` slots
@@ -229,7 +238,7 @@ def _top_of_rows(scores, key, epsilon, k, reach, slack, first_row, n_rows, selec
                 positions[b, out, 0] = best_at[k - 1]
 
 
-@numba.njit(nogil=True, cache=True)
+@_compiled
 def _fill_normals(key, out):
     for counter in range(out.shape[0]):
         out[counter] = _normal(key, np.uint64(counter))

@@ -3,6 +3,8 @@ very draws the kernel makes (bit for bit), and shown able to fail; its noise, ch
 
 import math
 
+import numba
+import numpy as np
 import pytest
 import torch
 
@@ -106,6 +108,21 @@ def test_a_draw_depends_on_its_seed_and_position_only():
     assert torch.equal(draws.reshape(-1)[:10], _cpu_kernel.normals(5, (10,)))
     assert not torch.equal(draws, _cpu_kernel.normals(6, (2, 3, 4)))
     assert draws.reshape(-1).unique().numel() == draws.numel()
+
+
+def test_the_kernel_compiles_where_no_cache_can_be_written(monkeypatch):
+    """A read-only installation without a writable home: Numba finds no cache location, and the kernel is compiled
+    without one instead of failing at import."""
+    caching = pytest.importorskip("numba.core.caching")
+    if not hasattr(caching.CacheImpl, "_locator_classes"):
+        pytest.skip("this Numba lists its cache locations elsewhere")
+    monkeypatch.setattr(caching.CacheImpl, "_locator_classes", [])
+    with pytest.raises(RuntimeError, match="no locator"):
+        numba.njit(cache=True)(_cpu_kernel._fill_normals.py_func)
+    fill = _cpu_kernel._compiled(_cpu_kernel._fill_normals.py_func)
+    out = np.empty(5)
+    fill(_cpu_kernel._key(SEED), out)
+    assert torch.equal(torch.from_numpy(out), _cpu_kernel.normals(SEED, (5,), torch.float64))
 
 
 def test_the_default_cpu_path_draws_bounded_noise_reproducibly_from_the_generator():
