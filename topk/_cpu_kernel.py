@@ -79,6 +79,10 @@ _LAYER_X, _LAYER_F = _ziggurat_layers()
 _TAIL_EDGE = _LAYER_X[1]
 #: The clamp of the draws, frozen into the compiled code (the pruning's bound is read from ``Z_MAX`` at each call).
 _CLAMP = Z_MAX
+#: A word with its low 9 bits cleared, read as a signed integer, times these: a signed uniform in [-1, 1) times the
+#: layer's width.
+_TOP_55_BITS = np.uint64(0xFFFFFFFFFFFFFE00)
+_SIGNED_LAYER_X = _LAYER_X * 2.0**-63
 
 
 @numba.njit(inline="always")
@@ -96,34 +100,28 @@ def _uniform(bits):
 @numba.njit(inline="always")
 def _normal(key, counter):
     """Draw ``counter`` of the stream ``key``: a standard normal by the Ziggurat, clamped at ``+-Z_MAX``. One word in
-    about 99% of draws (a layer, a sign, a uniform: accepted inside the layer's rectangle); else the wedge test, or the
-    tail beyond the edge by Marsaglia's exponential method. Past the draw's 16 words (a probability below 1e-25) it
-    gives 0."""
+    about 99% of draws: its low 8 bits choose a layer, its top 55 bits a signed uniform in [-1, 1), accepted inside the
+    layer's rectangle; else the wedge test, or the tail beyond the edge by Marsaglia's exponential method. Past the
+    draw's 16 words (a probability below 1e-25) it gives 0."""
     n = 0
     while n <= 14:  # an attempt reads words n and n + 1 at most
         bits = _word(key, counter, n)
         layer = bits & np.uint64(255)
-        z = _uniform(bits) * _LAYER_X[layer]
-        if z < _LAYER_X[layer + 1]:
-            return _signed(min(z, _CLAMP), bits)
+        z = np.float64(np.int64(bits & _TOP_55_BITS)) * _SIGNED_LAYER_X[layer]
+        if abs(z) < _LAYER_X[layer + 1]:  # inside the rectangle, below the edge < Z_MAX: no clamp
+            return z
         if layer == 0:  # the tail: edge + a, a ~ Exp(edge), accepted with probability exp(-a^2 / 2); tried until then
             while n <= 13:
                 a = -math.log(_uniform(_word(key, counter, n + 1))) / _TAIL_EDGE
                 if -2.0 * math.log(_uniform(_word(key, counter, n + 2))) > a * a:
-                    return _signed(min(_TAIL_EDGE + a, _CLAMP), bits)
+                    return math.copysign(min(_TAIL_EDGE + a, _CLAMP), z)
                 n += 2
             break
         u = _uniform(_word(key, counter, n + 1))  # the wedge between the layer's rectangle and the curve
         if _LAYER_F[layer + 1] + u * (_LAYER_F[layer] - _LAYER_F[layer + 1]) < math.exp(-0.5 * z * z):
-            return _signed(z, bits)
+            return z
         n += 2
     return 0.0
-
-
-@numba.njit(inline="always")
-def _signed(z, bits):
-    """``z`` with the sign given by bit 8 of ``bits`` (bits 0-7 chose the layer, 11-63 the uniform)."""
-    return z * np.float64(1 - 2 * np.int64((bits >> np.uint64(8)) & np.uint64(1)))  # no branch: the sign is a coin
 
 
 @numba.njit(inline="always")
