@@ -149,8 +149,7 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
                 rows.append({**provenance, **config, "method": "reference",
                              "status": "skipped: needs L >= k + int(1 + 0.2 k)"})
             inputs = {name: _inputs(device, n_classes) for name in methods}  # each frees its own gradient
-            steps = {name: lambda loss=loss, s=inputs[name][0], y=inputs[name][1]: _step(loss, s, y)
-                     for name, loss in methods.items()}
+            steps = {name: lambda loss=loss, inputs=inputs[name]: _step(loss, *inputs) for name, loss in methods.items()}
             result = {}
             for name, seconds in interleaved_median_seconds(steps, device).items():
                 loss = methods[name]

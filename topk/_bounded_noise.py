@@ -35,8 +35,6 @@ def slack(dtype: torch.dtype) -> float:
 
 
 def bounded_normal(shape: tuple[int, ...], *, generator: torch.Generator | None, dtype: torch.dtype | None = None,
-                   device: torch.device | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Standard normal draws clamped at ``+-Z_MAX``, the noise of the PyTorch path; into ``out`` when given."""
-    if out is None:
-        out = torch.empty(shape, dtype=dtype, device=device)
-    return out.normal_(generator=generator).clamp_(-Z_MAX, Z_MAX)
+                   device: torch.device | None = None) -> torch.Tensor:
+    """Standard normal draws clamped at ``+-Z_MAX``, the noise of the PyTorch path."""
+    return torch.empty(shape, dtype=dtype, device=device).normal_(generator=generator).clamp_(-Z_MAX, Z_MAX)
