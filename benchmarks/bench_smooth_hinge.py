@@ -143,6 +143,7 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
         provenance = stamp(device)
         for n_classes, k in itertools.product(*grid.values()):
             config = {"device": device.type, "batch": BATCH, "n_classes": n_classes, "k": k}
+            torch._dynamo.reset()  # each configuration compiles its own graph: none counts against the recompile limit
             methods = _methods(k, n_classes, device, svm)
             exact = {scale: _exact_gradient(device, n_classes, k, scale) for scale in ERROR_SCALES}
             if reference is not None and "reference" not in methods:

@@ -72,19 +72,20 @@ def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, 
     return plan, _compile(fused._kernel(), signature, constants, arch, fused.compile_options(plan))
 
 
-#: (kernel of :mod:`topk._esp_kernel`, K of the smoothed hinge, whole loss or the pair alone): every block size up to
-#: ``fused.MAX_K``
-ESP_CONFIGURATIONS = [(name, k, loss) for name in ("log_esp_forward", "log_esp_backward") for loss in (False, True)
-                      for k in (2, 5, 10, 50, 127)]
+#: (kernel of :mod:`topk._esp_kernel`, its dtype, K of the smoothed hinge, whole loss or the pair alone): every block
+#: size up to ``fused.MAX_K`` in float32, and float64 (the exact tests' dtype) at two sizes
+ESP_CONFIGURATIONS = [(name, dtype, k, loss) for name in ("log_esp_forward", "log_esp_backward") for loss in (False, True)
+                      for dtype, sizes in ((torch.float32, (2, 5, 10, 50, 127)), (torch.float64, (2, 5)))
+                      for k in sizes]
 
 
-def compile_esp_kernel(name: str, k: int, loss: bool, arch: int):
-    """A kernel of :mod:`topk._esp_kernel` compiled for ``sm_<arch>`` in float32, as the loss launches it (``loss``:
+def compile_esp_kernel(name: str, dtype: torch.dtype, k: int, loss: bool, arch: int):
+    """A kernel of :mod:`topk._esp_kernel` compiled for ``sm_<arch>`` in ``dtype``, as the loss launches it (``loss``:
     the whole smoothed hinge of each row, else the pair of polynomials)."""
     from topk import _esp_kernel
 
     kernel = getattr(_esp_kernel, name)
-    signature = {**{arg: "*fp32" for arg in kernel.arg_names if arg.endswith("_ptr")}, "label_ptr": "*i64", "n": "i32",
+    signature = {**{arg: f"*{TRITON_TYPES[dtype]}" for arg in kernel.arg_names if arg.endswith("_ptr")}, "label_ptr": "*i64", "n": "i32",
                  **{arg: "fp64" for arg in ("scale", "tau", "alpha_over_tau") if arg in kernel.arg_names}}
     constants = {"K": k, "ABSENT": elementary_symmetric.ESP_ABSENT, "BLOCK": elementary_symmetric.esp_block(k),
                  "LOSS": loss}
@@ -132,13 +133,13 @@ def main() -> int:
         print(f"{'fused':23s} {TRITON_TYPES[dtype]:8s} {k:3d} {n_samples:3d}  {str(has_noise):5s}  {str(chunked):7s}  "
               f"{block:13s} {report['registers']:5d}  {report['spill_stores']:5d}/{report['spill_loads']:<5d}"
               f"  {time.perf_counter() - start:8.1f}")
-    for name, k, loss in ESP_CONFIGURATIONS:
+    for name, dtype, k, loss in ESP_CONFIGURATIONS:
         start = time.perf_counter()
-        report = ptxas_report(compile_esp_kernel(name, k, loss, args.arch).asm["ptx"], args.arch)
-        spilled |= report["spill_stores"] + report["spill_loads"] > 0
+        report = ptxas_report(compile_esp_kernel(name, dtype, k, loss, args.arch).asm["ptx"], args.arch)
+        spilled |= dtype != torch.float64 and report["spill_stores"] + report["spill_loads"] > 0
         block = f"1x1x{elementary_symmetric.esp_block(k)}"
         label = f"{name} ({'loss' if loss else 'pair'})"
-        print(f"{label:23s} {'fp32':8s} {k:3d} {'-':>3s}  {'-':5s}  {'-':7s}  {block:13s} {report['registers']:5d}  "
+        print(f"{label:23s} {TRITON_TYPES[dtype]:8s} {k:3d} {'-':>3s}  {'-':5s}  {'-':7s}  {block:13s} {report['registers']:5d}  "
               f"{report['spill_stores']:5d}/{report['spill_loads']:<5d}  {time.perf_counter() - start:8.1f}")
     return 1 if args.check and spilled else 0
 

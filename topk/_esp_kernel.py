@@ -39,7 +39,7 @@ def _log_coefficient_without(prefix, suffix, m, BLOCK: tl.constexpr):
 @triton.jit
 def _row_shift(x_ptr, row, n, label, CHUNK: tl.constexpr):
     """The largest score of the row other than the label's (the hinge's shift: every exponent then is <= 0)."""
-    largest = float("-inf")
+    largest = tl.full((), float("-inf"), x_ptr.dtype.element_ty)
     for start in range(0, n, CHUNK):
         column = start + tl.arange(0, CHUNK)
         values = tl.load(x_ptr + row * n + column, mask=column < n, other=float("-inf"))

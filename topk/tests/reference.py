@@ -95,8 +95,8 @@ def enumerated_smooth_hinge(s: torch.Tensor, y: torch.Tensor, k: int, tau: float
     rows of ``s`` of shape (N, L) with small L; differentiable (use float64).
     """
     n_classes = s.shape[-1]
-    subsets = torch.tensor(list(itertools.combinations(range(n_classes), k)))  # [C, k]
-    member = torch.zeros(len(subsets), n_classes, dtype=s.dtype).scatter_(1, subsets, 1.0)  # [C, L]
+    subsets = torch.tensor(list(itertools.combinations(range(n_classes), k)), device=s.device)  # [C, k]
+    member = torch.zeros(len(subsets), n_classes, dtype=s.dtype, device=s.device).scatter_(1, subsets, 1.0)  # [C, L]
     means = s @ member.T / k  # [N, C]
     contains_y = member[:, y].T.bool()  # [N, C]
     every = tau * torch.logsumexp((alpha * ~contains_y + means) / tau, dim=-1)

@@ -268,7 +268,9 @@ def test_cuda_graph_replays_draw_fresh_noise(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_reduce_overhead_training_step_runs_20_steps_without_recompiling(backend):
     """Model + noised loss + backward + SGD under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs): 20 steps,
-    one graph, no recompilation, a finite loss."""
+    one graph, no recompilation, a finite loss. The gradients are set to None between steps (``zero_grad``'s default):
+    a gradient kept and accumulated into would be a CUDA-graph output that the next replay overwrites."""
+    torch._dynamo.reset()  # the compiled ``forward`` below shares its code object with the other parametrisation's
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 100)).cuda()
     loss = losses.NoisedHinge(5, 0.2, 10, backend=backend)
@@ -284,6 +286,5 @@ def test_reduce_overhead_training_step_runs_20_steps_without_recompiling(backend
             value = forward(x, y)
             value.backward()
             optimizer.step()
-            optimizer.zero_grad(set_to_none=False)
+            optimizer.zero_grad()
     assert torch.isfinite(value.detach()).item()
-    torch._dynamo.reset()

@@ -172,8 +172,8 @@ def test_module_takes_the_backend_and_compiles_as_one_graph(kernel_device):
 def test_auto_backend_takes_the_kernel_only_for_cuda_scores(kernel_device, monkeypatch):
     """``auto`` on CPU scores is the tree even with the interpreter on; ``triton`` on CPU needs the interpreter."""
     calls = []
-    monkeypatch.setattr(_ops.elementary_symmetric, "launch_pair_forward",
-                        lambda *args, launch=_ops.elementary_symmetric.launch_pair_forward: calls.append(1) or launch(*args))
+    monkeypatch.setattr(_ops.elementary_symmetric, "launch_hinge_forward",
+                        lambda *args, launch=_ops.elementary_symmetric.launch_hinge_forward: calls.append(1) or launch(*args))
     s = torch.randn(2, 10, device=kernel_device)
     smooth_hinge(s, torch.tensor([1, 2], device=kernel_device), 3, 1.0)
     assert len(calls) == (1 if kernel_device.type == "cuda" else 0)
