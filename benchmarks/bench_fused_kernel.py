@@ -35,6 +35,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _measure import append_csv_row, median_seconds  # noqa: E402
 
+from experiments import kernel_targets  # noqa: E402
+from experiments.kernel_targets import key  # noqa: E402
 from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
 from topk.losses import noised_hinge  # noqa: E402
 from topk.operators import CHUNK_ELEMENTS  # noqa: E402
@@ -50,8 +52,6 @@ GRIDS = {
 }
 FIELDS = [*STAMP_FIELDS, "logit_scale", "epsilon", "batch", "n_classes", "k", "n_samples", "method", "status", "ms",
           "floor_ms", "noise_floor_ms", "copy_gb_per_s"]
-#: The issue's targets for L >= 10^4: fused <= 2 x max(floors), pytopk / fused >= 10.
-FLOOR_TARGET, PYTOPK_TARGET = 2.0, 10.0
 
 
 def _pytopk_loss():
@@ -106,16 +106,11 @@ def noise_floor(n_normals: int, device: torch.device, budget_s: float) -> float:
     return median_seconds(lambda: draw_normals(n_normals, seed, out), device, min_repeats=3, budget_s=budget_s)
 
 
-def _key(row: dict) -> tuple:
-    return (row["device"], float(row["logit_scale"]), float(row["epsilon"]), int(row["batch"]), int(row["n_classes"]),
-            int(row["k"]), int(row["n_samples"]), row["method"])
-
-
 def _done(out: Path) -> set[tuple]:
     if not out.exists():
         return set()
     with out.open() as handle:
-        return {_key(row) for row in csv.DictReader(handle)}
+        return {key(row) for row in csv.DictReader(handle)}
 
 
 def run(grid: dict, device: torch.device, out: Path, budget_s: float) -> None:
@@ -130,7 +125,7 @@ def run(grid: dict, device: torch.device, out: Path, budget_s: float) -> None:
         config = {**provenance, "logit_scale": scale, "epsilon": epsilon, "batch": batch, "n_classes": n_classes,
                   "k": k, "n_samples": n_samples, "floor_ms": round(floor * 1e3, 5),
                   "copy_gb_per_s": round(bandwidth / 1e9, 1)}
-        todo = {m: v for m, v in table.items() if _key({**config, "method": m}) not in done}
+        todo = {m: v for m, v in table.items() if key({**config, "method": m}) not in done}
         if not todo:
             continue
         noise = noise_floor(batch * n_classes * n_samples, device, budget_s)
@@ -168,25 +163,9 @@ def run(grid: dict, device: torch.device, out: Path, budget_s: float) -> None:
 
 
 def summarise(out: Path, device_type: str) -> None:
-    """The issue's targets for L >= 10^4, from every measured row of the CSV on ``device_type``, per kind of input."""
+    """The issue's targets, from every measured row of the CSV on ``device_type``, per kind of input."""
     with out.open() as handle:
-        rows = [r for r in csv.DictReader(handle) if r["device"] == device_type and r["status"] == "ok"
-                and int(r["n_classes"]) >= 10**4]
-    ms = {_key(r): float(r["ms"]) for r in rows}
-    for scale, epsilon in sorted({(float(r["logit_scale"]), float(r["epsilon"])) for r in rows}):
-        fused = [r for r in rows if r["method"] == "fused" and (float(r["logit_scale"]), float(r["epsilon"])) == (scale, epsilon)]
-        if not fused:
-            continue
-        to_floor = max(float(r["ms"]) / max(float(r["floor_ms"]), float(r["noise_floor_ms"])) for r in fused)
-        print(f"x{scale:g} eps {epsilon:g}, L >= 10^4, {len(fused)} configurations: fused / max(floors) at most "
-              f"x{to_floor:.2f} (target <= {FLOOR_TARGET:g})")
-        speedups = [ms[_key({**r, "method": "pytopk"})] / float(r["ms"]) for r in fused
-                    if _key({**r, "method": "pytopk"}) in ms]
-        if speedups:
-            print(f"  pytopk / fused at least x{min(speedups):.1f} over {len(speedups)} (target >= {PYTOPK_TARGET:g})")
-        slower = [r for r in fused for other in ("torch", "pytopk")
-                  if _key({**r, "method": other}) in ms and ms[_key({**r, "method": other})] < float(r["ms"])]
-        print(f"  configurations where fused is slower than the PyTorch path or pytopk: {len(slower)} (target 0)")
+        print("\n".join(kernel_targets.summary(list(csv.DictReader(handle)), device_type)))
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from experiments import kernel_targets
 from experiments.paper import CLAIMS
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, PROJECT_ROOT
 from experiments.profiles import CALIBRATED
@@ -86,10 +87,11 @@ def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json") -> str:
                                f"{commits}).*")
 
 
-def _headline(path: Path, configuration: dict[str, str], order: tuple[str, ...]) -> tuple[dict, list[str], list[str]]:
-    """The CPU rows of ``path`` at ``configuration`` by method, the methods present in ``order``, and the table's
-    first lines (time and memory of each method)."""
-    rows = [r for r in _rows(path) if r["status"] == "ok" and r["device"] == "cpu"
+def _headline(path: Path, configuration: dict[str, str], order: tuple[str, ...],
+              device: str = "cpu") -> tuple[dict, list[str], list[str]]:
+    """The rows of ``path`` on ``device`` at ``configuration`` by method, the methods present in ``order``, and the
+    table's first lines (time and memory of each method)."""
+    rows = [r for r in _rows(path) if r["status"] == "ok" and r["device"] == device
             and all(r[key] == value for key, value in configuration.items())]
     by_method = {r["method"]: r for r in rows}
     methods = [m for m in order if m in by_method]
@@ -144,29 +146,52 @@ def kernel_resources(results: Path = BENCHMARK_RESULTS) -> str:
     return "\n".join(lines) or "*No kernel resource report in `benchmarks/results/`.*"
 
 
+def _training_steps(results: Path) -> str:
+    rows = [r for r in _rows(results / "training_step.csv") if r["device"] == "cuda"]
+    if not rows:
+        return ""
+    lines = ["| step | loss | backend | K | B | ms per step | over CE (same run) |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['loss'].split(' ')[0]} | {r['backend'] or '-'} | {r['K'] or '-'} | {r['B'] or '-'} | "
+              f"{float(r['ms_per_step']):.2f} | {100 * float(r['overhead_vs_ce']):+.1f}% |" for r in rows]
+    return (f"Training step, {rows[0]['model']}, batch {rows[0]['batch_size']} (`training_step.csv`; "
+            f"{_stamp(rows[0])}):\n\n" + "\n".join(lines))
+
+
+def _smooth_hinge_gpu(results: Path) -> str:
+    by_method, _, _ = _headline(results / "smooth_hinge_cuda.csv", SMOOTH_HEADLINE, (), "cuda")
+    if "cross_entropy" not in by_method:
+        return ""
+    ce = float(by_method["cross_entropy"]["ms"])
+    parts = [f"{name} {float(by_method[name]['ms']):.2f} ms (x{float(by_method[name]['ms']) / ce:.1f})"
+             for name in ("smooth_hinge_triton", "smooth_hinge_triton_compiled", "smooth_hinge") if name in by_method]
+    return (f"Smoothed hinge, batch 128, L 1,000, K 5, forward + backward against cross-entropy's {ce:.2f} ms "
+            f"(target <= x5 on CUDA): {', '.join(parts)} (`smooth_hinge_cuda.csv`; {_stamp(by_method['cross_entropy'])})")
+
+
+def _fused_kernel(results: Path) -> str:
+    rows = _rows(results / "fused_kernel.csv")
+    lines = kernel_targets.summary(rows, "cuda")
+    if not lines:
+        return ""
+    stamp = next(r for r in rows if r["device"] == "cuda")
+    return (f"Fused kernel, forward + backward of the noised hinge, eager (`fused_kernel.csv`; {_stamp(stamp)}):\n\n"
+            + "\n".join(f"- {line}" for line in lines))
+
+
+def _epochs(results: Path) -> str:
+    rows = [r for r in _rows(results / "fig3_epoch_time.csv") if r["device"] == "cuda"]
+    return "\n".join(f"- whole epoch ({r['compile']}), {r['loss']} ({r['backend']}, K = {r['K']}): "
+                     f"{float(r['epoch_seconds']):.2f} s ({_stamp(r)})" for r in rows)
+
+
 def gpu_results(results: Path = BENCHMARK_RESULTS) -> str:
     """What the committed GPU measurements say, or that there are none."""
-    parts = []
-    step = [r for r in _rows(results / "training_step.csv") if r["device"] == "cuda"]
-    for row in step:
-        if row["loss"] != "cross_entropy":
-            parts.append(f"- training step, {row['mode']}, {row['loss']} ({row['backend']}, K = {row['K']}): "
-                         f"{float(row['ms_per_step']):.2f} ms, {100 * float(row['overhead_vs_ce']):+.1f}% over CE "
-                         f"({_stamp(row)})")
-    epochs = [r for r in _rows(results / "fig3_epoch_time.csv") if r["device"] == "cuda"]
-    for row in epochs:
-        parts.append(f"- whole epoch ({row['compile']}), {row['loss']} ({row['backend']}, K = {row['K']}): "
-                     f"{float(row['epoch_seconds']):.2f} s ({_stamp(row)})")
-    kernel = [r for r in _rows(results / "fused_kernel.csv") if r["device"] == "cuda" and r["method"] == "fused"
-              and r["status"] == "ok"]
-    if kernel:
-        worst = max(kernel, key=lambda r: float(r["ms"]) / float(r["floor_ms"]))
-        parts.append(f"- fused kernel: {len(kernel)} configurations, at worst x"
-                     f"{float(worst['ms']) / float(worst['floor_ms']):.1f} its memory floor ({_stamp(worst)})")
+    parts = [part for part in (_training_steps(results), _smooth_hinge_gpu(results), _fused_kernel(results),
+                               _epochs(results)) if part]
     if not parts:
         return ("*No GPU measurement is committed yet: " + ", ".join(f"`benchmarks/results/{name}`" for name in GPU_CSVS)
                 + " hold no CUDA row.*")
-    return "\n".join(parts)
+    return "\n\n".join(parts)
 
 
 def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
