@@ -26,7 +26,8 @@ backward reads) and ``topk::log_esp_pair_backward``; and ``topk::smooth_hinge_ro
 one launch, the same kernel run on the scores) with ``topk::smooth_hinge_rows_backward``.
 """
 
-from typing import Optional
+import contextlib
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -65,9 +66,8 @@ def _top_of_perturbed(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum
     return _mean_top((noise * epsilon).add_(scores), k, sum_top, _accumulate_dtype(scores))
 
 
-@torch.library.custom_op("topk::perturbed_top", mutates_args=())
-def perturbed_top(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top: bool,
-                  labels: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+def _perturbed_top(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top: bool,
+                   labels: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """Mean over the samples of ``top_k`` (``sum_top``: ``topSigma_k``) of ``s + epsilon Z_b`` (Eq. 11).
 
     ``scores``: ``(..., L)``; ``noise``: ``(B, ..., L)`` in the scores' dtype. Returns the value, shape ``(...)``
@@ -78,21 +78,28 @@ def perturbed_top(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top
     return _minus_true_scores(value, scores, labels), positions
 
 
+perturbed_top = torch.library.custom_op("topk::perturbed_top", _perturbed_top, mutates_args=())
+
+
 @perturbed_top.register_fake
 def _(scores, noise, k, epsilon, sum_top, labels):
     positions_shape = (noise.shape[0], *scores.shape[:-1], k if sum_top else 1)
     return scores.new_empty(scores.shape[:-1]), scores.new_empty(positions_shape, dtype=torch.long)
 
 
-@torch.library.custom_op("topk::pruned_perturbed_top", mutates_args=(), device_types="cpu")
-def pruned_perturbed_top(scores: Tensor, seed: Tensor, k: int, epsilon: float, n_samples: int, sum_top: bool,
-                         labels: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+def _pruned_perturbed_top(scores: Tensor, seed: Tensor, k: int, epsilon: float, n_samples: int, sum_top: bool,
+                          labels: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """:func:`perturbed_top` on CPU, on the kernel of :mod:`topk._cpu_kernel`: the noise is its counter-based bounded
     normals for ``seed`` (a one-element int64 tensor), drawn only for the classes that can reach the top."""
     rows = scores.reshape(-1, scores.shape[-1])  # [..., L] -> [R, L]
-    selected, positions = _cpu_kernel.perturbed_top(rows, int(seed), k, epsilon, n_samples, sum_top)  # [B, R], [B, R, r]
+    # [B, R] values and [B, R, r] positions
+    selected, positions = _cpu_kernel.perturbed_top(rows, int(seed), k, epsilon, n_samples, sum_top)
     value = (selected.sum(0) / n_samples).reshape(scores.shape[:-1])  # a NaN row's samples are all NaN
     return _minus_true_scores(value, scores, labels), positions.reshape(n_samples, *scores.shape[:-1], -1)
+
+
+pruned_perturbed_top = torch.library.custom_op("topk::pruned_perturbed_top", _pruned_perturbed_top, mutates_args=(),
+                                               device_types="cpu")
 
 
 @pruned_perturbed_top.register_fake
@@ -101,9 +108,8 @@ def _(scores, seed, k, epsilon, n_samples, sum_top, labels):
     return scores.new_empty(scores.shape[:-1]), scores.new_empty(positions_shape, dtype=torch.long)
 
 
-@torch.library.custom_op("topk::fused_perturbed_top", mutates_args=())
-def fused_perturbed_top(scores: Tensor, seed: Optional[Tensor], noise: Optional[Tensor], k: int, epsilon: float,
-                        n_samples: int, labels: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+def _fused_perturbed_top(scores: Tensor, seed: Optional[Tensor], noise: Optional[Tensor], k: int, epsilon: float,
+                         n_samples: int, labels: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """Mean over the samples of the ``k``-th largest of ``s + epsilon Z_b`` on the fused kernel (:mod:`topk.fused`).
 
     Exactly one of ``seed`` (a one-element int64 tensor on the scores' device: in-kernel Philox noise) and
@@ -120,14 +126,16 @@ def fused_perturbed_top(scores: Tensor, seed: Optional[Tensor], noise: Optional[
     return _minus_true_scores(value, scores, labels), positions.reshape(n_samples, *scores.shape[:-1], 1)
 
 
+fused_perturbed_top = torch.library.custom_op("topk::fused_perturbed_top", _fused_perturbed_top, mutates_args=())
+
+
 @fused_perturbed_top.register_fake
 def _(scores, seed, noise, k, epsilon, n_samples, labels):
     positions_shape = (n_samples, *scores.shape[:-1], 1)
     return scores.new_empty(scores.shape[:-1]), scores.new_empty(positions_shape, dtype=torch.int32)
 
 
-@torch.library.custom_op("topk::perturbed_top_backward", mutates_args=())
-def perturbed_top_backward(grad: Tensor, positions: Tensor, labels: Optional[Tensor], n_classes: int) -> Tensor:
+def _perturbed_top_backward(grad: Tensor, positions: Tensor, labels: Optional[Tensor], n_classes: int) -> Tensor:
     """``grad`` times the estimator's gradient: ``grad / B`` added at every saved position (Prop. 3.3), and
     ``-grad`` at the label when given (Eq. 12). ``grad``: ``(...)``, positions ``(B, ..., r)``; returns ``(..., L)``."""
     n_samples = positions.shape[0]
@@ -137,6 +145,10 @@ def perturbed_top_backward(grad: Tensor, positions: Tensor, labels: Optional[Ten
     if labels is not None:
         grad_scores.scatter_add_(-1, labels.unsqueeze(-1), -grad.unsqueeze(-1))
     return grad_scores
+
+
+perturbed_top_backward = torch.library.custom_op("topk::perturbed_top_backward", _perturbed_top_backward,
+                                                 mutates_args=())
 
 
 @perturbed_top_backward.register_fake
@@ -151,9 +163,9 @@ def _save_positions(ctx, inputs, output):
     ctx.n_inputs = len(inputs)
 
 
-def _scatter_gradient(ctx, grad_value, grad_positions):
+def _scatter_gradient(ctx, grad_value, grad_positions, backward=perturbed_top_backward):
     positions, labels = ctx.saved_tensors
-    grad_scores = perturbed_top_backward(grad_value, positions, labels, ctx.n_classes)
+    grad_scores = backward(grad_value, positions, labels, ctx.n_classes)
     return (grad_scores,) + (None,) * (ctx.n_inputs - 1)
 
 
@@ -161,11 +173,13 @@ for _operator in (perturbed_top, pruned_perturbed_top, fused_perturbed_top):
     _operator.register_autograd(_scatter_gradient, setup_context=_save_positions)
 
 
-@torch.library.custom_op("topk::log_esp_pair", mutates_args=())
-def log_esp_pair(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def _log_esp_pair(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """``(log sigma_{k-1}, log sigma_k)`` of ``exp(x)`` for each row of ``x`` (``[rows, n]`` -> ``[rows, 2]``), and the
     prefix products ``[rows, n, block]`` the backward reads (not differentiable)."""
     return elementary_symmetric.launch_pair_forward(x, k)
+
+
+log_esp_pair = torch.library.custom_op("topk::log_esp_pair", _log_esp_pair, mutates_args=())
 
 
 @log_esp_pair.register_fake
@@ -174,11 +188,14 @@ def _(x, k):
     return x.new_empty(x.shape[0], 2), x.new_empty(x.shape[0], x.shape[1], block)
 
 
-@torch.library.custom_op("topk::log_esp_pair_backward", mutates_args=())
-def log_esp_pair_backward(x: Tensor, prefix: Tensor, pair: Tensor, grad_pair: Tensor, k: int) -> Tensor:
+def _log_esp_pair_backward(x: Tensor, prefix: Tensor, pair: Tensor, grad_pair: Tensor, k: int) -> Tensor:
     """``sum_j grad_pair[:, j] d pair[:, j] / d x``, ``d log sigma_j / d x_i = e^{x_i} sigma_{j-1}(x without i) /
     sigma_j(x)``: ``[rows, n]``."""
     return elementary_symmetric.launch_pair_backward(x, prefix, pair, grad_pair, k)
+
+
+log_esp_pair_backward = torch.library.custom_op("topk::log_esp_pair_backward", _log_esp_pair_backward,
+                                                mutates_args=())
 
 
 @log_esp_pair_backward.register_fake
@@ -192,21 +209,23 @@ def _save_prefix(ctx, inputs, output):
     ctx.k = inputs[1]
 
 
-def _esp_gradient(ctx, grad_pair, grad_prefix):
+def _esp_gradient(ctx, grad_pair, grad_prefix, backward=log_esp_pair_backward):
     x, prefix, pair = ctx.saved_tensors
-    return log_esp_pair_backward(x, prefix, pair, grad_pair, ctx.k), None
+    return backward(x, prefix, pair, grad_pair, ctx.k), None
 
 
 log_esp_pair.register_autograd(_esp_gradient, setup_context=_save_prefix)
 
 
-@torch.library.custom_op("topk::smooth_hinge_rows", mutates_args=())
-def smooth_hinge_rows(scores: Tensor, labels: Tensor, k: int, tau: float,
-                      alpha: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _smooth_hinge_rows(scores: Tensor, labels: Tensor, k: int, tau: float,
+                       alpha: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The smoothed hinge of Berrada et al. (2018) of each row of ``scores`` (``[rows, n]``, labels ``[rows]``) in one
     kernel launch: the loss ``[rows]``, then what the backward reads (the prefix products, the pair ``log sigma_{k-1},
     log sigma_k`` and ``(z, shift)``; not differentiable)."""
     return elementary_symmetric.launch_hinge_forward(scores, labels, k, tau, alpha)
+
+
+smooth_hinge_rows = torch.library.custom_op("topk::smooth_hinge_rows", _smooth_hinge_rows, mutates_args=())
 
 
 @smooth_hinge_rows.register_fake
@@ -216,11 +235,14 @@ def _(scores, labels, k, tau, alpha):
             scores.new_empty(n_rows, 2), scores.new_empty(n_rows, 2))
 
 
-@torch.library.custom_op("topk::smooth_hinge_rows_backward", mutates_args=())
-def smooth_hinge_rows_backward(scores: Tensor, labels: Tensor, prefix: Tensor, pair: Tensor, aux: Tensor,
-                               grad_loss: Tensor, k: int, tau: float) -> Tensor:
+def _smooth_hinge_rows_backward(scores: Tensor, labels: Tensor, prefix: Tensor, pair: Tensor, aux: Tensor,
+                                grad_loss: Tensor, k: int, tau: float) -> Tensor:
     """``d sum(grad_loss * loss) / d scores``, ``[rows, n]``, in one kernel launch."""
     return elementary_symmetric.launch_hinge_backward(scores, labels, prefix, pair, aux, grad_loss, k, tau)
+
+
+smooth_hinge_rows_backward = torch.library.custom_op("topk::smooth_hinge_rows_backward", _smooth_hinge_rows_backward,
+                                                     mutates_args=())
 
 
 @smooth_hinge_rows_backward.register_fake
@@ -235,9 +257,66 @@ def _save_hinge(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # no zero gradients made for the saved outputs (the prefix is [rows, n, block])
 
 
-def _hinge_gradient(ctx, grad_loss, *unused):
+def _hinge_gradient(ctx, grad_loss, *unused, backward=smooth_hinge_rows_backward):
     scores, labels, prefix, pair, aux = ctx.saved_tensors
-    return smooth_hinge_rows_backward(scores, labels, prefix, pair, aux, grad_loss, ctx.k, ctx.tau), None, None, None, None
+    return backward(scores, labels, prefix, pair, aux, grad_loss, ctx.k, ctx.tau), None, None, None, None
 
 
 smooth_hinge_rows.register_autograd(_hinge_gradient, setup_context=_save_hinge)
+
+
+class _Autograd(NamedTuple):
+    """An operator's implementation, its autograd formula and its backward operator's implementation."""
+
+    implementation: Callable
+    setup_context: Callable
+    gradient: Callable
+    backward: Callable
+
+
+class _EagerCall(torch.autograd.Function):
+    """An operator's implementation and autograd formula called directly: the operator's computation without its
+    dispatch (the custom operator's Python wrappers cost about 0.1 ms of host time per forward and backward)."""
+
+    @staticmethod
+    def forward(ctx, autograd: _Autograd, *args):
+        output = autograd.implementation(*args)
+        autograd.setup_context(ctx, args, output)
+        ctx.autograd = autograd
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, *ctx.autograd.gradient(ctx, *grads, backward=ctx.autograd.backward))
+
+
+_EAGER = {
+    **{operator: _Autograd(implementation, _save_positions, _scatter_gradient, _perturbed_top_backward)
+       for operator, implementation in ((perturbed_top, _perturbed_top), (pruned_perturbed_top, _pruned_perturbed_top),
+                                        (fused_perturbed_top, _fused_perturbed_top))},
+    log_esp_pair: _Autograd(_log_esp_pair, _save_prefix, _esp_gradient, _log_esp_pair_backward),
+    smooth_hinge_rows: _Autograd(_smooth_hinge_rows, _save_hinge, _hinge_gradient, _smooth_hinge_rows_backward),
+}
+
+
+_through_operators = False
+
+
+@contextlib.contextmanager
+def through_operators():
+    """Within it, eager calls go through the registered operators too, as ``torch.compile``'s do: each is one node at
+    the dispatcher (what the tests that count dispatched operators see)."""
+    global _through_operators
+    previous, _through_operators = _through_operators, True
+    try:
+        yield
+    finally:
+        _through_operators = previous
+
+
+def call(operator, *args):
+    """``operator(*args)`` for one of the forward operators: the operator itself while ``torch.compile`` traces (one
+    opaque node of the graph), in eager mode the same implementation and gradient through :class:`_EagerCall`."""
+    if _through_operators or torch.compiler.is_compiling():
+        return operator(*args)
+    return _EagerCall.apply(_EAGER[operator], *args)

@@ -90,10 +90,10 @@ def log_elementary_symmetric_pair(x: torch.Tensor, k: int, *, backend: str = "to
     tensor([4., 6.])
     """
     if backend == "triton":
-        from topk._ops import log_esp_pair
+        from topk import _ops
 
         rows = x.reshape(-1, x.shape[-1])  # [..., n] -> [rows, n]
-        return log_esp_pair(rows, k)[0].reshape(*x.shape[:-1], 2)
+        return _ops.call(_ops.log_esp_pair, rows, k)[0].reshape(*x.shape[:-1], 2)
     return log_elementary_symmetric(x, k)[..., k - 1:]
 
 

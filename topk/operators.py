@@ -84,16 +84,16 @@ def monte_carlo_top(s, k, epsilon, n_samples, *, generator=None, noise=None, sam
     """
     if backend == "triton":
         seed = None if noise is not None else _seed(generator, s)
-        return _ops.fused_perturbed_top(s, seed, noise, k, epsilon, n_samples, labels)[0]
+        return _ops.call(_ops.fused_perturbed_top, s, seed, noise, k, epsilon, n_samples, labels)[0]
     if noise is None and s.device.type == "cpu":
-        return _ops.pruned_perturbed_top(s, _seed(generator, s), k, epsilon, n_samples, sum_top, labels)[0]
+        return _ops.call(_ops.pruned_perturbed_top, s, _seed(generator, s), k, epsilon, n_samples, sum_top, labels)[0]
     chunk = _samples_per_chunk(n_samples, s, samples_per_chunk)
     total = 0.0
     for start in range(0, n_samples, chunk):
         stop = min(start + chunk, n_samples)
         z = noise[start:stop] if noise is not None else bounded_normal(
             (stop - start, *s.shape), generator=generator, dtype=s.dtype, device=s.device)
-        part = _ops.perturbed_top(s, z, k, epsilon, sum_top, labels)[0]
+        part = _ops.call(_ops.perturbed_top, s, z, k, epsilon, sum_top, labels)[0]
         if chunk >= n_samples:
             return part
         total = total + part * ((stop - start) / n_samples)

@@ -4,6 +4,7 @@ draws and judges it. The timings themselves are meaningless here; the scripts ar
 
 import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,11 @@ def test_profile_time_estimate_writes_one_row_per_notebook_and_setup(tmp_path):
         seconds = int(row["train_images"]) / float(row["train_images_per_s"]) + int(row["eval_images"]) / float(
             row["eval_images_per_s"])
         assert float(row["hours"]) == pytest.approx(seconds / 3600, rel=1e-3, abs=1e-4)
+
+
+def test_dispatch_benchmark_prints_each_path_through_the_operators_and_direct():
+    """``bench_dispatch.py`` on a CPU: a line per path with both host times and their ratio."""
+    run = _run("bench_dispatch.py", "--rounds", "1", "--repeats", "3")
+    for path in ("fused kernel", "PyTorch path", "CPU kernel"):
+        assert re.search(rf"^{path}: through the operators \d+ us, direct \d+ us, operators / direct x\d", run.stdout,
+                         re.M), run.stdout

@@ -200,10 +200,10 @@ def smooth_hinge(
     backend = choose_backend(backend, s, k + 1, tau)
     scores = s.to(torch.promote_types(s.dtype, torch.float32))
     if k > 1 and backend == "triton":  # the whole loss of each row in one launch, its gradient in one more
-        from topk._ops import smooth_hinge_rows
+        from topk import _ops
 
         rows = scores.reshape(-1, scores.shape[-1])  # [..., L] -> [rows, L]
-        loss = smooth_hinge_rows(rows, y.reshape(-1), k, tau, alpha)[0].reshape(scores.shape[:-1])
+        loss = _ops.call(_ops.smooth_hinge_rows, rows, y.reshape(-1), k, tau, alpha)[0].reshape(scores.shape[:-1])
     else:
         loss = _smooth_hinge_tree(scores, y, k, tau, alpha)
     if hard_switch:

@@ -2,6 +2,7 @@
 under ``torch.compile(fullgraph=True)`` that matches eager, custom operators that pass ``torch.library.opcheck``,
 and, on a GPU, CUDA-graph replays that draw fresh noise."""
 
+import contextlib
 import shutil
 
 import pytest
@@ -35,11 +36,21 @@ HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "
 
 
 class DispatchTrace(TorchDispatchMode):
-    """The operators dispatched below autograd (a custom operator counts once, whatever it runs inside)."""
+    """The operators dispatched below autograd, eager calls going through the registered operators (a custom operator
+    counts once, whatever it runs inside: its inside is tested where it runs, on the device)."""
 
     def __init__(self):
         super().__init__()
         self.ops = []
+        self._operators = _ops.through_operators()
+
+    def __enter__(self):
+        self._operators.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        self._operators.__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.append(func)
@@ -200,6 +211,40 @@ def test_fused_operator_passes_opcheck(with_noise):
     seed = torch.tensor([3], device=device)
     args = (s.requires_grad_(), None if with_noise else seed, noise if with_noise else None, 3, 0.7, 4, y)
     torch.library.opcheck(_ops.fused_perturbed_top, args)
+
+
+def _forward_calls(device):
+    """(operator, arguments) for each forward operator with an eager direct path, on ``device``'s scores."""
+    s, noise, y = (t.to(device) for t in _operator_samples())
+    calls = {"perturbed_top": (_ops.perturbed_top, (s, noise, 3, 0.7, False, y)),
+             "perturbed_top_sum": (_ops.perturbed_top, (s, noise, 3, 0.7, True, None))}
+    if device.type == "cpu":
+        calls["pruned_perturbed_top"] = (_ops.pruned_perturbed_top, (10 * s, torch.tensor([5]), 3, 0.2, 4, False, y))
+    calls["fused_perturbed_top"] = (_ops.fused_perturbed_top, (s, torch.tensor([3], device=device), None, 3, 0.7, 4, y))
+    rows, labels = s.reshape(-1, 9), y.reshape(-1)
+    calls["smooth_hinge_rows"] = (_ops.smooth_hinge_rows, (rows, labels, 3, 0.5, 1.0))
+    calls["log_esp_pair"] = (_ops.log_esp_pair, (rows, 3))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["perturbed_top", "perturbed_top_sum", "pruned_perturbed_top", "fused_perturbed_top",
+                                  "smooth_hinge_rows", "log_esp_pair"])
+def test_eager_direct_calls_equal_the_operators_bit_for_bit(name, kernel_device):
+    """In eager mode ``_ops.call`` runs an operator's implementation and gradient without its dispatch; through the
+    registered operator (as ``torch.compile`` does) the outputs and the gradient are the same, bit for bit."""
+    calls = _forward_calls(kernel_device)
+    if name not in calls:
+        pytest.skip(f"{name} runs on a CPU only")
+    operator, args = calls[name]
+    results = []
+    for through_operators in (False, True):
+        scores = args[0].detach().clone().requires_grad_()
+        with _ops.through_operators() if through_operators else contextlib.nullcontext():
+            outputs = _ops.call(operator, scores, *args[1:])
+            (grad,) = torch.autograd.grad(outputs[0].square().sum(), scores)
+        results.append((*[o.detach() for o in outputs], grad))
+    for direct, registered in zip(*results):
+        assert torch.equal(direct, registered)
 
 
 def test_an_out_of_range_label_fails_loudly_when_compiled():
