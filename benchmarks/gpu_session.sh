@@ -7,6 +7,8 @@
 #   fig3    Fig. 3 in GPU seconds
 #   hinge   the smoothed hinge on CUDA, tree against Triton kernel, against CE (headline, then the grid until the limit)
 #   profile the gpu profile's hours on this GPU (bench_profile_time.py: each setup's images/s times its workload)
+#   host    an eager step's host time: through the custom operators against direct calls (bench_dispatch.py), and
+#           each loss's step, enqueue and kernel times with the profiler's table (profile_loss_overhead.py)
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 #   bash benchmarks/gpu_session.sh STAGE [seconds for the kernel grid, default 240]
 # pytopk (pure Python) can be put on PYTHONPATH beforehand for the kernel comparison; without it, that column is skipped.
@@ -18,6 +20,8 @@ mkdir -p "$out"
 status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
+# the tree that runs: a device machine may lay it over an older commit, whose stamp then reads -dirty
+{ git rev-parse HEAD; git diff HEAD --stat; } >> "$out/gpu.txt" 2>&1
 case "${1:-tests}" in
   tests)
     python3 -m pytest -n 8 -q -p no:cacheprovider topk/tests 2>&1 | tee "$out/cuda_tests.log" || status=1 ;;
@@ -40,7 +44,14 @@ case "${1:-tests}" in
   profile)
     python3 benchmarks/bench_profile_time.py gpu --device cuda --out "$out/profile_time_gpu_cuda.csv" 2>&1 \
       | tee "$out/profile_time_gpu_cuda.log" || status=1 ;;
+  host)
+    python3 benchmarks/bench_dispatch.py --device cuda 2>&1 | tee "$out/dispatch_cuda.log" || status=1
+    for size in 1000 100000; do
+      python3 benchmarks/profile_loss_overhead.py --batch 256 --classes $size > "$out/profile_overhead_256x$size.txt" 2>&1 \
+        || status=1
+    done
+    grep -h "^==" "$out"/profile_overhead_*.txt ;;
   *)
-    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge or profile" >&2; status=2 ;;
+    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile or host" >&2; status=2 ;;
 esac
 exit $status
