@@ -8,7 +8,9 @@ cross-entropy and two floors, measured in one process on one device.
 
 The scores are ``logit_scale x N(0, 1)`` with a given eps: standard normal with eps = 1, and a trained network's
 spread with the paper's eps (0.2 on CIFAR-100, 1e-2 on Pl@ntNet), where the exact pruning leaves few candidates.
-Ratios printed: fused / each floor, pytopk / fused, torch / fused, fused / cross-entropy.
+On CUDA the fused step is also timed as the replay of a CUDA graph that captured it (``fused_graph``): the device's
+time without the host's, which an eager step below about 2 ms mostly is (``NOTES.md`` §6).
+Ratios printed: fused / each floor, pytopk / fused, torch / fused, fused / cross-entropy, fused_graph / the floors.
 
     python benchmarks/bench_fused_kernel.py                    # the issue's grid on CUDA, every kind of input
     python benchmarks/bench_fused_kernel.py --grid headline    # batch 256, L 10^4, K 5, B 10
@@ -27,6 +29,7 @@ import csv
 import itertools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -69,17 +72,39 @@ def _pytopk_loss():
     return loss
 
 
-def methods() -> dict:
+#: Methods timed as the replay of a CUDA graph that captured their step.
+GRAPH_REPLAYED = {"fused_graph"}
+
+
+def methods(device: torch.device) -> dict:
     """Each method with the bytes it needs beyond the scores and their gradient, as a function of the config."""
+    fused_loss = lambda s, y, k, m, eps: noised_hinge(s, y, k, eps, m, backend="triton")  # noqa: E731
     table = {
-        "fused": (lambda s, y, k, m, eps: noised_hinge(s, y, k, eps, m, backend="triton"), lambda b, n, m: 0),
+        "fused": (fused_loss, lambda b, n, m: 0),
         "torch": (lambda s, y, k, m, eps: noised_hinge(s, y, k, eps, m, backend="torch"),
                   lambda b, n, m: 2 * 4 * max(CHUNK_ELEMENTS, b * n)),
         "cross_entropy": (lambda s, y, k, m, eps: F.cross_entropy(s, y), lambda b, n, m: 2 * 4 * b * n),
     }
     if (pytopk := _pytopk_loss()) is not None:
         table["pytopk"] = (pytopk, lambda b, n, m: 3 * 4 * b * n * m)  # noise, perturbed scores, sorted copy
+    if device.type == "cuda":
+        table["fused_graph"] = (fused_loss, lambda b, n, m: 2 * 4 * b * n)  # the graph's own gradient
     return table
+
+
+def captured(step: Callable[[], None]) -> Callable[[], None]:
+    """The replay of a CUDA graph that captured ``step`` (after three warm-up calls on a side stream, as
+    ``torch.cuda.graph`` requires); each replay draws fresh noise."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
 
 
 def _free_bytes(device: torch.device) -> int:
@@ -117,7 +142,7 @@ def run(grid: dict, device: torch.device, out: Path, budget_s: float) -> None:
     provenance = stamp(device)
     bandwidth = copy_bandwidth(device)
     print(f"{provenance['device_name']}: copy bandwidth {bandwidth / 1e9:.0f} GB/s; torch {torch.__version__}", flush=True)
-    done, table = _done(out), methods()
+    done, table = _done(out), methods(device)
     for (scale, epsilon), batch, n_classes, k, n_samples in itertools.product(*grid.values()):
         if k + 1 > n_classes:
             continue
@@ -148,16 +173,23 @@ def run(grid: dict, device: torch.device, out: Path, budget_s: float) -> None:
                 loss(s, y, k, n_samples, epsilon).backward()
 
             try:
-                times[method] = median_seconds(step, device, min_repeats=3, budget_s=budget_s)
+                timed = captured(step) if method in GRAPH_REPLAYED else step
+                times[method] = median_seconds(timed, device, min_repeats=3, budget_s=budget_s)
             except torch.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 append_csv_row({**config, "method": method, "status": "out of memory"}, FIELDS, out)
+                continue
+            except RuntimeError as error:  # a capture refused: recorded, the other methods still measured
+                append_csv_row({**config, "method": method, "status": f"failed: {str(error)[:120]}"}, FIELDS, out)
                 continue
             append_csv_row({**config, "method": method, "status": "ok", "ms": round(times[method] * 1e3, 5)}, FIELDS, out)
         if "fused" in times:
             ratios = [f"fused {times['fused'] * 1e3:9.3f} ms = memory floor x{times['fused'] / floor:6.2f}, "
                       f"noise floor x{times['fused'] / noise:6.2f}"]
             ratios += [f"{m} / fused x{times[m] / times['fused']:.3g}" for m in ("pytopk", "torch", "cross_entropy") if m in times]
+            if "fused_graph" in times:
+                ratios.append(f"replayed {times['fused_graph'] * 1e3:.3f} ms = max(floors) "
+                              f"x{times['fused_graph'] / max(floor, noise):.2f}")
             print(f"x{scale:g} eps {epsilon:g} batch {batch:5d} L {n_classes:8d} K {k:2d} B {n_samples:2d}: "
                   + ", ".join(ratios), flush=True)
 

@@ -33,6 +33,10 @@ def summary(rows: list[dict], device_type: str) -> list[str]:
                 f"x{max(to_floor):.1f} over {len(large)} configurations (target <= {FLOOR_TARGET:g})")
         if speedups:
             line += f", pytopk / fused x{min(speedups):.1f} to x{max(speedups):.1f} (target >= {PYTOPK_TARGET:g})"
+        replayed = [other(r, "fused_graph") / max(float(r["floor_ms"]), float(r["noise_floor_ms"])) for r in large
+                    if other(r, "fused_graph")]
+        if replayed:
+            line += f", as CUDA-graph replays x{min(replayed):.1f} to x{max(replayed):.1f} max(floors)"
         lines.append(line + f"; slower than the PyTorch path or pytopk in {len(slower)} of {len(fused)} configurations "
                      "(target 0)")
     return lines
