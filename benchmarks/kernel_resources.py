@@ -74,7 +74,8 @@ def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, 
 
 #: (kernel of :mod:`topk._esp_kernel`, its dtype, K of the smoothed hinge, whole loss or the pair alone): every block
 #: size up to ``fused.MAX_K`` in float32, and float64 (the exact tests' dtype) at two sizes
-ESP_CONFIGURATIONS = [(name, dtype, k, loss) for name in ("log_esp_forward", "log_esp_backward") for loss in (False, True)
+ESP_CONFIGURATIONS = [(name, dtype, k, loss) for name in ("log_esp_forward", "log_esp_backward")
+                      for loss in (False, True)
                       for dtype, sizes in ((torch.float32, (2, 5, 10, 50, 127)), (torch.float64, (2, 5)))
                       for k in sizes]
 
@@ -85,7 +86,8 @@ def compile_esp_kernel(name: str, dtype: torch.dtype, k: int, loss: bool, arch: 
     from topk import _esp_kernel
 
     kernel = getattr(_esp_kernel, name)
-    signature = {**{arg: f"*{TRITON_TYPES[dtype]}" for arg in kernel.arg_names if arg.endswith("_ptr")}, "label_ptr": "*i64", "n": "i32",
+    signature = {**{arg: f"*{TRITON_TYPES[dtype]}" for arg in kernel.arg_names if arg.endswith("_ptr")},
+                 "label_ptr": "*i64", "n": "i32",
                  **{arg: "fp64" for arg in ("scale", "tau", "alpha_over_tau") if arg in kernel.arg_names}}
     constants = {"K": k, "ABSENT": elementary_symmetric.ESP_ABSENT, "BLOCK": elementary_symmetric.esp_block(k),
                  "LOSS": loss}
@@ -139,8 +141,9 @@ def main() -> int:
         spilled |= dtype != torch.float64 and report["spill_stores"] + report["spill_loads"] > 0
         block = f"1x1x{elementary_symmetric.esp_block(k)}"
         label = f"{name} ({'loss' if loss else 'pair'})"
-        print(f"{label:23s} {TRITON_TYPES[dtype]:8s} {k:3d} {'-':>3s}  {'-':5s}  {'-':7s}  {block:13s} {report['registers']:5d}  "
-              f"{report['spill_stores']:5d}/{report['spill_loads']:<5d}  {time.perf_counter() - start:8.1f}")
+        print(f"{label:23s} {TRITON_TYPES[dtype]:8s} {k:3d} {'-':>3s}  {'-':5s}  {'-':7s}  {block:13s} "
+              f"{report['registers']:5d}  {report['spill_stores']:5d}/{report['spill_loads']:<5d}"
+              f"  {time.perf_counter() - start:8.1f}")
     return 1 if args.check and spilled else 0
 
 
