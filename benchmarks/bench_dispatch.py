@@ -3,7 +3,7 @@ direct calls of ``topk._ops.call`` (the same implementation and gradient without
 interleaved in one process (``_measure.interleaved_median_seconds``), at a size where the host's time is all there
 is (batch 8 x L 100, K 5, B 10).
 
-On a CPU the fused kernel's launch is replaced by a stub that only fills its outputs (Triton's interpreter would
+On a CPU the fused kernels' launches are replaced by stubs that only fill their outputs (Triton's interpreter would
 otherwise be what is timed), so its row measures everything around the launch; on CUDA nothing is replaced.
 
     python benchmarks/bench_dispatch.py [--device cpu|cuda] [--budget-s 2]
@@ -27,10 +27,14 @@ from topk.losses import noised_hinge  # noqa: E402
 
 
 class _LaunchStub:
-    """Stands for the fused kernel on a CPU: fills the values and positions it would write, launches nothing."""
+    """Stands for a Triton kernel on a CPU: fills the outputs it would write (arguments ``outputs``), launches
+    nothing."""
+
+    def __init__(self, *outputs: int):
+        self.outputs = outputs
 
     def __getitem__(self, grid):
-        return lambda *args, **options: (args[5].zero_(), args[6].zero_())
+        return lambda *args, **options: [args[i].zero_() for i in self.outputs]
 
 
 def main() -> None:
@@ -42,7 +46,8 @@ def main() -> None:
     if device.type == "cpu":
         # the fused path's checks then accept CPU scores; its launch is stubbed
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        fused._kernel = lambda: _LaunchStub()
+        fused._kernel = lambda: _LaunchStub(4, 5)  # the values and positions
+        fused._gradient_kernel = lambda: _LaunchStub(5)  # the gradient
     s = torch.randn(8, 100, device=device, requires_grad=True)
     y = torch.randint(0, 100, (8,), device=device)
     losses = {"fused kernel": lambda: noised_hinge(s, y, 5, 1.0, 10, backend="triton"),

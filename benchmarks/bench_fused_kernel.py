@@ -14,6 +14,7 @@ Ratios printed: fused / each floor, pytopk / fused, torch / fused, fused / cross
 
     python benchmarks/bench_fused_kernel.py                    # the issue's grid on CUDA, every kind of input
     python benchmarks/bench_fused_kernel.py --grid headline    # batch 256, L 10^4, K 5, B 10
+    python benchmarks/bench_fused_kernel.py --grid focus       # B 10, K 5 and 50, batch 256 and 4096, L 10^3 to 10^6
     TRITON_INTERPRET=1 python benchmarks/bench_fused_kernel.py --device cpu --grid smoke   # the script itself, on CPU
 
 Every finished configuration is appended to the CSV at once (``--out``); a rerun skips the configurations
@@ -50,6 +51,9 @@ GRIDS = {
     "issue": {"inputs": INPUTS, "batch": (256, 4096), "n_classes": (100, 1000, 10**4, 10**5, 10**6), "k": (1, 5, 50),
               "n_samples": (3, 10, 50)},
     "headline": {"inputs": INPUTS, "batch": (256,), "n_classes": (10**4,), "k": (5,), "n_samples": (10,)},
+    # the issue's grid at B = 10 and K in {5, 50}: what a device call of ten minutes covers after a kernel change
+    "focus": {"inputs": INPUTS, "batch": (256, 4096), "n_classes": (1000, 10**4, 10**5, 10**6), "k": (5, 50),
+              "n_samples": (10,)},
     "smoke": {"inputs": ((1.0, 1.0), (20.0, 0.01)), "batch": (8,), "n_classes": (100, 3000), "k": (1, 5),
               "n_samples": (3,)},
 }
@@ -79,16 +83,16 @@ GRAPH_REPLAYED = {"fused_graph"}
 def methods(device: torch.device) -> dict:
     """Each method with the bytes it needs beyond the scores and their gradient, as a function of the config."""
     fused_loss = lambda s, y, k, m, eps: noised_hinge(s, y, k, eps, m, backend="triton")  # noqa: E731
-    table = {
-        "fused": (fused_loss, lambda b, n, m: 0),
+    table = {"fused": (fused_loss, lambda b, n, m: 0)}
+    if device.type == "cuda":
+        table["fused_graph"] = (fused_loss, lambda b, n, m: 2 * 4 * b * n)  # the graph's own gradient
+    table |= {
         "torch": (lambda s, y, k, m, eps: noised_hinge(s, y, k, eps, m, backend="torch"),
                   lambda b, n, m: 2 * 4 * max(CHUNK_ELEMENTS, b * n)),
         "cross_entropy": (lambda s, y, k, m, eps: F.cross_entropy(s, y), lambda b, n, m: 2 * 4 * b * n),
     }
     if (pytopk := _pytopk_loss()) is not None:
         table["pytopk"] = (pytopk, lambda b, n, m: 3 * 4 * b * n * m)  # noise, perturbed scores, sorted copy
-    if device.type == "cuda":
-        table["fused_graph"] = (fused_loss, lambda b, n, m: 2 * 4 * b * n)  # the graph's own gradient
     return table
 
 

@@ -3,14 +3,16 @@
 # stage per call (each fits in a 10-minute device call), in order of priority:
 #   tests   the library's tests on CUDA: the kernel compiled, sync debug mode, CUDA-graph replays, reduce-overhead steps
 #   step    benchmarks/bench_training_step.py: ms per DenseNet-40-40 step, eager and compiled, overheads over CE
-#   kernel  the fused kernel's grid with its memory and noise floors, every kind of input (resumable: rerun to finish)
+#   kernel  the fused kernel's grids with their memory and noise floors, every kind of input (resumable: rerun to
+#           finish); the headline and the issue's grid, or the grids named after the time limit
 #   fig3    Fig. 3 in GPU seconds
 #   hinge   the smoothed hinge on CUDA, tree against Triton kernel, against CE (headline, then the grid until the limit)
 #   profile the gpu profile's hours on this GPU (bench_profile_time.py: each setup's images/s times its workload)
 #   host    an eager step's host time: through the custom operators against direct calls (bench_dispatch.py), and
 #           each loss's step, enqueue and kernel times with the profiler's table (profile_loss_overhead.py)
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
-#   bash benchmarks/gpu_session.sh STAGE [seconds for the kernel grid, default 240]
+#   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
+#   "headline issue"]
 # pytopk (pure Python) can be put on PYTHONPATH beforehand for the kernel comparison; without it, that column is skipped.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -29,7 +31,7 @@ case "${1:-tests}" in
     python3 benchmarks/bench_training_step.py --device cuda --out "$out/training_step.csv" 2>&1 \
       | tee "$out/training_step.log" || status=1 ;;
   kernel)
-    for grid in headline issue; do
+    for grid in ${3:-headline issue}; do
       timeout "${2:-240}" python3 benchmarks/bench_fused_kernel.py --device cuda --grid "$grid" \
         --out "$out/fused_kernel.csv" 2>&1 | tee -a "$out/fused_kernel.log"
     done ;;

@@ -61,10 +61,10 @@ def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, 
     scores = TRITON_TYPES[dtype]
     accumulate = "fp64" if dtype == torch.float64 else "fp32"
     signature = {
-        "s_ptr": f"*{scores}", "noise_ptr": f"*{scores}", "seed_ptr": "*i64", "epsilon_ptr": f"*{accumulate}",
-        "floor_ptr": f"*{scores}",
-        "out_values_ptr": f"*{accumulate}", "out_positions_ptr": "*i32",
-        **dict.fromkeys(("n_rows", "n_classes", "n_samples", "row_stride", "chunk_length", "n_chunks"), "i32"),
+        "s_ptr": f"*{scores}", "noise_ptr": f"*{scores}", "seed_ptr": "*i64", "floor_ptr": f"*{scores}",
+        "out_values_ptr": f"*{accumulate}", "out_positions_ptr": "*i32", "epsilon": "fp64",
+        **dict.fromkeys(("n_rows", "n_classes", "n_samples", "row_stride", "floor_stride", "chunk_length", "n_chunks"),
+                        "i32"),
         "reach": "fp32", "slack": "fp32",
     }
     constants = {"K": k, "HAS_NOISE": has_noise, "FINAL": not chunked, "PRUNE": not has_noise, "BLOCK_B": plan.block_samples,

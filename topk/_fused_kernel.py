@@ -9,28 +9,36 @@ import triton.language as tl
 
 
 @triton.jit
-def insert_tile(best, best_at, kth, scores, z, first_column, column_ok, sample_ok, epsilon,
-                QUARTER: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Insert the tile's perturbed values into the K largest while they beat the K-th: at most K times."""
+def perturb(scores, z, column_ok, sample_ok, epsilon):
+    """``s + eps z`` of a quarter tile (``[BLOCK_B, QUARTER]``), ``-inf`` outside the row and the samples."""
+    return tl.where(sample_ok[:, None] & column_ok[None, :], scores[None, :] + epsilon * z, float("-inf"))
+
+
+@triton.jit
+def insert_tile(best, best_at, kth, kth_slot, perturbed, first_column, QUARTER: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Insert a quarter tile's perturbed values into the K largest while they beat the K-th: at most K times.
+
+    Each round is one reduction over the tile (its largest value per sample, with the position) and one over the
+    buffer (the new K-th largest and its slot)."""
     lanes = tl.arange(0, QUARTER)
     slots = tl.arange(0, BLOCK_K)
-    perturbed = tl.where(sample_ok[:, None] & column_ok[None, :], scores[None, :] + epsilon * z, float("-inf"))
-    while tl.max(tl.where(perturbed > kth[:, None], 1, 0)) > 0:
-        top = tl.max(perturbed, axis=1)
-        top_lane = tl.argmax(perturbed, axis=1)
-        enters = top > kth
-        replaced = enters[:, None] & (slots[None, :] == tl.argmin(best, axis=1)[:, None])
+    top, top_lane = tl.max(perturbed, axis=1, return_indices=True)
+    enters = top > kth
+    while tl.max(enters.to(tl.int32)) > 0:
+        replaced = enters[:, None] & (slots[None, :] == kth_slot[:, None])
         best = tl.where(replaced, top[:, None], best)
         best_at = tl.where(replaced, (first_column + top_lane)[:, None], best_at)
         perturbed = tl.where(lanes[None, :] == top_lane[:, None], float("-inf"), perturbed)
-        kth = tl.min(best, axis=1)
-    return best, best_at, kth
+        kth, kth_slot = tl.min(best, axis=1, return_indices=True)
+        top, top_lane = tl.max(perturbed, axis=1, return_indices=True)
+        enters = top > kth
+    return best, best_at, kth, kth_slot
 
 
 @triton.jit
 def perturbed_kth_largest(
-    s_ptr, noise_ptr, seed_ptr, epsilon_ptr, floor_ptr, out_values_ptr, out_positions_ptr,
-    n_rows, n_classes, n_samples, row_stride, chunk_length, n_chunks, reach, slack,
+    s_ptr, noise_ptr, seed_ptr, floor_ptr, out_values_ptr, out_positions_ptr, epsilon: tl.float64,
+    n_rows, n_classes, n_samples, row_stride, floor_stride, chunk_length, n_chunks, reach, slack,
     K: tl.constexpr, HAS_NOISE: tl.constexpr, FINAL: tl.constexpr, PRUNE: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -41,8 +49,8 @@ def perturbed_kth_largest(
     sample_ok = samples < n_samples
     slots = tl.arange(0, BLOCK_K)  # [BK]
     lanes = tl.arange(0, QUARTER)  # [Q]
-    epsilon = tl.load(epsilon_ptr)
-    accumulate = epsilon.dtype
+    accumulate = out_values_ptr.dtype.element_ty  # float32, float64 for float64 scores
+    epsilon = tl.full((), epsilon, accumulate)
     if not HAS_NOISE:
         seed = tl.load(seed_ptr)
     chunk_start = chunk * chunk_length
@@ -51,10 +59,10 @@ def perturbed_kth_largest(
     best = tl.where(slots[None, :] < K, float("-inf"), float("inf")).to(accumulate) + tl.zeros(
         (BLOCK_B, BLOCK_K), accumulate)
     best_at = tl.zeros((BLOCK_B, BLOCK_K), tl.int32) + chunk_start
-    kth = tl.min(best, axis=1)  # [BB], the current K-th largest
+    kth, kth_slot = tl.min(best, axis=1, return_indices=True)  # [BB], the current K-th largest and its slot
     has_nan = tl.zeros((QUARTER,), tl.int1)
     if PRUNE:  # the row's hard K-th largest score: a class more than 2 eps Z_MAX below it never reaches the top
-        floor = tl.load(floor_ptr + row).to(accumulate)
+        floor = tl.load(floor_ptr + row * floor_stride).to(accumulate)
     counter_base = (samples.to(tl.int64) * n_rows + row) * n_classes  # [BB], noise[b, row, :] starts here
     row_scores = s_ptr + row.to(tl.int64) * row_stride
     # a tile is four quarters of QUARTER classes; in-kernel noise: counter start/4 + q gives quarter j its z_j
@@ -88,17 +96,23 @@ def perturbed_kth_largest(
                 z3 = tl.load(noise + c3[None, :], mask=inside & (c3 < chunk_stop)[None, :], other=0.0)
             else:
                 z0, z1, z2, z3 = tl.randn4x(seed, counter_base[:, None] + (start // 4 + lanes)[None, :])
-            best, best_at, kth = insert_tile(best, best_at, kth, s0, z0.to(accumulate), start, c0 < chunk_stop,
-                                             sample_ok, epsilon, QUARTER, BLOCK_K)
-            best, best_at, kth = insert_tile(best, best_at, kth, s1, z1.to(accumulate), start + QUARTER,
-                                             c1 < chunk_stop, sample_ok, epsilon, QUARTER, BLOCK_K)
-            best, best_at, kth = insert_tile(best, best_at, kth, s2, z2.to(accumulate), start + 2 * QUARTER,
-                                             c2 < chunk_stop, sample_ok, epsilon, QUARTER, BLOCK_K)
-            best, best_at, kth = insert_tile(best, best_at, kth, s3, z3.to(accumulate), start + 3 * QUARTER,
-                                             c3 < chunk_stop, sample_ok, epsilon, QUARTER, BLOCK_K)
+            p0 = perturb(s0, z0.to(accumulate), c0 < chunk_stop, sample_ok, epsilon)
+            p1 = perturb(s1, z1.to(accumulate), c1 < chunk_stop, sample_ok, epsilon)
+            p2 = perturb(s2, z2.to(accumulate), c2 < chunk_stop, sample_ok, epsilon)
+            p3 = perturb(s3, z3.to(accumulate), c3 < chunk_stop, sample_ok, epsilon)
+            # one reduction tells whether any value of the tile enters; after the first tiles, most tiles have none
+            above = kth[:, None]
+            if tl.max(((p0 > above) | (p1 > above) | (p2 > above) | (p3 > above)).to(tl.int32)) > 0:
+                best, best_at, kth, kth_slot = insert_tile(best, best_at, kth, kth_slot, p0, start, QUARTER, BLOCK_K)
+                best, best_at, kth, kth_slot = insert_tile(best, best_at, kth, kth_slot, p1, start + QUARTER,
+                                                           QUARTER, BLOCK_K)
+                best, best_at, kth, kth_slot = insert_tile(best, best_at, kth, kth_slot, p2, start + 2 * QUARTER,
+                                                           QUARTER, BLOCK_K)
+                best, best_at, kth, kth_slot = insert_tile(best, best_at, kth, kth_slot, p3, start + 3 * QUARTER,
+                                                           QUARTER, BLOCK_K)
     nan = tl.max(has_nan.to(tl.int32)) > 0
     if FINAL:
-        kth_at = tl.sum(tl.where(slots[None, :] == tl.argmin(best, axis=1)[:, None], best_at, 0), axis=1)
+        kth_at = tl.sum(tl.where(slots[None, :] == kth_slot[:, None], best_at, 0), axis=1)
         kth = tl.where(nan, float("nan"), kth)
         out = samples * n_rows + row
         tl.store(out_values_ptr + out, kth, mask=sample_ok)
@@ -109,3 +123,31 @@ def perturbed_kth_largest(
         keep = sample_ok[:, None] & (slots[None, :] < K)
         tl.store(out_values_ptr + out, best, mask=keep)
         tl.store(out_positions_ptr + out, best_at, mask=keep)
+
+
+@triton.jit
+def kth_gradient(weight_ptr, grad_ptr, grad_stride, positions_ptr, labels_ptr, out_ptr, n_rows, n_classes, n_samples,
+                 HAS_LABELS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_L: tl.constexpr):
+    """One tile of the estimator's gradient (Prop. 3.3; Eq. 12 with labels), zeros included, written once:
+    ``out[row, j] = sum_b 1{positions[b, row] = j} weight[row] - 1{j = labels[row]} grad[row * grad_stride]``.
+
+    The weights (``grad / B``) are added one sample at a time and the label's term last, in the gradient's dtype, as
+    the scatter of the PyTorch path adds them: the same numbers, bit for bit. Only a tile holding a position pays for
+    the samples' loop."""
+    row = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(1) * BLOCK_L
+    columns = first + tl.arange(0, BLOCK_L)
+    weight = tl.load(weight_ptr + row)
+    gradient = tl.zeros((BLOCK_L,), weight.dtype)
+    holds = 0
+    for start in range(0, n_samples, BLOCK_B):
+        samples = start + tl.arange(0, BLOCK_B)
+        at = tl.load(positions_ptr + samples * n_rows + row, mask=samples < n_samples, other=-1)
+        holds = tl.maximum(holds, tl.max(((at >= first) & (at < first + BLOCK_L)).to(tl.int32)))
+    if holds > 0:
+        for b in range(n_samples):
+            gradient = tl.where(columns == tl.load(positions_ptr + b * n_rows + row), gradient + weight, gradient)
+    if HAS_LABELS:
+        gradient = tl.where(columns == tl.load(labels_ptr + row), gradient - tl.load(grad_ptr + row * grad_stride),
+                            gradient)
+    tl.store(out_ptr + row * n_classes + columns, gradient, mask=columns < n_classes)

@@ -2,7 +2,7 @@
 
 Garcin et al. (ICML 2022) estimate ``topSigma_{K,eps}`` and ``top_{K,eps}`` by the mean over ``B`` noise
 samples of ``topSigma_K`` / ``top_K`` of ``s + eps Z_b`` (Eq. 11), with the pathwise gradient of Prop. 3.3, the
-mean of the selected one-hots (and, for the noised hinge, minus ``e_y``: Eq. 12). Four operators do it:
+mean of the selected one-hots (and, for the noised hinge, minus ``e_y``: Eq. 12). Five operators do it:
 
 - ``topk::perturbed_top``: the PyTorch path, any device; the noise is an input (``B x ... x L``);
 - ``topk::pruned_perturbed_top``: the CPU kernel of :mod:`topk._cpu_kernel`, drawing bounded noise only for the
@@ -10,7 +10,9 @@ mean of the selected one-hots (and, for the noised hinge, minus ``e_y``: Eq. 12)
 - ``topk::fused_perturbed_top``: the Triton kernel of :mod:`topk.fused` (CUDA; on a CPU only under Triton's
   interpreter); the noise is drawn in the kernel from a Philox seed given as a one-element device tensor,
   or given explicitly;
-- ``topk::perturbed_top_backward``: the gradient of all three, a scatter of ``grad / B`` at the saved positions.
+- ``topk::perturbed_top_backward``: the gradient of the first two, a scatter of ``grad / B`` at the saved positions;
+- ``topk::fused_perturbed_top_backward``: the same gradient for the fused kernel's positions, written by one Triton
+  kernel (:func:`topk.fused.kth_gradient`), zeros included.
 
 Each has a fake (meta) implementation, and the three forward operators a registered autograd formula, so that
 ``torch.compile`` traces a loss as one graph (an operator is one opaque node: no graph break) and CUDA graphs
@@ -34,7 +36,8 @@ from torch import Tensor
 
 from topk import _cpu_kernel, elementary_symmetric
 
-__all__ = ["perturbed_top", "pruned_perturbed_top", "fused_perturbed_top", "perturbed_top_backward", "log_esp_pair",
+__all__ = ["perturbed_top", "pruned_perturbed_top", "fused_perturbed_top", "perturbed_top_backward",
+           "fused_perturbed_top_backward", "log_esp_pair",
            "log_esp_pair_backward", "smooth_hinge_rows", "smooth_hinge_rows_backward"]
 
 def _accumulate_dtype(scores: Tensor) -> torch.dtype:
@@ -152,7 +155,7 @@ perturbed_top_backward = torch.library.custom_op("topk::perturbed_top_backward",
 
 
 @perturbed_top_backward.register_fake
-def _(grad, positions, labels, n_classes):
+def _perturbed_top_backward_fake(grad, positions, labels, n_classes):
     return grad.new_empty((*grad.shape, n_classes))
 
 
@@ -169,8 +172,29 @@ def _scatter_gradient(ctx, grad_value, grad_positions, backward=perturbed_top_ba
     return (grad_scores,) + (None,) * (ctx.n_inputs - 1)
 
 
-for _operator in (perturbed_top, pruned_perturbed_top, fused_perturbed_top):
+def _fused_perturbed_top_backward(grad: Tensor, positions: Tensor, labels: Optional[Tensor], n_classes: int) -> Tensor:
+    """:func:`_perturbed_top_backward` for the fused kernel's positions (int32, ``(B, ..., 1)``) in one kernel launch
+    (:func:`topk.fused.kth_gradient`): the same numbers, the zeros written with the rest."""
+    from topk import fused
+
+    flat_labels = labels.reshape(-1) if labels is not None else None
+    grad_scores = fused.kth_gradient(grad.reshape(-1), positions.reshape(positions.shape[0], -1), flat_labels,
+                                     n_classes)  # [rows, L]
+    return grad_scores.reshape(*grad.shape, n_classes)
+
+
+fused_perturbed_top_backward = torch.library.custom_op("topk::fused_perturbed_top_backward",
+                                                       _fused_perturbed_top_backward, mutates_args=())
+fused_perturbed_top_backward.register_fake(_perturbed_top_backward_fake)
+
+
+def _fused_gradient(ctx, grad_value, grad_positions, backward=fused_perturbed_top_backward):
+    return _scatter_gradient(ctx, grad_value, grad_positions, backward=backward)
+
+
+for _operator in (perturbed_top, pruned_perturbed_top):
     _operator.register_autograd(_scatter_gradient, setup_context=_save_positions)
+fused_perturbed_top.register_autograd(_fused_gradient, setup_context=_save_positions)
 
 
 def _log_esp_pair(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -291,9 +315,10 @@ class _EagerCall(torch.autograd.Function):
 
 
 _EAGER = {
-    **{operator: _Autograd(implementation, _save_positions, _scatter_gradient, _perturbed_top_backward)
-       for operator, implementation in ((perturbed_top, _perturbed_top), (pruned_perturbed_top, _pruned_perturbed_top),
-                                        (fused_perturbed_top, _fused_perturbed_top))},
+    perturbed_top: _Autograd(_perturbed_top, _save_positions, _scatter_gradient, _perturbed_top_backward),
+    pruned_perturbed_top: _Autograd(_pruned_perturbed_top, _save_positions, _scatter_gradient, _perturbed_top_backward),
+    fused_perturbed_top: _Autograd(_fused_perturbed_top, _save_positions, _fused_gradient,
+                                   _fused_perturbed_top_backward),
     log_esp_pair: _Autograd(_log_esp_pair, _save_prefix, _esp_gradient, _log_esp_pair_backward),
     smooth_hinge_rows: _Autograd(_smooth_hinge_rows, _save_hinge, _hinge_gradient, _smooth_hinge_rows_backward),
 }

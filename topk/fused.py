@@ -11,7 +11,8 @@ reads each score once and keeps nothing of size ``n_samples x L``:
   compiled without fused multiply-adds);
 - each program streams its rows' scores tile by tile and keeps, per noise sample, the K largest perturbed
   values seen so far with their positions; a tile value enters only if it beats the current K-th largest,
-  and at most K enter per tile, so no sort is done;
+  and at most K enter per tile, so no sort is done; one reduction over the tile tells whether any enters, and
+  each insertion is one reduction over the tile (its largest value with its position) and one over the K;
 - long rows are split into chunks handled by separate programs, whose K candidates are merged on the host
   (``torch.topk`` over ``n_chunks x K`` numbers per row and sample);
 - exact pruning: Triton's ``tl.randn4x`` is Box-Muller with the uniform clamped at 1e-7, so its draws satisfy
@@ -22,8 +23,10 @@ reads each score once and keeps nothing of size ``n_samples x L``:
   wide logits, small eps) and never applies to explicit noise.
 
 The output is the K-th largest perturbed value (in float32, float64 for float64 scores) and its position
-(int32), shape ``(n_samples, rows)``. The backward pass of the loss only scatters at those positions. The
-losses reach the kernel through the custom operator ``topk::fused_perturbed_top`` (:mod:`topk._ops`).
+(int32), shape ``(n_samples, rows)``. The gradient, ``grad / B`` at those positions (minus ``grad`` at the label for
+the losses), is written by a second kernel in one launch, zeros included (:func:`kth_gradient`). The losses reach
+both through the custom operators ``topk::fused_perturbed_top`` and ``topk::fused_perturbed_top_backward``
+(:mod:`topk._ops`).
 
 Triton is optional: :func:`available` says whether it can be used. On a CPU the kernel runs under Triton's
 interpreter (``TRITON_INTERPRET=1`` set before the first call), which is how its tests run without a GPU.
@@ -39,7 +42,7 @@ import torch
 
 from topk._bounded_noise import PRUNE_SLACK, Z_MAX
 
-__all__ = ["available", "perturbed_kth_largest", "MAX_K", "Z_MAX"]
+__all__ = ["available", "perturbed_kth_largest", "kth_gradient", "MAX_K", "Z_MAX"]
 
 
 #: The largest K handled by the kernel; the buffer of the K largest values lives in registers.
@@ -77,6 +80,13 @@ def _kernel():
     from topk._fused_kernel import perturbed_kth_largest
 
     return perturbed_kth_largest
+
+
+@functools.cache
+def _gradient_kernel():
+    from topk._fused_kernel import kth_gradient
+
+    return kth_gradient
 
 
 @dataclass(frozen=True)
@@ -165,25 +175,52 @@ def perturbed_kth_largest(
     width = 1 if final else plan.n_chunks * k
     values = torch.empty((n_samples, n_rows, width), dtype=accumulate, device=s.device)
     positions = torch.empty((n_samples, n_rows, width), dtype=torch.int32, device=s.device)
-    # a tensor, not a Python float (which would reach the kernel as float32, too coarse for float64 scores); filled
-    # on the device, so nothing is copied from the host
-    epsilon_tensor = torch.full((1,), epsilon, dtype=accumulate, device=s.device)
     grid = (n_rows, plan.n_chunks, math.ceil(n_samples / plan.block_samples))
     # a computed s + eps z is at most tile_max + eps Z_MAX (1 + 2u) + u |tile_max| (u: unit roundoff, <= 2^-24)
     reach = epsilon * Z_MAX * (1 + PRUNE_SLACK)
     pruned = prune and noise is None
-    # the hard K-th largest of each row, on the device: from the first tile on, a tile entirely below it minus
-    # 2 eps Z_MAX gets no noise (before, only tiles below the running K-th largest were skipped)
-    floor = torch.topk(s, k, dim=-1).values[:, -1].contiguous() if pruned else s
+    # the hard K-th largest of each row, on the device (read in place, column k - 1 of torch.topk's values): from
+    # the first tile on, a tile entirely below it minus 2 eps Z_MAX gets no noise
+    floor = torch.topk(s, k, dim=-1).values[:, k - 1] if pruned else s
     _kernel()[grid](
         s, noise.contiguous() if noise is not None else s, seed if seed is not None else positions,
-        epsilon_tensor, floor, values, positions,
-        n_rows, n_classes, n_samples, s.stride(0), plan.chunk_length, plan.n_chunks, reach, PRUNE_SLACK,
-        K=k, HAS_NOISE=noise is not None, FINAL=final, PRUNE=pruned,
-        BLOCK_B=plan.block_samples, BLOCK_L=plan.block_classes, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
-        enable_fp_fusion=False,  # s + eps z rounded twice, as PyTorch does: no fused multiply-add
+        floor, values, positions, epsilon,  # epsilon reaches the kernel as a float64 scalar
+        n_rows, n_classes, n_samples, s.stride(0), floor.stride(0), plan.chunk_length, plan.n_chunks, reach,
+        PRUNE_SLACK, K=k, HAS_NOISE=noise is not None, FINAL=final, PRUNE=pruned,
+        BLOCK_B=plan.block_samples, BLOCK_L=plan.block_classes, BLOCK_K=plan.block_k, **compile_options(plan),
     )
     if final:
         return values.squeeze(-1), positions.squeeze(-1)
     top, slot = torch.topk(values, k, dim=-1)  # merge the chunks' candidates: [B, rows, n_chunks * k] -> [B, rows, k]
     return top[..., -1], positions.gather(-1, slot[..., -1:]).squeeze(-1)
+
+
+#: Classes per program of the gradient's kernel, and samples per block of its positions' check.
+GRADIENT_BLOCK_L = 1024
+GRADIENT_BLOCK_B = 64
+
+
+def kth_gradient(grad: torch.Tensor, positions: torch.Tensor, labels: torch.Tensor | None,
+                 n_classes: int) -> torch.Tensor:
+    """The gradient of the kernel's estimate, one launch: ``grad / B`` added at each of the ``B`` positions of a row
+    (Prop. 3.3) and, with ``labels``, ``-grad`` at the label (Eq. 12).
+
+    Args:
+        grad: the gradient of the estimate, shape ``(rows,)``, in the scores' dtype.
+        positions: int32 of shape ``(B, rows)``, as :func:`perturbed_kth_largest` returns them.
+        labels: int64 of shape ``(rows,)``, or None.
+        n_classes: ``L``.
+
+    Returns:
+        ``(rows, L)`` in ``grad``'s dtype: the same numbers, bit for bit, as the PyTorch path's scatter.
+    """
+    n_samples, n_rows = positions.shape
+    weight = grad / n_samples  # divided as the PyTorch path divides it
+    out = torch.empty((n_rows, n_classes), dtype=grad.dtype, device=grad.device)
+    grid = (n_rows, math.ceil(n_classes / GRADIENT_BLOCK_L))
+    _gradient_kernel()[grid](
+        weight, grad, grad.stride(0), positions.contiguous(), labels if labels is not None else positions, out,
+        n_rows, n_classes, n_samples, HAS_LABELS=labels is not None,
+        BLOCK_B=min(GRADIENT_BLOCK_B, _next_power_of_2(n_samples)), BLOCK_L=GRADIENT_BLOCK_L, num_warps=NUM_WARPS,
+    )
+    return out

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import topk
-from topk import fused, losses
+from topk import _ops, fused, losses
 from topk._validation import choose_backend
 from topk.tests.optional import require
 
@@ -102,6 +102,25 @@ def test_fused_operator_and_gradient_equal_the_torch_path_given_the_noise(kernel
         results[backend] = (value.detach(), scores.grad)
     assert torch.equal(results["torch"][0], results["triton"][0])
     assert torch.equal(results["torch"][1], results["triton"][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("with_labels", [False, True])
+def test_gradient_kernel_equals_the_scatter_bit_for_bit(kernel_device, dtype, with_labels):
+    """The one-launch gradient (:func:`topk.fused.kth_gradient`) against the PyTorch path's scatter: three tiles of
+    classes (the first without any position), more samples than one block of its check, several samples on one class
+    and labels on a selected class."""
+    generator = torch.Generator().manual_seed(12)
+    n_samples, n_rows, n_classes = 70, 4, 2 * fused.GRADIENT_BLOCK_L + 37
+    positions = torch.randint(fused.GRADIENT_BLOCK_L, n_classes, (n_samples, n_rows), generator=generator)
+    positions[:5] = 1500  # five samples on one class
+    labels = torch.tensor([1500, 0, n_classes - 1, 1200]) if with_labels else None
+    grad = torch.randn(n_rows, generator=generator, dtype=dtype)
+    expected = _ops._perturbed_top_backward(grad, positions.unsqueeze(-1), labels, n_classes)
+    device = lambda t: t.to(kernel_device) if t is not None else None  # noqa: E731
+    got = fused.kth_gradient(device(grad), device(positions).int(), device(labels), n_classes)
+    assert torch.equal(got.cpu(), expected)
+    assert bool((got[:, :fused.GRADIENT_BLOCK_L].cpu() == 0).all()) != with_labels  # the label of row 1 is class 0
 
 
 def test_fused_operator_gradient_rows_sum_to_one(kernel_device):

@@ -211,6 +211,9 @@ def test_fused_operator_passes_opcheck(with_noise):
     seed = torch.tensor([3], device=device)
     args = (s.requires_grad_(), None if with_noise else seed, noise if with_noise else None, 3, 0.7, 4, y)
     torch.library.opcheck(_ops.fused_perturbed_top, args)
+    _, positions = _ops.fused_perturbed_top(*args)
+    torch.library.opcheck(_ops.fused_perturbed_top_backward, (torch.randn(3, 2, dtype=s.dtype, device=device),
+                                                              positions, y, s.shape[-1]))
 
 
 def _forward_calls(device):
