@@ -1,5 +1,5 @@
-"""Compile the Triton kernels (the fused kernel of :mod:`topk.fused`, the smoothed hinge's of :mod:`topk._esp_kernel`)
-ahead of time for an NVIDIA target and report their resources.
+"""Compile the Triton kernels (the fused kernel of :mod:`topk.fused` and its gradient's, the smoothed hinge's of
+:mod:`topk._esp_kernel`) ahead of time for an NVIDIA target and report their resources.
 
 No GPU is needed: Triton compiles to PTX and its bundled ``ptxas`` assembles it for the target, whose
 ``-v`` report gives the registers per thread and any spill to local memory. This is the static half of
@@ -72,6 +72,19 @@ def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, 
     return plan, _compile(fused._kernel(), signature, constants, arch, fused.compile_options(plan))
 
 
+#: (gradient dtype, labels given): the fused kernel's gradient (:func:`topk.fused.kth_gradient`) at B = 10
+GRADIENT_CONFIGURATIONS = [(torch.float32, True), (torch.float32, False), (torch.bfloat16, True), (torch.float64, True)]
+
+
+def compile_gradient_kernel(dtype: torch.dtype, has_labels: bool, arch: int):
+    """The gradient's kernel compiled for ``sm_<arch>`` as :func:`topk.fused.kth_gradient` launches it at B = 10."""
+    grad = f"*{TRITON_TYPES[dtype]}"
+    signature = {"weight_ptr": grad, "grad_ptr": grad, "grad_stride": "i32", "positions_ptr": "*i32",
+                 "labels_ptr": "*i64", "out_ptr": grad, **dict.fromkeys(("n_rows", "n_classes", "n_samples"), "i32")}
+    constants = {"HAS_LABELS": has_labels, "BLOCK_B": 16, "BLOCK_L": fused.GRADIENT_BLOCK_L}
+    return _compile(fused._gradient_kernel(), signature, constants, arch, {"num_warps": fused.NUM_WARPS})
+
+
 #: (kernel of :mod:`topk._esp_kernel`, its dtype, K of the smoothed hinge, whole loss or the pair alone): every block
 #: size up to ``fused.MAX_K`` in float32, and float64 (the exact tests' dtype) at two sizes
 ESP_CONFIGURATIONS = [(name, dtype, k, loss) for name in ("log_esp_forward", "log_esp_backward")
@@ -135,6 +148,14 @@ def main() -> int:
         print(f"{'fused':23s} {TRITON_TYPES[dtype]:8s} {k:3d} {n_samples:3d}  {str(has_noise):5s}  {str(chunked):7s}  "
               f"{block:13s} {report['registers']:5d}  {report['spill_stores']:5d}/{report['spill_loads']:<5d}"
               f"  {time.perf_counter() - start:8.1f}")
+    for dtype, has_labels in GRADIENT_CONFIGURATIONS:
+        start = time.perf_counter()
+        report = ptxas_report(compile_gradient_kernel(dtype, has_labels, args.arch).asm["ptx"], args.arch)
+        spilled |= dtype != torch.float64 and report["spill_stores"] + report["spill_loads"] > 0
+        label = f"kth_gradient ({'labels' if has_labels else 'none'})"
+        print(f"{label:23s} {TRITON_TYPES[dtype]:8s} {'-':>3s} {10:3d}  {'-':5s}  {'-':7s}  "
+              f"{f'16x{fused.GRADIENT_BLOCK_L}':13s} {report['registers']:5d}  "
+              f"{report['spill_stores']:5d}/{report['spill_loads']:<5d}  {time.perf_counter() - start:8.1f}")
     for name, dtype, k, loss in ESP_CONFIGURATIONS:
         start = time.perf_counter()
         report = ptxas_report(compile_esp_kernel(name, dtype, k, loss, args.arch).asm["ptx"], args.arch)

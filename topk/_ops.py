@@ -162,11 +162,14 @@ def _perturbed_top_backward_fake(grad, positions, labels, n_classes):
 def _save_positions(ctx, inputs, output):
     scores, labels = inputs[0], inputs[-1]
     ctx.save_for_backward(output[1], labels)
+    ctx.set_materialize_grads(False)  # no zeros made for the positions' gradient, which is never read
     ctx.n_classes = scores.shape[-1]
     ctx.n_inputs = len(inputs)
 
 
 def _scatter_gradient(ctx, grad_value, grad_positions, backward=perturbed_top_backward):
+    if grad_value is None:  # nothing flows back through the value (gradients are not materialised)
+        return (None,) * ctx.n_inputs
     positions, labels = ctx.saved_tensors
     grad_scores = backward(grad_value, positions, labels, ctx.n_classes)
     return (grad_scores,) + (None,) * (ctx.n_inputs - 1)
