@@ -72,17 +72,20 @@ def compile_kernel(dtype: torch.dtype, k: int, n_samples: int, has_noise: bool, 
     return plan, _compile(fused._kernel(), signature, constants, arch, fused.compile_options(plan))
 
 
-#: (gradient dtype, labels given): the fused kernel's gradient (:func:`topk.fused.kth_gradient`) at B = 10
+#: (gradient dtype, labels given): the fused kernel's gradient (:func:`topk.fused.kth_gradient`) at B = GRADIENT_SAMPLES
+GRADIENT_SAMPLES = 10
 GRADIENT_CONFIGURATIONS = [(torch.float32, True), (torch.float32, False), (torch.bfloat16, True), (torch.float64, True)]
 
 
 def compile_gradient_kernel(dtype: torch.dtype, has_labels: bool, arch: int):
-    """The gradient's kernel compiled for ``sm_<arch>`` as :func:`topk.fused.kth_gradient` launches it at B = 10."""
+    """The gradient's kernel compiled for ``sm_<arch>`` as :func:`topk.fused.kth_gradient` launches it at
+    B = GRADIENT_SAMPLES."""
     grad = f"*{TRITON_TYPES[dtype]}"
     signature = {"weight_ptr": grad, "grad_ptr": grad, "grad_stride": "i32", "positions_ptr": "*i32",
                  "labels_ptr": "*i64", "out_ptr": grad, **dict.fromkeys(("n_rows", "n_classes", "n_samples"), "i32")}
-    constants = {"HAS_LABELS": has_labels, "BLOCK_B": 16, "BLOCK_L": fused.GRADIENT_BLOCK_L}
-    return _compile(fused._gradient_kernel(), signature, constants, arch, {"num_warps": fused.NUM_WARPS})
+    constants = {"HAS_LABELS": has_labels, "BLOCK_B": fused.gradient_block_samples(GRADIENT_SAMPLES),
+                 "BLOCK_L": fused.GRADIENT_BLOCK_L}
+    return _compile(fused._gradient_kernel(), signature, constants, arch, fused.GRADIENT_COMPILE_OPTIONS)
 
 
 #: (kernel of :mod:`topk._esp_kernel`, its dtype, K of the smoothed hinge, whole loss or the pair alone): every block
@@ -153,8 +156,9 @@ def main() -> int:
         report = ptxas_report(compile_gradient_kernel(dtype, has_labels, args.arch).asm["ptx"], args.arch)
         spilled |= dtype != torch.float64 and report["spill_stores"] + report["spill_loads"] > 0
         label = f"kth_gradient ({'labels' if has_labels else 'none'})"
-        print(f"{label:23s} {TRITON_TYPES[dtype]:8s} {'-':>3s} {10:3d}  {'-':5s}  {'-':7s}  "
-              f"{f'16x{fused.GRADIENT_BLOCK_L}':13s} {report['registers']:5d}  "
+        block = f"{fused.gradient_block_samples(GRADIENT_SAMPLES)}x{fused.GRADIENT_BLOCK_L}"
+        print(f"{label:23s} {TRITON_TYPES[dtype]:8s} {'-':>3s} {GRADIENT_SAMPLES:3d}  {'-':5s}  {'-':7s}  "
+              f"{block:13s} {report['registers']:5d}  "
               f"{report['spill_stores']:5d}/{report['spill_loads']:<5d}  {time.perf_counter() - start:8.1f}")
     for name, dtype, k, loss in ESP_CONFIGURATIONS:
         start = time.perf_counter()

@@ -195,9 +195,16 @@ def perturbed_kth_largest(
     return top[..., -1], positions.gather(-1, slot[..., -1:]).squeeze(-1)
 
 
-#: Classes per program of the gradient's kernel, and samples per block of its positions' check.
+#: Classes per program of the gradient's kernel, and at most this many samples per block of its positions' check.
 GRADIENT_BLOCK_L = 1024
 GRADIENT_BLOCK_B = 64
+#: Triton's compile options for the gradient's kernel (its launch and ``benchmarks/kernel_resources.py``).
+GRADIENT_COMPILE_OPTIONS = {"num_warps": NUM_WARPS}
+
+
+def gradient_block_samples(n_samples: int) -> int:
+    """Samples per block of the gradient kernel's positions' check."""
+    return min(GRADIENT_BLOCK_B, _next_power_of_2(n_samples))
 
 
 def kth_gradient(grad: torch.Tensor, positions: torch.Tensor, labels: torch.Tensor | None,
@@ -221,6 +228,6 @@ def kth_gradient(grad: torch.Tensor, positions: torch.Tensor, labels: torch.Tens
     _gradient_kernel()[grid](
         weight, grad, grad.stride(0), positions.contiguous(), labels if labels is not None else positions, out,
         n_rows, n_classes, n_samples, HAS_LABELS=labels is not None,
-        BLOCK_B=min(GRADIENT_BLOCK_B, _next_power_of_2(n_samples)), BLOCK_L=GRADIENT_BLOCK_L, num_warps=NUM_WARPS,
+        BLOCK_B=gradient_block_samples(n_samples), BLOCK_L=GRADIENT_BLOCK_L, **GRADIENT_COMPILE_OPTIONS,
     )
     return out
