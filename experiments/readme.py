@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from experiments import kernel_targets
+from experiments.calibration import TOLERANCE, unmatched
 from experiments.paper import CLAIMS
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, PROJECT_ROOT
 from experiments.profiles import CALIBRATED
@@ -70,7 +71,8 @@ def verdicts(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
 
 
 def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json") -> str:
-    """Each stand-in's chosen knobs and CE's numbers on it against the paper's, fitted and held out."""
+    """Each stand-in's chosen knobs and CE's numbers on it against the paper's, fitted and held out; then the numbers
+    not matched and why (:func:`experiments.calibration.unmatched`)."""
     if not path.exists():
         return f"*No calibration stored for the {DEFAULT_PROFILE} profile: run `make calibrate`.*"
     lines = ["| stand-in | knobs | CE fitted: ours (paper) | CE held out: ours (paper) | RMS gap, fitted |",
@@ -82,9 +84,12 @@ def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json") -> str:
         knobs = ", ".join(f"{k} {v:g}" for k, v in entry["knobs"].items())
         lines.append(f"| `{entry['dataset']}` | {knobs} | {numbers[True]} | {numbers[False]} | "
                      f"{entry['rms_gap_fitted']:.1f} points |")
+    misses = [f"- `{entry['dataset']}`, {row['CE number']} ({row['role']}, {row['gap (points)']:+.1f} points): "
+              f"{row['why']}" for entry in setups.values() for row in unmatched(entry)]
     commits = ", ".join(sorted({short_commit(e["commit"]) for e in setups.values()}))
-    return "\n".join(lines) + (f"\n\n*From `experiments/calibrated/{path.name}` (CE runs of the first seed, commit "
-                               f"{commits}).*")
+    return "\n".join([*lines, "", f"Not matched (fitted: over {TOLERANCE[True]:g} points from the "
+                       f"paper's; held out: over {TOLERANCE[False]:g}), and why:", "", *misses]) + (
+        f"\n\n*From `experiments/calibrated/{path.name}` (CE runs of the first seed, commit {commits}).*")
 
 
 def _headline(path: Path, configuration: dict[str, str], order: tuple[str, ...],

@@ -93,3 +93,50 @@ def test_the_committed_quick_calibration_is_the_one_the_quick_profile_uses():
             f"experiments/calibrated/quick.json is stale for {setup}: run `make calibrate`")
         assert getattr(QUICK, setup).difficulty == stored[setup]["knobs"]
         assert stored[setup]["rms_gap_fitted"] == min(p["rms_gap"] for p in stored[setup]["points"])
+
+
+def _entry(points, chosen, held_out=None):
+    """A stored calibration of two fitted numbers "a" and "b" (the paper's: 50 and 80) over ``points``."""
+    published = {"a": 50.0, "b": 80.0}
+    targets = [calibration.Target(label, value, (), ()) for label, value in published.items()]
+    evaluated = [{"knobs": {"pixel_noise": i}, "values": values, "rms_gap": calibration.rms_gap(values, targets)}
+                 for i, values in enumerate(points)]
+    chosen_point = evaluated[chosen]
+    rows = [{"label": label, "fitted": True, "published": value, "ours": chosen_point["values"][label]}
+            for label, value in published.items()]
+    if held_out is not None:
+        rows.append({"label": "c", "fitted": False, "published": 60.0, "ours": held_out})
+    return {"dataset": "stand_in", "knobs": chosen_point["knobs"], "targets": rows, "points": evaluated,
+            "rms_gap_fitted": chosen_point["rms_gap"]}
+
+
+def test_unmatched_numbers_are_those_beyond_tolerance_with_why_read_from_the_searched_points():
+    # b - a is 10 at every point, the paper's 30: whatever the difficulty, no setting matches both
+    locked = _entry([{"a": 40.0, "b": 50.0}, {"a": 60.0, "b": 70.0}, {"a": 55.0, "b": 65.0}], chosen=2, held_out=66.0)
+    rows = {row["CE number"]: row for row in calibration.unmatched(locked)}
+    assert {label: (row["role"], row["gap (points)"]) for label, row in rows.items()} == {
+        "a": ("fitted", 5.0), "b": ("fitted", -15.0), "c": ("held out", 6.0)}
+    assert rows["b"]["why"].startswith("b minus a stayed within [10.0, 10.0] points over the 3 knob settings tried, "
+                                       "the paper's is 30.0")
+    assert rows["c"]["why"].startswith("measured at the chosen knobs only (held out)")
+    assert calibration.unmatched({**locked, "targets": [{**locked["targets"][2], "ours": 64.0}]}) == []  # within 5
+
+    # b - a spans the paper's 30, but a never comes within 2 points of 50
+    out_of_reach = _entry([{"a": 40.0, "b": 70.0}, {"a": 45.0, "b": 90.0}], chosen=1)
+    why = {row["CE number"]: row["why"] for row in calibration.unmatched(out_of_reach)}
+    assert why["a"] == ("no knob setting tried brings it within 2 points of the paper's 50: it ranged over "
+                        "[40.0, 45.0] over the 2 knob settings tried")
+
+    # a is matched at the first point, where b is 20 points off: the search traded a for b
+    traded = _entry([{"a": 50.0, "b": 60.0}, {"a": 45.0, "b": 75.0}], chosen=1)
+    why = {row["CE number"]: row["why"] for row in calibration.unmatched(traded)}
+    assert why["a"] == ("where it is matched (pixel_noise 0: 50.0), b is 60.0 against the paper's 80, and the fitted "
+                        "numbers are 14.1 points RMS from the paper's (5.0 at the chosen knobs)")
+
+
+def test_the_quick_calibration_says_which_numbers_are_unmatched_and_why():
+    table = calibration.unmatched_table(QUICK)
+    stored = calibration.stored("quick")["setups"]
+    expected = sum(abs(t["ours"] - t["published"]) > calibration.TOLERANCE[t["fitted"]]
+                   for setup in QUICK.calibrated_setups for t in stored[setup]["targets"])
+    assert len(table) == expected and table["why"].str.len().min() > 0
