@@ -1,7 +1,8 @@
 """Host time of an eager forward + backward of the noised hinge through the registered custom operators against the
 direct calls of ``topk._ops.call`` (the same implementation and gradient without the operator's dispatch),
 interleaved in one process (``_measure.interleaved_median_seconds``), at a size where the host's time is all there
-is (batch 8 x L 100, K 5, B 10).
+is (batch 8 x L 100, K 5, B 10). Before timing, it counts what one step dispatches: the ATen operators (a
+``TorchDispatchMode``, so each is a kernel launch on CUDA) and the Triton launches.
 
 On a CPU the fused kernels' launches are replaced by stubs that only fill their outputs (Triton's interpreter would
 otherwise be what is timed), so its row measures everything around the launch; on CUDA nothing is replaced.
@@ -14,10 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _measure import interleaved_median_seconds  # noqa: E402
@@ -34,7 +37,52 @@ class _LaunchStub:
         self.outputs = outputs
 
     def __getitem__(self, grid):
-        return lambda *args, **options: [args[i].zero_() for i in self.outputs]
+        def fill(*args, **options):
+            with _disable_current_modes():  # not counted by count_dispatches: no such fill runs on a GPU
+                for i in self.outputs:
+                    args[i].zero_()
+        return fill
+
+
+class _CountOperators(TorchDispatchMode):
+    """Counts every ATen operator dispatched while active (autograd's backward included), by name and whether it is a
+    view (no kernel runs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.operators = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.operators[str(func.overloadpacket), func.is_view] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _CountLaunches:
+    """Wraps a Triton kernel, counting its launches in ``counter[name]``."""
+
+    def __init__(self, kernel, name: str, counter: Counter):
+        self.kernel, self.name, self.counter = kernel, name, counter
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def counted(*args, **options):
+            self.counter[self.name] += 1
+            return launch(*args, **options)
+        return counted
+
+
+def count_dispatches(step) -> tuple[Counter, Counter]:
+    """The ATen operators and the Triton launches of one call of ``step``."""
+    launches, kernels = Counter(), (fused._kernel, fused._gradient_kernel)
+    fused._kernel = lambda: _CountLaunches(kernels[0](), "forward kernel", launches)
+    fused._gradient_kernel = lambda: _CountLaunches(kernels[1](), "gradient kernel", launches)
+    try:
+        with _CountOperators() as mode:
+            step()
+    finally:
+        fused._kernel, fused._gradient_kernel = kernels
+    return mode.operators, launches
 
 
 def main() -> None:
@@ -67,6 +115,12 @@ def main() -> None:
     for name, loss in losses.items():
         calls[name, "operators"] = lambda loss=loss: through_operators(loss)
         calls[name, "direct"] = lambda loss=loss: step(loss)
+    for name, loss in losses.items():
+        operators, launches = count_dispatches(lambda loss=loss: step(loss))
+        computing = {op: n for (op, view), n in sorted(operators.items()) if not view}
+        print(f"{name}, one forward + backward: {sum(computing.values())} ATen operators besides views "
+              f"({', '.join(f'{op} x{n}' for op, n in computing.items())}), "
+              f"{sum(n for (_, view), n in operators.items() if view)} views, {sum(launches.values())} Triton launches")
     seconds = interleaved_median_seconds(calls, device, budget_s=args.budget_s)
     print(f"{device.type}, torch {torch.__version__}: cross-entropy {1e6 * seconds['cross_entropy']:.0f} us"
           + (" (fused kernel's launch stubbed)" if device.type == "cpu" else ""))

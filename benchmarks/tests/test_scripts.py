@@ -123,8 +123,15 @@ def test_profile_time_estimate_writes_one_row_per_notebook_and_setup(tmp_path):
 
 
 def test_dispatch_benchmark_prints_each_path_through_the_operators_and_direct():
-    """``bench_dispatch.py`` on a CPU: a line per path with both host times and their ratio."""
+    """``bench_dispatch.py`` on a CPU: a line per path with what one step dispatches (the fused path: one launch
+    forward, one backward) and both host times with their ratio."""
     run = _run("bench_dispatch.py", "--budget-s", "0.01")
+    for path, launches in (("fused kernel", 2), ("PyTorch path", 0), ("CPU kernel", 0)):
+        counted = re.search(rf"^{path}, one forward \+ backward: (\d+) ATen operators besides views \((.*)\), \d+ views, "
+                            rf"(\d+) Triton launches$", run.stdout, re.M)
+        assert counted and int(counted[3]) == launches, run.stdout
+        named = re.findall(r"aten\.\w+ x(\d+)", counted[2])
+        assert "aten.relu x1" in counted[2] and sum(map(int, named)) == int(counted[1])  # the hinge, each op counted
     for path in ("fused kernel", "PyTorch path", "CPU kernel"):
         assert re.search(rf"^{path}: through the operators \d+ us, direct \d+ us, operators / direct x\d", run.stdout,
                          re.M), run.stdout
