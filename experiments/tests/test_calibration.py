@@ -134,6 +134,21 @@ def test_unmatched_numbers_are_those_beyond_tolerance_with_why_read_from_the_sea
                         "numbers are 14.1 points RMS from the paper's (5.0 at the chosen knobs)")
 
 
+def test_a_held_out_number_kept_at_every_point_is_explained_like_a_fitted_one():
+    entry = _entry([{"a": 40.0, "b": 50.0, "c": 70.0}, {"a": 60.0, "b": 70.0, "c": 90.0}], chosen=1, held_out=90.0)
+    (row,) = [row for row in calibration.unmatched(entry) if row["CE number"] == "c"]
+    # c - a is 30 everywhere (the paper's 10), c - b 20 (the paper's -20): the one furthest from the paper's is given
+    assert row["role"] == "held out" and row["why"].startswith(
+        "c minus b stayed within [20.0, 20.0] points over the 2 knob settings tried, the paper's is -20.0")
+
+
+def test_calibration_keeps_the_held_out_numbers_of_the_fitted_runs_at_every_point():
+    entry = calibration.calibrate(QUICK, "imagenet_lt", lambda config: {"test": {
+        "top": {"1": 0.3, "5": 0.7}, "macro_top_by_group": {g: {"1": 0.5} for g in ("few", "medium", "many")}}},
+        halvings=0)
+    assert all(set(point["values"]) == {t["label"] for t in entry["targets"]} for point in entry["points"])
+
+
 def test_the_quick_calibration_says_which_numbers_are_unmatched_and_why():
     table = calibration.unmatched_table(QUICK)
     stored = calibration.stored("quick")["setups"]
