@@ -127,6 +127,17 @@ def ptxas_report(ptx: str, arch: int) -> dict[str, int]:
             "spill_loads": number(r"(\d+) bytes spill loads")}
 
 
+def _report_row(label: str, dtype: torch.dtype, k: str, n_samples: str, noise: str, chunked: str, block: str,
+                compiled, arch: int, start: float) -> bool:
+    """Print one kernel's row of the report (compiled since ``start``); whether it spills where it must not (any dtype
+    but float64)."""
+    report = ptxas_report(compiled.asm["ptx"], arch)
+    print(f"{label:23s} {TRITON_TYPES[dtype]:8s} {k} {n_samples}  {noise:5s}  {chunked:7s}  {block:13s} "
+          f"{report['registers']:5d}  {report['spill_stores']:5d}/{report['spill_loads']:<5d}"
+          f"  {time.perf_counter() - start:8.1f}")
+    return dtype != torch.float64 and report["spill_stores"] + report["spill_loads"] > 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200) or 80 (A100)")
@@ -145,30 +156,20 @@ def main() -> int:
     for dtype, k, n_samples, has_noise, chunked in CONFIGURATIONS:
         start = time.perf_counter()
         plan, compiled = compile_kernel(dtype, k, n_samples, has_noise, chunked, args.arch)
-        report = ptxas_report(compiled.asm["ptx"], args.arch)
-        spilled |= dtype != torch.float64 and report["spill_stores"] + report["spill_loads"] > 0
-        block = f"{plan.block_samples}x{plan.block_classes}x{plan.block_k}"
-        print(f"{'fused':23s} {TRITON_TYPES[dtype]:8s} {k:3d} {n_samples:3d}  {str(has_noise):5s}  {str(chunked):7s}  "
-              f"{block:13s} {report['registers']:5d}  {report['spill_stores']:5d}/{report['spill_loads']:<5d}"
-              f"  {time.perf_counter() - start:8.1f}")
+        spilled |= _report_row("fused", dtype, f"{k:3d}", f"{n_samples:3d}", str(has_noise), str(chunked),
+                               f"{plan.block_samples}x{plan.block_classes}x{plan.block_k}", compiled, args.arch, start)
     for dtype, has_labels in GRADIENT_CONFIGURATIONS:
         start = time.perf_counter()
-        report = ptxas_report(compile_gradient_kernel(dtype, has_labels, args.arch).asm["ptx"], args.arch)
-        spilled |= dtype != torch.float64 and report["spill_stores"] + report["spill_loads"] > 0
-        label = f"kth_gradient ({'labels' if has_labels else 'none'})"
-        block = f"{fused.gradient_block_samples(GRADIENT_SAMPLES)}x{fused.GRADIENT_BLOCK_L}"
-        print(f"{label:23s} {TRITON_TYPES[dtype]:8s} {'-':>3s} {GRADIENT_SAMPLES:3d}  {'-':5s}  {'-':7s}  "
-              f"{block:13s} {report['registers']:5d}  "
-              f"{report['spill_stores']:5d}/{report['spill_loads']:<5d}  {time.perf_counter() - start:8.1f}")
+        compiled = compile_gradient_kernel(dtype, has_labels, args.arch)
+        spilled |= _report_row(f"kth_gradient ({'labels' if has_labels else 'none'})", dtype, "  -",
+                               f"{GRADIENT_SAMPLES:3d}", "-", "-",
+                               f"{fused.gradient_block_samples(GRADIENT_SAMPLES)}x{fused.GRADIENT_BLOCK_L}", compiled,
+                               args.arch, start)
     for name, dtype, k, loss in ESP_CONFIGURATIONS:
         start = time.perf_counter()
-        report = ptxas_report(compile_esp_kernel(name, dtype, k, loss, args.arch).asm["ptx"], args.arch)
-        spilled |= dtype != torch.float64 and report["spill_stores"] + report["spill_loads"] > 0
-        block = f"1x1x{elementary_symmetric.esp_block(k)}"
-        label = f"{name} ({'loss' if loss else 'pair'})"
-        print(f"{label:23s} {TRITON_TYPES[dtype]:8s} {k:3d} {'-':>3s}  {'-':5s}  {'-':7s}  {block:13s} "
-              f"{report['registers']:5d}  {report['spill_stores']:5d}/{report['spill_loads']:<5d}"
-              f"  {time.perf_counter() - start:8.1f}")
+        compiled = compile_esp_kernel(name, dtype, k, loss, args.arch)
+        spilled |= _report_row(f"{name} ({'loss' if loss else 'pair'})", dtype, f"{k:3d}", "  -", "-", "-",
+                               f"1x1x{elementary_symmetric.esp_block(k)}", compiled, args.arch, start)
     return 1 if args.check and spilled else 0
 
 
