@@ -272,10 +272,15 @@ def report_table(profile: Profile) -> pd.DataFrame:
     return pd.concat(parts).rename_axis("CE number")
 
 
+def current_entries(profile: Profile) -> list[dict]:
+    """The stored calibrations the profile uses (:func:`current_entry`), in the order of :data:`SETUPS`."""
+    return [entry for entry in (current_entry(profile, setup) for setup in SETUPS) if entry]
+
+
 def unmatched_table(profile: Profile) -> pd.DataFrame:
     """Every calibrated setup's CE numbers outside :data:`TOLERANCE` of the paper's, and why (:func:`unmatched`)."""
     rows = [{**row, "CE number": f"{entry['dataset']}: {row['CE number']}"}
-            for entry in filter(None, (current_entry(profile, setup) for setup in SETUPS)) for row in unmatched(entry)]
+            for entry in current_entries(profile) for row in unmatched(entry)]
     return pd.DataFrame(rows, columns=["CE number", "role", "gap (points)", "tolerance (points)", "why"]
                         ).set_index("CE number")
 
@@ -284,7 +289,7 @@ def search_table(profile: Profile) -> pd.DataFrame:
     """Every point the searches evaluated, in order: the setup, the knobs, the RMS gap of the fitted numbers."""
     rows = [{"data": entry["dataset"], **point["knobs"], "RMS gap (points)": round(point["rms_gap"], 2),
              "chosen": point["knobs"] == entry["knobs"]}
-            for entry in filter(None, (current_entry(profile, setup) for setup in SETUPS)) for point in entry["points"]]
+            for entry in current_entries(profile) for point in entry["points"]]
     return pd.DataFrame(rows)
 
 
