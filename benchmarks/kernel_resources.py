@@ -90,26 +90,32 @@ def compile_gradient_kernel(dtype: torch.dtype, has_labels: bool, arch: int):
 
 #: (kernel of :mod:`topk._esp_kernel`, its dtype, K of the smoothed hinge, whole loss or the pair alone): every block
 #: size up to ``fused.MAX_K`` in float32, and float64 (the exact tests' dtype) at two sizes
-ESP_CONFIGURATIONS = [(name, dtype, k, loss) for name in ("log_esp_forward", "log_esp_backward")
+ESP_CONFIGURATIONS = [(name, dtype, k, loss) for name in ("log_esp_chunks", "log_esp_combine", "log_esp_backward")
                       for loss in (False, True)
                       for dtype, sizes in ((torch.float32, (2, 5, 10, 50, 127)), (torch.float64, (2, 5)))
-                      for k in sizes]
+                      for k in sizes] + [("hinge_shift", dtype, None, True) for dtype in (torch.float32, torch.float64)]
 
 
-def compile_esp_kernel(name: str, dtype: torch.dtype, k: int, loss: bool, arch: int):
+def compile_esp_kernel(name: str, dtype: torch.dtype, k: int | None, loss: bool, arch: int):
     """A kernel of :mod:`topk._esp_kernel` compiled for ``sm_<arch>`` in ``dtype``, as the loss launches it (``loss``:
-    the whole smoothed hinge of each row, else the pair of polynomials)."""
+    the whole smoothed hinge of each row, else the pair of polynomials; ``k``: None for the shift's kernel)."""
     from topk import _esp_kernel
 
     kernel = getattr(_esp_kernel, name)
     signature = {**{arg: f"*{TRITON_TYPES[dtype]}" for arg in kernel.arg_names if arg.endswith("_ptr")},
-                 "label_ptr": "*i64", "n": "i32",
+                 "label_ptr": "*i64", **{arg: "i32" for arg in ("n", "span", "n_chunks") if arg in kernel.arg_names},
                  **{arg: "fp64" for arg in ("scale", "tau", "alpha_over_tau") if arg in kernel.arg_names}}
-    constants = {"K": k, "ABSENT": elementary_symmetric.ESP_ABSENT, "BLOCK": elementary_symmetric.esp_block(k),
-                 "LOSS": loss}
-    if "CHUNK" in kernel.arg_names:
-        constants["CHUNK"] = elementary_symmetric.HINGE_SHIFT_CHUNK
-    return _compile(kernel, signature, constants, arch, elementary_symmetric.ESP_COMPILE_OPTIONS)
+    if name == "hinge_shift":
+        constants, options = {"READ": elementary_symmetric.ESP_READ}, elementary_symmetric.SHIFT_COMPILE_OPTIONS
+    else:
+        constants = {"ABSENT": elementary_symmetric.ESP_ABSENT, "BLOCK": elementary_symmetric.esp_block(k), "LOSS": loss}
+        if name == "log_esp_combine":
+            constants.update(K=k, SLICE=elementary_symmetric.combine_slice(k))
+        elif "K" in kernel.arg_names:
+            constants["K"] = k
+        options = (elementary_symmetric.combine_compile_options(k) if name == "log_esp_combine"
+                   else elementary_symmetric.ESP_COMPILE_OPTIONS)
+    return _compile(kernel, signature, constants, arch, options)
 
 
 def ptxas_report(ptx: str, arch: int) -> dict[str, int]:
@@ -168,8 +174,9 @@ def main() -> int:
     for name, dtype, k, loss in ESP_CONFIGURATIONS:
         start = time.perf_counter()
         compiled = compile_esp_kernel(name, dtype, k, loss, args.arch)
-        spilled |= _report_row(f"{name} ({'loss' if loss else 'pair'})", dtype, f"{k:3d}", "  -", "-", "-",
-                               f"1x1x{elementary_symmetric.esp_block(k)}", compiled, args.arch, start)
+        block = f"{elementary_symmetric.ESP_READ}" if k is None else f"1x1x{elementary_symmetric.esp_block(k)}"
+        spilled |= _report_row(f"{name} ({'loss' if loss else 'pair'})", dtype, "  -" if k is None else f"{k:3d}",
+                               "  -", "-", "-", block, compiled, args.arch, start)
     return 1 if args.check and spilled else 0
 
 

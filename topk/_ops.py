@@ -23,9 +23,9 @@ With ``labels`` the forward operators return ``mean_b top(s + eps Z_b) - s_y``, 
 13), and the backward subtracts ``grad`` at ``y``: the loss's whole gradient is written in one pass.
 
 The smoothed hinge of Berrada et al. (2018) has four more, on the kernel of :mod:`topk._esp_kernel`:
-``topk::log_esp_pair`` (``log sigma_{k-1}`` and ``log sigma_k`` of ``exp(x)``, with the prefix products the
-backward reads) and ``topk::log_esp_pair_backward``; and ``topk::smooth_hinge_rows`` (the whole loss of each row in
-one launch, the same kernel run on the scores) with ``topk::smooth_hinge_rows_backward``.
+``topk::log_esp_pair`` (``log sigma_{k-1}`` and ``log sigma_k`` of ``exp(x)``, with the prefix products and chunk
+complements the backward reads) and ``topk::log_esp_pair_backward``; and ``topk::smooth_hinge_rows`` (the whole loss
+of each row, the same kernels run on the scores) with ``topk::smooth_hinge_rows_backward``.
 """
 
 import contextlib
@@ -200,9 +200,10 @@ for _operator in (perturbed_top, pruned_perturbed_top):
 fused_perturbed_top.register_autograd(_fused_gradient, setup_context=_save_positions)
 
 
-def _log_esp_pair(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """``(log sigma_{k-1}, log sigma_k)`` of ``exp(x)`` for each row of ``x`` (``[rows, n]`` -> ``[rows, 2]``), and the
-    prefix products ``[rows, n, block]`` the backward reads (not differentiable)."""
+def _log_esp_pair(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(log sigma_{k-1}, log sigma_k)`` of ``exp(x)`` for each row of ``x`` (``[rows, n]`` -> ``[rows, 2]``), and what
+    the backward reads (not differentiable): the prefix products ``[rows, n, block]`` and the chunks' complements
+    ``[rows, chunks, block]``."""
     return elementary_symmetric.launch_pair_forward(x, k)
 
 
@@ -211,14 +212,20 @@ log_esp_pair = torch.library.custom_op("topk::log_esp_pair", _log_esp_pair, muta
 
 @log_esp_pair.register_fake
 def _(x, k):
-    block = elementary_symmetric.esp_block(k)
-    return x.new_empty(x.shape[0], 2), x.new_empty(x.shape[0], x.shape[1], block)
+    return x.new_empty(x.shape[0], 2), *_walk_state_like(x, k)
 
 
-def _log_esp_pair_backward(x: Tensor, prefix: Tensor, pair: Tensor, grad_pair: Tensor, k: int) -> Tensor:
+def _walk_state_like(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Empty tensors shaped like the kernels' saved prefix products and chunk complements for the rows ``x``."""
+    (n_rows, n), block = x.shape, elementary_symmetric.esp_block(k)
+    return x.new_empty(n_rows, n, block), x.new_empty(n_rows, elementary_symmetric.esp_chunks(n), block)
+
+
+def _log_esp_pair_backward(x: Tensor, prefix: Tensor, complement: Tensor, pair: Tensor, grad_pair: Tensor,
+                           k: int) -> Tensor:
     """``sum_j grad_pair[:, j] d pair[:, j] / d x``, ``d log sigma_j / d x_i = e^{x_i} sigma_{j-1}(x without i) /
     sigma_j(x)``: ``[rows, n]``."""
-    return elementary_symmetric.launch_pair_backward(x, prefix, pair, grad_pair, k)
+    return elementary_symmetric.launch_pair_backward(x, prefix, complement, pair, grad_pair, k)
 
 
 log_esp_pair_backward = torch.library.custom_op("topk::log_esp_pair_backward", _log_esp_pair_backward,
@@ -226,29 +233,30 @@ log_esp_pair_backward = torch.library.custom_op("topk::log_esp_pair_backward", _
 
 
 @log_esp_pair_backward.register_fake
-def _(x, prefix, pair, grad_pair, k):
+def _(x, prefix, complement, pair, grad_pair, k):
     return torch.empty_like(x)
 
 
 def _save_prefix(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], output[1], output[0])
-    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(inputs[0], output[1], output[2], output[0])
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)
     ctx.k = inputs[1]
 
 
-def _esp_gradient(ctx, grad_pair, grad_prefix, backward=log_esp_pair_backward):
-    x, prefix, pair = ctx.saved_tensors
-    return backward(x, prefix, pair, grad_pair, ctx.k), None
+def _esp_gradient(ctx, grad_pair, *unused, backward=log_esp_pair_backward):
+    x, prefix, complement, pair = ctx.saved_tensors
+    return backward(x, prefix, complement, pair, grad_pair, ctx.k), None
 
 
 log_esp_pair.register_autograd(_esp_gradient, setup_context=_save_prefix)
 
 
 def _smooth_hinge_rows(scores: Tensor, labels: Tensor, k: int, tau: float,
-                       alpha: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The smoothed hinge of Berrada et al. (2018) of each row of ``scores`` (``[rows, n]``, labels ``[rows]``) in one
-    kernel launch: the loss ``[rows]``, then what the backward reads (the prefix products, the pair ``log sigma_{k-1},
-    log sigma_k`` and ``(z, shift)``; not differentiable)."""
+                       alpha: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The smoothed hinge of Berrada et al. (2018) of each row of ``scores`` (``[rows, n]``, labels ``[rows]``) in three
+    kernel launches (:mod:`topk._esp_kernel`: the shift, the chunks, their combination): the loss ``[rows]``, then what the backward reads (the prefix products, the chunks'
+    complements, the pair ``log sigma_{k-1}, log sigma_k`` and ``(z, shift)``; not differentiable)."""
     return elementary_symmetric.launch_hinge_forward(scores, labels, k, tau, alpha)
 
 
@@ -257,15 +265,15 @@ smooth_hinge_rows = torch.library.custom_op("topk::smooth_hinge_rows", _smooth_h
 
 @smooth_hinge_rows.register_fake
 def _(scores, labels, k, tau, alpha):
-    n_rows, n = scores.shape
-    return (scores.new_empty(n_rows), scores.new_empty(n_rows, n, elementary_symmetric.esp_block(k)),
-            scores.new_empty(n_rows, 2), scores.new_empty(n_rows, 2))
+    n_rows = scores.shape[0]
+    return (scores.new_empty(n_rows), *_walk_state_like(scores, k), scores.new_empty(n_rows, 2),
+            scores.new_empty(n_rows, 2))
 
 
-def _smooth_hinge_rows_backward(scores: Tensor, labels: Tensor, prefix: Tensor, pair: Tensor, aux: Tensor,
-                                grad_loss: Tensor, k: int, tau: float) -> Tensor:
+def _smooth_hinge_rows_backward(scores: Tensor, labels: Tensor, prefix: Tensor, complement: Tensor, pair: Tensor,
+                                aux: Tensor, grad_loss: Tensor, k: int, tau: float) -> Tensor:
     """``d sum(grad_loss * loss) / d scores``, ``[rows, n]``, in one kernel launch."""
-    return elementary_symmetric.launch_hinge_backward(scores, labels, prefix, pair, aux, grad_loss, k, tau)
+    return elementary_symmetric.launch_hinge_backward(scores, labels, prefix, complement, pair, aux, grad_loss, k, tau)
 
 
 smooth_hinge_rows_backward = torch.library.custom_op("topk::smooth_hinge_rows_backward", _smooth_hinge_rows_backward,
@@ -273,7 +281,7 @@ smooth_hinge_rows_backward = torch.library.custom_op("topk::smooth_hinge_rows_ba
 
 
 @smooth_hinge_rows_backward.register_fake
-def _(scores, labels, prefix, pair, aux, grad_loss, k, tau):
+def _(scores, labels, prefix, complement, pair, aux, grad_loss, k, tau):
     return torch.empty_like(scores)
 
 
@@ -285,8 +293,8 @@ def _save_hinge(ctx, inputs, output):
 
 
 def _hinge_gradient(ctx, grad_loss, *unused, backward=smooth_hinge_rows_backward):
-    scores, labels, prefix, pair, aux = ctx.saved_tensors
-    return backward(scores, labels, prefix, pair, aux, grad_loss, ctx.k, ctx.tau), None, None, None, None
+    scores, labels, prefix, complement, pair, aux = ctx.saved_tensors
+    return backward(scores, labels, prefix, complement, pair, aux, grad_loss, ctx.k, ctx.tau), None, None, None, None
 
 
 smooth_hinge_rows.register_autograd(_hinge_gradient, setup_context=_save_hinge)

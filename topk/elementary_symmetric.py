@@ -17,8 +17,9 @@ keeps these weights, so the backward pass is multiply-adds only (no ``exp``), an
 through the log-sum-exps, which ``backward="autograd"`` uses instead (slower; kept to measure against).
 
 The loss needs only ``sigma_{k-1}`` and ``sigma_k``: :func:`log_elementary_symmetric_pair` gives them, on this
-tree or (``backend="triton"``) on a Triton kernel that walks each row once, one program per row, with one launch
-forward and one backward (:mod:`topk._esp_kernel`; the custom operator ``topk::log_esp_pair``). The tree takes
+tree or (``backend="triton"``) on Triton kernels that walk each row once, cut in chunks of about ``2 sqrt(n)``
+entries walked side by side, with two launches forward (the chunks, then their products combined per row; a third
+first finds the hinge's shift) and one backward (:mod:`topk._esp_kernel`; the custom operator ``topk::log_esp_pair``). The tree takes
 about ``6 log2 n`` operations per pass, each one kernel launch on a GPU.
 """
 
@@ -97,73 +98,109 @@ def log_elementary_symmetric_pair(x: torch.Tensor, k: int, *, backend: str = "to
     return log_elementary_symmetric(x, k)[..., k - 1:]
 
 
-#: Triton's compile options for the kernels: one warp per row (the coefficient block is at most 128 wide). Untimed.
+#: Triton's compile options for the walking kernels: one warp per program (the coefficient block is at most 128
+#: wide). Untimed.
 ESP_COMPILE_OPTIONS = {"num_warps": 1}
 #: The kernels' absent coefficient, in float32 and float64 alike: ``exp`` of it is 0 in both, and a sum of three
 #: stays finite in float32 (a float64 input's own absent entries, far lower, are absorbed the same way).
 ESP_ABSENT = absent_log(torch.float32)
+#: The fewest entries of a row one program walks (:func:`esp_span`).
+ESP_MIN_SPAN = 64
+#: Scores read at once when the hinge's shift is looked for (:func:`topk._esp_kernel.hinge_shift`), by four warps.
+ESP_READ = 1024
+SHIFT_COMPILE_OPTIONS = {"num_warps": 4}
 
 
 def esp_block(k: int) -> int:
-    """The kernel's coefficient block: degrees ``0..k`` padded to a power of two."""
+    """The kernels' coefficient block: degrees ``0..k`` padded to a power of two."""
     return 1 << k.bit_length()
 
 
-#: Scores read at once when the hinge's kernel looks for a row's largest score.
-HINGE_SHIFT_CHUNK = 1024
+def esp_span(n: int) -> int:
+    """Entries of a row walked by one program: about ``2 sqrt(n)``, at least :data:`ESP_MIN_SPAN`. A program walks
+    its chunk entry by entry (forward, then three times as long backward) and the row's chunks are combined one by
+    one, each about five entries' work: ``4 span + 15 n / span`` sequential steps, least near ``span = 2 sqrt(n)``
+    (a count of steps; not yet timed on a GPU)."""
+    return max(ESP_MIN_SPAN, 2 * math.isqrt(n))
+
+
+def esp_chunks(n: int) -> int:
+    """How many chunks of :func:`esp_span` entries a row of ``n`` is cut into."""
+    return max(1, -(-n // esp_span(n)))
+
+
+def combine_slice(k: int) -> int:
+    """Degrees of one factor :func:`topk._esp_kernel.log_esp_combine` multiplies at once: at most 2048 terms held."""
+    return min(esp_block(k), 2048 // esp_block(k))
+
+
+def combine_compile_options(k: int) -> dict:
+    """:func:`topk._esp_kernel.log_esp_combine` holds ``slice x block`` terms at once: at most 16 values per thread
+    of its warps. Untimed."""
+    return {"num_warps": max(1, combine_slice(k) * esp_block(k) // 512)}
 
 
 def _launch_forward(x: torch.Tensor, k: int, hinge: tuple | None):
-    from topk._esp_kernel import log_esp_forward
+    from topk._esp_kernel import hinge_shift, log_esp_chunks, log_esp_combine
 
     n_rows, n = x.shape
-    pair, prefix = x.new_empty(n_rows, 2), x.new_empty(n_rows, n, esp_block(k))
+    block, span, n_chunks = esp_block(k), esp_span(n), esp_chunks(n)
+    pair, prefix, complement = x.new_empty(n_rows, 2), x.new_empty(n_rows, n, block), x.new_empty(n_rows, n_chunks, block)
+    chunk_poly = x.new_empty(n_rows, n_chunks, block)
     loss, aux = (x.new_empty(n_rows), x.new_empty(n_rows, 2)) if hinge else (pair, pair)
     labels, tau, alpha = hinge or (pair, 1.0, 0.0)
     if n_rows:
-        log_esp_forward[(n_rows,)](x, prefix, pair, n, labels, loss, aux, 1.0 / (k * tau), tau, alpha / tau, K=k,
-                                   ABSENT=ESP_ABSENT, BLOCK=esp_block(k), LOSS=hinge is not None,
-                                   CHUNK=HINGE_SHIFT_CHUNK, **ESP_COMPILE_OPTIONS)
-    return pair, prefix, loss, aux
+        if hinge:
+            hinge_shift[(n_rows,)](x, labels, aux, n, READ=ESP_READ, **SHIFT_COMPILE_OPTIONS)
+        log_esp_chunks[(n_rows, n_chunks)](x, prefix, chunk_poly, n, span, n_chunks, labels, aux, 1.0 / (k * tau),
+                                           ABSENT=ESP_ABSENT, BLOCK=block, LOSS=hinge is not None,
+                                           **ESP_COMPILE_OPTIONS)
+        log_esp_combine[(n_rows,)](chunk_poly, complement, pair, n_chunks, x, n, labels, loss, aux,
+                                   1.0 / (k * tau), tau, alpha / tau, K=k, ABSENT=ESP_ABSENT, BLOCK=block,
+                                   LOSS=hinge is not None, SLICE=combine_slice(k), **combine_compile_options(k))
+    return pair, prefix, complement, loss, aux
 
 
-def _launch_backward(x, prefix, pair, grad, k: int, hinge: tuple | None) -> torch.Tensor:
+def _launch_backward(x, prefix, complement, pair, grad, k: int, hinge: tuple | None) -> torch.Tensor:
     from topk._esp_kernel import log_esp_backward
 
     grad_x = torch.empty_like(x)
     labels, aux, tau = hinge or (pair, pair, 1.0)
-    if x.shape[0]:
-        log_esp_backward[(x.shape[0],)](x, prefix, pair, grad.to(pair.dtype).contiguous(), grad_x, x.shape[1], labels,
-                                        aux, 1.0 / (k * tau), tau, K=k, ABSENT=ESP_ABSENT, BLOCK=esp_block(k),
-                                        LOSS=hinge is not None, **ESP_COMPILE_OPTIONS)
+    n_rows, n = x.shape
+    if n_rows:
+        log_esp_backward[(n_rows, esp_chunks(n))](x, prefix, complement, pair, grad.to(pair.dtype).contiguous(), grad_x,
+                                                  n, esp_span(n), esp_chunks(n), labels, aux, 1.0 / (k * tau), tau,
+                                                  K=k, ABSENT=ESP_ABSENT, BLOCK=esp_block(k), LOSS=hinge is not None,
+                                                  **ESP_COMPILE_OPTIONS)
     return grad_x
 
 
-def launch_pair_forward(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run :func:`topk._esp_kernel.log_esp_forward`: the pair ``[rows, 2]`` and the prefix products
-    ``[rows, n, esp_block(k)]``."""
-    pair, prefix, _, _ = _launch_forward(rows.contiguous(), k, None)
-    return pair, prefix
+def launch_pair_forward(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the kernels of :mod:`topk._esp_kernel` forward: the pair ``[rows, 2]``, then what the backward reads: the
+    prefix products ``[rows, n, esp_block(k)]`` and each chunk's complement ``[rows, esp_chunks(n), esp_block(k)]``."""
+    pair, prefix, complement, _, _ = _launch_forward(rows.contiguous(), k, None)
+    return pair, prefix, complement
 
 
-def launch_pair_backward(rows: torch.Tensor, prefix: torch.Tensor, pair: torch.Tensor, grad_pair: torch.Tensor,
-                         k: int) -> torch.Tensor:
+def launch_pair_backward(rows: torch.Tensor, prefix: torch.Tensor, complement: torch.Tensor, pair: torch.Tensor,
+                         grad_pair: torch.Tensor, k: int) -> torch.Tensor:
     """Run :func:`topk._esp_kernel.log_esp_backward`: ``d (grad_pair . pair) / d rows``, shape ``[rows, n]``."""
-    return _launch_backward(rows.contiguous(), prefix, pair, grad_pair, k, None)
+    return _launch_backward(rows.contiguous(), prefix, complement, pair, grad_pair, k, None)
 
 
 def launch_hinge_forward(scores: torch.Tensor, labels: torch.Tensor, k: int, tau: float,
                          alpha: float) -> tuple[torch.Tensor, ...]:
-    """The smoothed hinge of each row of ``scores`` ``[rows, n]`` (labels ``[rows]``) in one launch: the loss
-    ``[rows]``, then what its backward reads: the prefix products, the pair ``[rows, 2]`` and ``(z, shift)``
-    ``[rows, 2]``."""
-    pair, prefix, loss, aux = _launch_forward(scores.contiguous(), k, (labels.contiguous(), tau, alpha))
-    return loss, prefix, pair, aux
+    """The smoothed hinge of each row of ``scores`` ``[rows, n]`` (labels ``[rows]``) in three launches: the loss
+    ``[rows]``, then what its backward reads: the prefix products, the chunks' complements, the pair ``[rows, 2]``
+    and ``(z, shift)`` ``[rows, 2]``."""
+    pair, prefix, complement, loss, aux = _launch_forward(scores.contiguous(), k, (labels.contiguous(), tau, alpha))
+    return loss, prefix, complement, pair, aux
 
 
-def launch_hinge_backward(scores, labels, prefix, pair, aux, grad_loss, k: int, tau: float) -> torch.Tensor:
+def launch_hinge_backward(scores, labels, prefix, complement, pair, aux, grad_loss, k: int, tau: float) -> torch.Tensor:
     """The gradient of ``sum(grad_loss * loss)`` with respect to ``scores`` ``[rows, n]``, in one launch."""
-    return _launch_backward(scores.contiguous(), prefix, pair, grad_loss, k, (labels.contiguous(), aux, tau))
+    return _launch_backward(scores.contiguous(), prefix, complement, pair, grad_loss, k,
+                            (labels.contiguous(), aux, tau))
 
 
 def _negligible_log(dtype: torch.dtype) -> float:

@@ -185,7 +185,7 @@ def smooth_hinge(
 
     ``backend`` chooses the implementation: ``"torch"`` (PyTorch operations, ``sigma_{k-1}`` and ``sigma_k`` on the
     tree of :func:`topk.elementary_symmetric.log_elementary_symmetric_pair`, ``O(log L)`` vectorised steps),
-    ``"triton"`` (for ``k >= 2``, the whole loss of each row in one kernel launch, its gradient in one more:
+    ``"triton"`` (for ``k >= 2``, the whole loss of each row in three kernel launches, its gradient in one more:
     ``topk::smooth_hinge_rows``) or ``"auto"``: Triton for CUDA scores when it is installed and ``k + 1 <=
     topk.fused.MAX_K``, PyTorch otherwise.
 
@@ -199,7 +199,7 @@ def smooth_hinge(
     alpha = check_hyperparameter("alpha", alpha)
     backend = choose_backend(backend, s, k + 1, tau)
     scores = s.to(torch.promote_types(s.dtype, torch.float32))
-    if k > 1 and backend == "triton":  # the whole loss of each row in one launch, its gradient in one more
+    if k > 1 and backend == "triton":  # the whole loss of each row in three launches, its gradient in one more
         from topk import _ops
 
         rows = scores.reshape(-1, scores.shape[-1])  # [..., L] -> [rows, L]

@@ -1,5 +1,5 @@
 """The smoothed hinge's Triton kernel (:mod:`topk._esp_kernel`: ``topk::log_esp_pair``, and ``topk::smooth_hinge_rows``,
-the whole loss of each row in one launch): the tree's values and gradients in float64, brute-force enumeration, float32 stability at the extremes of Berrada et al.'s Table 5, the
+the whole loss of each row, its rows cut in chunks walked side by side): the tree's values and gradients in float64, brute-force enumeration, float32 stability at the extremes of Berrada et al.'s Table 5, the
 custom operators' contracts, the backend rule and one compiled graph. On CUDA when present, else under Triton's
 interpreter on the CPU."""
 
@@ -57,8 +57,13 @@ def test_triton_loss_equals_brute_force_enumeration(kernel_device, n_classes):
 
 
 def test_float32_kernel_is_finite_and_close_to_float64_from_tau_1e3_to_100_with_scores_up_to_1e4(kernel_device):
-    """The extremes of the tree's float32 test, at L = 100: the kernel's n sequential roundings stay within 1e-5 of
-    float64 in value (plus the rounding of the score differences) and its gradient rows sum to 0."""
+    """The extremes of the tree's float32 test, at L = 100: the kernel's sequential roundings stay within 1e-5 of
+    float64 in value (plus the rounding of the score differences), and in gradient.
+
+    Where ``tau`` is small the top classes have ``d log sigma_K`` and ``d log sigma_{K-1}`` both near 1, and the
+    hinge's gradient is their difference: each is computed from the side where it is small (before, the kernel was
+    off by up to 2e-2 here at tau = 1e-3, its rows summing to 0 only because the label's entry took minus the others'
+    sum)."""
     g = torch.Generator().manual_seed(0)
     s64 = (torch.randn(3, 100, generator=g, dtype=torch.float64).clamp(-3, 3) * (1e4 / 3)).to(kernel_device)
     s32 = s64.float()
@@ -68,10 +73,40 @@ def test_float32_kernel_is_finite_and_close_to_float64_from_tau_1e3_to_100_with_
         scores = s32.clone().requires_grad_()
         value = smooth_hinge(scores, y, k, tau, reduction="none", backend="triton")
         (grad,) = torch.autograd.grad(value.sum(), scores)
-        expected = smooth_hinge(s32.double(), y, k, tau, reduction="none", backend="torch")
+        exact = s32.double().requires_grad_()
+        expected = smooth_hinge(exact, y, k, tau, reduction="none", backend="torch")
+        (expected_grad,) = torch.autograd.grad(expected.sum(), exact)
         assert torch.isfinite(value).all() and torch.isfinite(grad).all(), (tau, k)
         assert ((value.double() - expected).abs() <= 1e-5 * expected.abs() + rounding).all(), (tau, k)
+        assert (grad.double() - expected_grad).abs().max().item() <= 1e-5, (tau, k)
         torch.testing.assert_close(grad.sum(-1), torch.zeros_like(value), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("span", [1, 4, 7])
+def test_rows_cut_in_chunks_equal_the_tree_in_float64(kernel_device, monkeypatch, span):
+    """Chunks of ``span`` entries (one entry each: the label alone in its chunk; uneven last chunks), for the pair of
+    polynomials and the whole loss, values and gradients; the chunks' products multiplied a quarter of the degrees at
+    a time (as for K >= 32, where a whole product would not fit in registers)."""
+    from topk import elementary_symmetric
+
+    monkeypatch.setattr(elementary_symmetric, "esp_span", lambda n: span)
+    monkeypatch.setattr(elementary_symmetric, "combine_slice", lambda k: elementary_symmetric.esp_block(k) // 4)
+    n = 30
+    assert elementary_symmetric.esp_chunks(n) == -(-n // span)
+    g = torch.Generator().manual_seed(span)
+    s = (5 * torch.randn(4, n, generator=g, dtype=torch.float64)).to(kernel_device)
+    y = torch.randint(0, n, (4,), generator=g).to(kernel_device)
+    weights = torch.rand(4, 2, generator=g, dtype=torch.float64).to(kernel_device)
+
+    def loss_pair_and_gradients(k, backend):
+        x = s.clone().requires_grad_()
+        loss = (weights[:, 0] * smooth_hinge(x, y, k, 0.5, reduction="none", backend=backend)).sum()
+        pair = (weights * log_elementary_symmetric_pair(x, k, backend=backend)).sum()
+        return loss, pair, *(torch.autograd.grad(out, x)[0] for out in (loss, pair))
+
+    for k in (2, 9):
+        for ours, theirs in zip(loss_pair_and_gradients(k, "triton"), loss_pair_and_gradients(k, "torch")):
+            torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
 
 
 def test_float32_kernel_gradient_at_the_benchmark_size_is_within_1e4_of_float64(kernel_device):
@@ -145,14 +180,14 @@ def test_the_operators_pass_opcheck(kernel_device):
     x = torch.randn(3, 9, dtype=torch.float64, device=kernel_device, requires_grad=True)
     torch.library.opcheck(_ops.log_esp_pair, (x, 4), test_utils=("test_schema", "test_faketensor",
                                                                   "test_autograd_registration"))
-    pair, prefix = _ops.log_esp_pair(x.detach(), 4)
-    torch.library.opcheck(_ops.log_esp_pair_backward, (x.detach(), prefix, pair, torch.ones_like(pair), 4))
+    pair, prefix, complement = _ops.log_esp_pair(x.detach(), 4)
+    torch.library.opcheck(_ops.log_esp_pair_backward, (x.detach(), prefix, complement, pair, torch.ones_like(pair), 4))
     y = torch.tensor([0, 4, 8], device=kernel_device)
     torch.library.opcheck(_ops.smooth_hinge_rows, (x, y, 4, 0.5, 1.0), test_utils=(
         "test_schema", "test_faketensor", "test_autograd_registration"))
-    _, prefix, pair, aux = _ops.smooth_hinge_rows(x.detach(), y, 4, 0.5, 1.0)
-    torch.library.opcheck(_ops.smooth_hinge_rows_backward,
-                          (x.detach(), y, prefix, pair, aux, torch.ones(3, dtype=x.dtype, device=kernel_device), 4, 0.5))
+    _, prefix, complement, pair, aux = _ops.smooth_hinge_rows(x.detach(), y, 4, 0.5, 1.0)
+    torch.library.opcheck(_ops.smooth_hinge_rows_backward, (x.detach(), y, prefix, complement, pair, aux,
+                                                            torch.ones(3, dtype=x.dtype, device=kernel_device), 4, 0.5))
 
 
 def test_module_takes_the_backend_and_compiles_as_one_graph(kernel_device):
