@@ -10,8 +10,8 @@ row is walked by many programs at once instead of one:
 2. :func:`log_esp_combine` (one program per row) multiplies the chunks' products into the row's, stores for each chunk
    the product of all the *other* chunks (its complement), and for the hinge computes the loss;
 3. :func:`log_esp_backward` walks each chunk back with the suffix product, started from the chunk's complement, and
-   combines it with the stored prefix into ``sigma_m(x without i)``, which gives ``d log sigma_j / d x_i =
-   e^{x_i} sigma_{j-1}(x without i) / sigma_j(x)`` with additions only: nothing is subtracted, nothing cancels.
+   combines it with the stored prefix into ``sigma_m(x without i)`` with additions only (nothing cancels), which
+   gives ``d log sigma_j / d x_i = e^{x_i} sigma_{j-1}(x without i) / sigma_j(x)`` (:func:`_share`).
 
 For the hinge the exponents are ``(s_i - shift) / (k tau)``, ``shift`` the row's largest score but the label's (every
 exponent ``<= 0``), found first by :func:`hinge_shift`: every chunk is walked relative to the same shift, so that the
@@ -149,6 +149,7 @@ def log_esp_combine(chunk_poly_ptr, complement_ptr, out_ptr, n_chunks, x_ptr, n,
     for c in range(n_chunks):  # the products of the chunks before each chunk, then the row's
         tl.store(complement_ptr + (row * n_chunks + c) * BLOCK + degree, log_poly)
         log_poly = _times_stored(log_poly, chunk_poly_ptr + (row * n_chunks + c) * BLOCK, BLOCK, SLICE)
+    tl.debug_barrier()  # the products stored above, by any thread of the program, are read below by others
     log_suffix = one
     for step in range(n_chunks):  # each chunk's complement: the product before it times the product after it
         c = n_chunks - 1 - step
