@@ -108,11 +108,9 @@ def compile_esp_kernel(name: str, dtype: torch.dtype, k: int | None, loss: bool,
     if name == "hinge_shift":
         constants, options = {"READ": elementary_symmetric.ESP_READ}, elementary_symmetric.SHIFT_COMPILE_OPTIONS
     else:
-        constants = {"ABSENT": elementary_symmetric.ESP_ABSENT, "BLOCK": elementary_symmetric.esp_block(k), "LOSS": loss}
-        if name == "log_esp_combine":
-            constants.update(K=k, SLICE=elementary_symmetric.combine_slice(k))
-        elif "K" in kernel.arg_names:
-            constants["K"] = k
+        constants = {"ABSENT": elementary_symmetric.ESP_ABSENT, "BLOCK": elementary_symmetric.esp_block(k),
+                     "LOSS": loss, "K": k, "SLICE": elementary_symmetric.combine_slice(k)}
+        constants = {arg: value for arg, value in constants.items() if arg in kernel.arg_names}
         options = (elementary_symmetric.combine_compile_options(k) if name == "log_esp_combine"
                    else elementary_symmetric.ESP_COMPILE_OPTIONS)
     return _compile(kernel, signature, constants, arch, options)

@@ -255,8 +255,9 @@ log_esp_pair.register_autograd(_esp_gradient, setup_context=_save_prefix)
 def _smooth_hinge_rows(scores: Tensor, labels: Tensor, k: int, tau: float,
                        alpha: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The smoothed hinge of Berrada et al. (2018) of each row of ``scores`` (``[rows, n]``, labels ``[rows]``) in three
-    kernel launches (:mod:`topk._esp_kernel`: the shift, the chunks, their combination): the loss ``[rows]``, then what the backward reads (the prefix products, the chunks'
-    complements, the pair ``log sigma_{k-1}, log sigma_k`` and ``(z, shift)``; not differentiable)."""
+    kernel launches (:mod:`topk._esp_kernel`: the shift, the chunks, their combination): the loss ``[rows]``, then
+    what the backward reads (the prefix products, the chunks' complements, the pair ``log sigma_{k-1}, log sigma_k``
+    and ``(z, shift)``; not differentiable)."""
     return elementary_symmetric.launch_hinge_forward(scores, labels, k, tau, alpha)
 
 

@@ -19,8 +19,8 @@ through the log-sum-exps, which ``backward="autograd"`` uses instead (slower; ke
 The loss needs only ``sigma_{k-1}`` and ``sigma_k``: :func:`log_elementary_symmetric_pair` gives them, on this
 tree or (``backend="triton"``) on Triton kernels that walk each row once, cut in chunks of about ``2 sqrt(n)``
 entries walked side by side, with two launches forward (the chunks, then their products combined per row; a third
-first finds the hinge's shift) and one backward (:mod:`topk._esp_kernel`; the custom operator ``topk::log_esp_pair``). The tree takes
-about ``6 log2 n`` operations per pass, each one kernel launch on a GPU.
+first finds the hinge's shift) and one backward (:mod:`topk._esp_kernel`; the custom operator
+``topk::log_esp_pair``). The tree takes about ``6 log2 n`` operations per pass, each one kernel launch on a GPU.
 """
 
 from __future__ import annotations
@@ -106,8 +106,10 @@ ESP_COMPILE_OPTIONS = {"num_warps": 1}
 ESP_ABSENT = absent_log(torch.float32)
 #: The fewest entries of a row one program walks (:func:`esp_span`).
 ESP_MIN_SPAN = 64
-#: Scores read at once when the hinge's shift is looked for (:func:`topk._esp_kernel.hinge_shift`), by four warps.
+#: Scores read at once when the hinge's shift is looked for (:func:`topk._esp_kernel.hinge_shift`).
 ESP_READ = 1024
+#: Triton's compile options for :func:`topk._esp_kernel.hinge_shift`: a block of :data:`ESP_READ` scores over four
+#: warps. Untimed.
 SHIFT_COMPILE_OPTIONS = {"num_warps": 4}
 
 
@@ -145,8 +147,8 @@ def _launch_forward(x: torch.Tensor, k: int, hinge: tuple | None):
 
     n_rows, n = x.shape
     block, span, n_chunks = esp_block(k), esp_span(n), esp_chunks(n)
-    pair, prefix, complement = x.new_empty(n_rows, 2), x.new_empty(n_rows, n, block), x.new_empty(n_rows, n_chunks, block)
-    chunk_poly = x.new_empty(n_rows, n_chunks, block)
+    pair, prefix = x.new_empty(n_rows, 2), x.new_empty(n_rows, n, block)
+    complement, chunk_poly = x.new_empty(n_rows, n_chunks, block), x.new_empty(n_rows, n_chunks, block)
     loss, aux = (x.new_empty(n_rows), x.new_empty(n_rows, 2)) if hinge else (pair, pair)
     labels, tau, alpha = hinge or (pair, 1.0, 0.0)
     if n_rows:
@@ -166,12 +168,12 @@ def _launch_backward(x, prefix, complement, pair, grad, k: int, hinge: tuple | N
 
     grad_x = torch.empty_like(x)
     labels, aux, tau = hinge or (pair, pair, 1.0)
-    n_rows, n = x.shape
+    (n_rows, n), n_chunks = x.shape, complement.shape[1]
     if n_rows:
-        log_esp_backward[(n_rows, esp_chunks(n))](x, prefix, complement, pair, grad.to(pair.dtype).contiguous(), grad_x,
-                                                  n, esp_span(n), esp_chunks(n), labels, aux, 1.0 / (k * tau), tau,
-                                                  K=k, ABSENT=ESP_ABSENT, BLOCK=esp_block(k), LOSS=hinge is not None,
-                                                  **ESP_COMPILE_OPTIONS)
+        log_esp_backward[(n_rows, n_chunks)](x, prefix, complement, pair, grad.to(pair.dtype).contiguous(), grad_x, n,
+                                             esp_span(n), n_chunks, labels, aux, 1.0 / (k * tau), tau, K=k,
+                                             ABSENT=ESP_ABSENT, BLOCK=esp_block(k), LOSS=hinge is not None,
+                                             **ESP_COMPILE_OPTIONS)
     return grad_x
 
 
