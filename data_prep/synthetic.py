@@ -6,7 +6,7 @@ pattern at a smaller amplitude (``class_contrast``: small means the classes of a
 each image is its class pattern, circularly shifted by up to ``max_shift`` pixels, scaled by a random contrast,
 blended with the pattern of a random other group (clutter) and covered in pixel noise. The ambiguity within a group
 is what makes top-K accuracy differ from top-1, as on the real data. Class sizes follow each dataset's shape
-(:func:`long_tail_counts`). Data depend only on the arguments (the seed included), never on the global RNG.
+(:func:`shot_share_counts`). Data depend only on the arguments (the seed included), never on the global RNG.
 
 Every generator takes the four difficulty knobs of :class:`ImageModel` as keyword arguments:
 
@@ -24,12 +24,14 @@ results match the paper's; the defaults below are the uncalibrated starting poin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from data_prep.cifar100 import superclass_label_noise
 from data_prep.common import Splits, TensorImages, class_counts
 from data_prep.transforms import augment_and_normalise, normalise
+from topk.metrics import SHOT_GROUP_BOUNDS
 
 
 def smooth_patterns(n: int, size: int, generator: torch.Generator, frequencies: int = 3) -> torch.Tensor:
@@ -76,49 +78,71 @@ class ImageModel:
 
 
 
-def long_tail_counts(n_classes: int, n_images: int, *, tail_classes: float, tail_share: float, min_count: int) -> torch.Tensor:
-    """Images per class (largest first), a power law in rank ``c * rank^-a`` floored at ``min_count``, with ``a`` and
-    ``c`` solved so that the counts sum to ``n_images`` and the ``tail_classes`` fraction of smallest classes holds
-    ``tail_share`` of the images (Pl@ntNet-300K: 80% of the classes hold 11%)."""
-    if n_images < n_classes * min_count:
-        raise ValueError(f"n_images should be at least n_classes * min_count = {n_classes * min_count}, got {n_images}")
-    ranks = torch.arange(1, n_classes + 1, dtype=torch.float64)
-    n_tail = int(round(tail_classes * n_classes))
+def shot_share_counts(n_classes: int, n_images: int, *, few_share: float, many_share: float, min_count: int,
+                      train_count: Callable[[int], int] = lambda n: n) -> torch.Tensor:
+    """Images per class, largest first, with a real dataset's shares of few-shot and many-shot classes: fewer than 20
+    and more than 100 training images (:data:`topk.metrics.SHOT_GROUP_BOUNDS`; ``train_count`` gives a class's
+    training images from its size). Within each group sizes fall geometrically with rank: from the largest class to the
+    smallest many-shot size, from the largest medium size to the smallest, from the largest few-shot size to
+    ``min_count``; the largest class is solved so that they sum to ``n_images``."""
+    if not (0 < many_share and 0 <= few_share and few_share + many_share <= 1):
+        raise ValueError(f"the shares should be many_share > 0, few_share >= 0, their sum <= 1; got few_share "
+                         f"{few_share}, many_share {many_share}")
+    few_below, many_above = SHOT_GROUP_BOUNDS
 
-    def counts_for(exponent: float) -> torch.Tensor:
-        low, high = 0.0, float(n_images)  # the scale c such that the floored counts sum to n_images
-        for _ in range(100):
-            scale = (low + high) / 2
-            if (scale * ranks.pow(-exponent)).clamp_min(min_count).sum() > n_images:
-                high = scale
-            else:
-                low = scale
-        return (low * ranks.pow(-exponent)).clamp_min(min_count)
+    def smallest_size(enough: Callable[[int], bool]) -> int:
+        size = 1
+        while not enough(train_count(size)):
+            size += 1
+        return size
 
-    low, high = 0.0, 1.5  # a steeper power law puts fewer images in the tail (capped: a realistic head)
-    for _ in range(60):
-        exponent = (low + high) / 2
-        counts = counts_for(exponent)
-        if counts[n_classes - n_tail:].sum() / counts.sum() > tail_share:
-            low = exponent
-        else:
-            high = exponent
-    counts = counts_for((low + high) / 2).floor().long()
+    smallest_many, smallest_medium = smallest_size(lambda t: t > many_above), smallest_size(lambda t: t >= few_below)
+    if not 1 <= train_count(min_count) < few_below:
+        raise ValueError(f"min_count should leave a class 1 to {few_below - 1} training images, got {min_count} "
+                         f"({train_count(min_count)} training images)")
+    n_many, n_few = max(1, round(many_share * n_classes)), round(few_share * n_classes)
+    n_medium = n_classes - n_many - n_few
+    tails = torch.cat([_geometric(smallest_many - 1, smallest_medium, n_medium),
+                       _geometric(smallest_medium - 1, min_count, n_few)])
+
+    def counts_for(largest: float) -> torch.Tensor:
+        return torch.cat([_geometric(largest, smallest_many, n_many), tails])
+
+    needed = int(counts_for(smallest_many).sum())
+    if n_images < needed:
+        raise ValueError(f"n_images should be at least {needed} for {n_classes} classes with these shares, "
+                         f"got {n_images}")
+    low, high = float(smallest_many), float(n_images)
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if counts_for(middle).sum() <= n_images else (low, middle)
+    counts = counts_for(low)
     counts[0] += n_images - int(counts.sum())  # rounding remainder on the largest class
     return counts
 
 
+def _geometric(first: float, last: float, n: int) -> torch.Tensor:
+    """``n`` integer sizes falling geometrically from ``first`` to ``last`` (both integral but the first, rounded)."""
+    if n == 1:
+        return torch.tensor([round(first)])
+    steps = torch.arange(n, dtype=torch.float64) / max(n - 1, 1)
+    return (first * (last / first) ** steps).round().long()
+
+
+def _split_sizes(n: int, fractions: tuple[float, float]) -> tuple[int, int, int]:
+    """Train, val and test images of a class of ``n``: ``fractions`` of them (at least 1 each) to val and test."""
+    n_val, n_test = (max(1, round(fraction * n)) for fraction in fractions)
+    return n - n_val - n_test, n_val, n_test
+
+
 def _split_per_class(counts: torch.Tensor, fractions: tuple[float, float], generator: torch.Generator):
-    """Labels of the train / val / test parts: per class, ``fractions`` of its images (at least 1 each) go to
-    val and test, the rest (at least 1) to train."""
+    """Labels of the train / val / test parts: per class, :func:`_split_sizes` (at least 1 image to train)."""
     parts = ([], [], [])
     for label, n in enumerate(counts.tolist()):
-        n_val = max(1, round(fractions[0] * n))
-        n_test = max(1, round(fractions[1] * n))
-        n_train = n - n_val - n_test
-        if n_train < 1:
+        sizes = _split_sizes(n, fractions)
+        if sizes[0] < 1:
             raise ValueError(f"class {label} has {n} images: at least 3 are needed for train, val and test")
-        for part, size in zip(parts, (n_train, n_val, n_test)):
+        for part, size in zip(parts, sizes):
             part.append(torch.full((size,), label, dtype=torch.long))
     return [torch.cat(part)[torch.randperm(sum(map(len, part)), generator=generator)] for part in parts]
 
@@ -196,28 +220,37 @@ def imagenet_like(per_class_train: int = 40, per_class_val: int = 10, per_class_
                         _difficulty(PLANTNET_DIFFICULTY, difficulty), augment)
 
 
-def plantnet_like(n_images: int = 30_000, n_classes: int = 1081, *, group_size: int = 8, image_size: int = 16,
+#: Pl@ntNet-300K's classes: 48% few-shot, 25% medium, 27% many-shot (Garcin's thesis, Sec. 5.3); 80/10/10 split
+PLANTNET_SHOTS = {"few_share": 0.48, "many_share": 0.27, "min_count": 4}
+PLANTNET_SPLIT = (0.1, 0.1)
+#: ImageNet-LT's classes: 136 few-shot, 479 medium, 385 many-shot of 1,000, at least 5 images (Liu et al., 2019)
+IMAGENET_LT_SHOTS = {"few_share": 0.136, "many_share": 0.385, "min_count": 5}
+
+
+def plantnet_like(n_images: int = 306_146, n_classes: int = 1081, *, group_size: int = 8, image_size: int = 16,
                   seed: int = 0, augment: bool = True, **difficulty) -> Splits:
-    """A Pl@ntNet-300K-shaped stand-in: ``n_classes`` (1,081) classes whose sizes follow the real dataset's tail
-    (80% of the classes hold about 11% of the images, every class at least 4 images), grouped by ``group_size``
-    look-alike species; about 80/10/10 train/val/test within each class, as in the official split;
-    ``difficulty``: the knobs of the module docstring."""
-    counts = long_tail_counts(n_classes, n_images, tail_classes=0.8, tail_share=0.11, min_count=4)
+    """A Pl@ntNet-300K-shaped stand-in (its numbers of images and classes by default): class sizes with the real
+    dataset's shares of few-, medium- and many-shot classes (:data:`PLANTNET_SHOTS`, :func:`shot_share_counts`),
+    grouped by ``group_size`` look-alike species; about 80/10/10 train/val/test within each class, as in the official
+    split; ``difficulty``: the knobs of the module docstring."""
+    counts = shot_share_counts(n_classes, n_images, **PLANTNET_SHOTS,
+                               train_count=lambda n: _split_sizes(n, PLANTNET_SPLIT)[0])
     generator = torch.Generator().manual_seed(seed + 1)
     group_of_class = torch.randperm(n_classes, generator=generator) // group_size  # head and tail classes mixed
-    parts = _split_per_class(counts, (0.1, 0.1), generator)
-    description = (f"synthetic Pl@ntNet-300K-like: {n_classes} classes, {n_images} images (80% of classes hold "
-                   f"{counts[n_classes - round(0.8 * n_classes):].sum() / n_images:.1%}), {image_size}px, seed {seed}")
+    parts = _split_per_class(counts, PLANTNET_SPLIT, generator)
+    description = (f"synthetic Pl@ntNet-300K-like: {n_classes} classes of {counts[-1]} to {counts[0]} images "
+                   f"({n_images} in all; few/medium/many-shot shares as the real dataset's), {image_size}px, seed {seed}")
     return _make_splits("plantnet_like", description, parts, group_of_class, image_size, seed,
                         _difficulty(PLANTNET_DIFFICULTY, difficulty), augment)
 
 
-def imagenet_lt_like(n_images: int = 20_000, n_classes: int = 1000, *, group_size: int = 10, image_size: int = 16,
+def imagenet_lt_like(n_images: int = 115_846, n_classes: int = 1000, *, group_size: int = 10, image_size: int = 16,
                      seed: int = 0, augment: bool = True, **difficulty) -> Splits:
-    """An ImageNet-LT-shaped stand-in: a milder long tail than Pl@ntNet's (the 80% smallest classes hold about 45%
-    of the training images, every class at least 5), with balanced val and test parts (as ImageNet-LT's 20 and
-    50 images per class, here 20% of the mean class size each); ``difficulty``: the knobs of the module docstring."""
-    counts = long_tail_counts(n_classes, n_images, tail_classes=0.8, tail_share=0.45, min_count=5)
+    """An ImageNet-LT-shaped stand-in (its numbers of training images and classes by default): a milder long tail
+    than Pl@ntNet's, with ImageNet-LT's shares of few-, medium- and many-shot classes (:data:`IMAGENET_LT_SHOTS`), and
+    balanced val and test parts (as ImageNet-LT's 20 and 50 images per class, here 20% of the mean class size each);
+    ``difficulty``: the knobs of the module docstring."""
+    counts = shot_share_counts(n_classes, n_images, **IMAGENET_LT_SHOTS)
     generator = torch.Generator().manual_seed(seed + 1)
     group_of_class = torch.randperm(n_classes, generator=generator) // group_size
     per_class = max(1, round(0.2 * n_images / n_classes))

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from data_prep import synthetic
-from topk.metrics import TopKAccuracy
+from topk.metrics import TopKAccuracy, shot_groups
 
 
 def test_same_seed_same_data_other_seed_other_data():
@@ -40,15 +40,31 @@ def test_imagenet_like_is_balanced_with_look_alike_groups():
     assert len(splits.val) == len(splits.test) == 100 and splits.train.images.shape[1:] == (3, 16, 16)
 
 
-def test_plantnet_like_has_the_real_tail_at_full_size():
-    counts = synthetic.long_tail_counts(1081, 306_146, tail_classes=0.8, tail_share=0.11, min_count=4)
-    assert counts.sum() == 306_146 and counts.min() >= 4
-    tail = counts.sort().values[: round(0.8 * 1081)].sum() / counts.sum()
-    assert abs(tail - 0.11) < 0.01
+@pytest.mark.parametrize("make, shots, n_images, n_classes", [
+    (synthetic.plantnet_like, synthetic.PLANTNET_SHOTS, 12_000, 100),
+    (synthetic.imagenet_lt_like, synthetic.IMAGENET_LT_SHOTS, 10_000, 100),
+])
+def test_long_tailed_stand_ins_have_the_real_shares_of_few_medium_and_many_shot_classes(make, shots, n_images, n_classes):
+    splits = make(n_images, n_classes, image_size=4)
+    groups = {name: int(mask.sum()) for name, mask in shot_groups(splits.class_counts).items()}
+    many, few = round(shots["many_share"] * n_classes), round(shots["few_share"] * n_classes)
+    assert groups == {"few": few, "medium": n_classes - few - many, "many": many}
+    assert len(splits.train) + (len(splits.val) + len(splits.test)) * (make is synthetic.plantnet_like) == n_images
+
+
+def test_shot_share_counts_at_full_size_sum_right_fall_with_rank_and_refuse_too_few_images():
+    counts = synthetic.shot_share_counts(1081, 306_146, **synthetic.PLANTNET_SHOTS)
+    assert counts.sum() == 306_146 and counts.min() == 4 and bool((counts[:-1] >= counts[1:]).all())
+    with pytest.raises(ValueError, match="n_images should be at least .* got 1000"):
+        synthetic.shot_share_counts(100, 1000, **synthetic.PLANTNET_SHOTS)
+    with pytest.raises(ValueError, match="many_share > 0"):
+        synthetic.shot_share_counts(100, 10_000, few_share=0.8, many_share=0.3, min_count=4)
+    with pytest.raises(ValueError, match="min_count should leave a class 1 to 19 training images, got 25"):
+        synthetic.shot_share_counts(100, 10_000, few_share=0.5, many_share=0.3, min_count=25)
 
 
 def test_long_tailed_stand_ins_keep_every_class_in_every_split():
-    for splits in (synthetic.plantnet_like(6000, 200), synthetic.imagenet_lt_like(3000, 100)):
+    for splits in (synthetic.plantnet_like(6000, 50), synthetic.imagenet_lt_like(3000, 30)):
         for part in (splits.train, splits.val, splits.test):
             assert torch.bincount(part.labels, minlength=splits.num_classes).min() >= 1
         assert splits.class_counts.max() > 10 * splits.class_counts.min()
@@ -88,6 +104,6 @@ def test_difficulty_knobs_change_the_images_and_bad_knobs_are_refused_by_name():
     with pytest.raises(TypeError, match="pixel_nois"):
         synthetic.cifar100_like(2, 1, 1, pixel_nois=1.0)
     with pytest.raises(ValueError, match="'class_contrast' should be a number >= 0, got -0.5"):
-        synthetic.plantnet_like(1500, 60, class_contrast=-0.5)
+        synthetic.plantnet_like(1500, 20, class_contrast=-0.5)
     with pytest.raises(ValueError, match="'max_shift' should be an integer"):
-        synthetic.imagenet_lt_like(1500, 60, max_shift=1.5)
+        synthetic.imagenet_lt_like(1500, 20, max_shift=1.5)
