@@ -7,6 +7,8 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
+from data_prep.synthetic import GENERATOR_VERSIONS
+
 SELECTION = re.compile(r"^(macro_)?top(\d+)$")
 
 
@@ -72,8 +74,12 @@ class RunConfig:
         return cls(**values)
 
     def key(self) -> str:
-        """A stable name for the run: a hash of its canonical JSON (16 hex digits)."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """A stable name for the run: a hash of its canonical JSON (16 hex digits), with the version of a synthetic
+        stand-in's drawing where it changed since its first (:data:`data_prep.synthetic.GENERATOR_VERSIONS`)."""
+        fields = self.to_dict()
+        if self.dataset in GENERATOR_VERSIONS:
+            fields["generator_version"] = GENERATOR_VERSIONS[self.dataset]
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def replace(self, **changes) -> "RunConfig":

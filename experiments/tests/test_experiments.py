@@ -1,5 +1,6 @@
 """Models, configs, the training loop, the results store (never recompute, resume to the same result) and DDP."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from data_prep.common import MissingDataError
+from experiments import config as config_module
 from experiments.config import RunConfig
 from experiments.store import ResultsStore
 from experiments.train import run
@@ -65,6 +67,17 @@ def test_config_key_is_stable_and_changes_with_any_field():
     assert config.key() == RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))).key()
     assert config.key() != config.replace(seed=2).key()
     assert config.key() != config.replace(loss_options={**TINY["loss_options"], "epsilon": 0.1}).key()
+
+
+def test_a_redrawn_stand_ins_runs_get_new_keys_and_the_others_keep_theirs(monkeypatch):
+    config = RunConfig(**{**TINY, "dataset": "plantnet_like"})
+    unchanged = RunConfig(**{**TINY, "dataset": "imagenet_like"})
+    keys = config.key(), unchanged.key()
+    monkeypatch.setitem(config_module.GENERATOR_VERSIONS, "plantnet_like", 3)
+    assert config.key() != keys[0] and unchanged.key() == keys[1]
+    # a stand-in never redrawn is keyed by its config alone, as before versions existed
+    canonical = json.dumps(unchanged.to_dict(), sort_keys=True, separators=(",", ":"))
+    assert unchanged.key() == hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def test_a_run_records_metrics_timings_and_provenance_and_is_never_recomputed(tmp_path):
