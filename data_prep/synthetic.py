@@ -8,17 +8,20 @@ blended with the pattern of a random other group (clutter) and covered in pixel 
 is what makes top-K accuracy differ from top-1, as on the real data. Class sizes follow each dataset's shape
 (:func:`shot_share_counts`). Data depend only on the arguments (the seed included), never on the global RNG.
 
-Every generator takes the four difficulty knobs of :class:`ImageModel` as keyword arguments:
+Every generator takes the five difficulty knobs of :class:`ImageModel` as keyword arguments:
 
 - ``pixel_noise``: standard deviation of the pixel noise, in units of a pattern's scale (the overall difficulty:
   more noise, lower top-1 and top-5);
 - ``class_contrast``: amplitude of a class's own pattern beside its group's (the within-group confusability: smaller,
   lower top-1 at a nearly unchanged top-5);
 - ``clutter``: amplitude of the other group's pattern blended into each image;
-- ``max_shift``: the largest circular shift in pixels.
+- ``max_shift``: the largest circular shift in pixels;
+- ``ambiguity``: the probability that an image shows another class (drawn uniformly) than its label's, in every split:
+  errors that top-5 does not recover, as ImageNet's images holding several objects or a wrong label (0: none).
 
-:mod:`experiments.calibration` chooses ``pixel_noise`` and ``class_contrast`` per stand-in so that cross-entropy's
-results match the paper's; the defaults below are the uncalibrated starting point.
+:mod:`experiments.calibration` chooses ``pixel_noise`` and ``class_contrast`` (and ``ambiguity`` for the ImageNet
+stand-ins) per stand-in so that cross-entropy's results match the paper's; the defaults below are the uncalibrated
+starting point.
 """
 
 from __future__ import annotations
@@ -53,17 +56,28 @@ class ImageModel:
     amplitude ``class_contrast``) and one clutter pattern per group."""
 
     def __init__(self, group_of_class: torch.Tensor, size: int, generator: torch.Generator, *, class_contrast: float,
-                 clutter: float, pixel_noise: float, max_shift: int):
+                 clutter: float, pixel_noise: float, max_shift: int, ambiguity: float):
         n_groups, n_classes = int(group_of_class.max()) + 1, len(group_of_class)
         self.templates = smooth_patterns(n_groups, size, generator)[group_of_class] + class_contrast * smooth_patterns(
             n_classes, size, generator)
         self.clutter_patterns = smooth_patterns(n_groups, size, generator)
         self.size, self.clutter, self.pixel_noise, self.max_shift = size, clutter, pixel_noise, max_shift
+        self.ambiguity = ambiguity
+
+    def drawn_as(self, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The class each image shows: its label's, or with probability ``ambiguity`` another class drawn uniformly
+        (the label is kept)."""
+        n_classes = len(self.templates)
+        other = (labels + torch.randint(1, max(n_classes, 2), labels.shape, generator=generator)) % n_classes
+        return torch.where(torch.rand(labels.shape, generator=generator) < self.ambiguity, other, labels)
 
     def render(self, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """uint8 images [N, 3, size, size] for ``labels``, drawn as the module docstring says."""
         templates, clutter_patterns, size = self.templates, self.clutter_patterns, self.size
         n_groups, clutter, pixel_noise, max_shift = len(clutter_patterns), self.clutter, self.pixel_noise, self.max_shift
+        if self.ambiguity > 0:  # its own stream: without ambiguity, the images drawn before the knob existed
+            labels = self.drawn_as(labels, torch.Generator().manual_seed(
+                int(torch.randint(0, 2**62, (), generator=generator))))
         images = torch.empty(len(labels), 3, size, size, dtype=torch.uint8)
         for start in range(0, len(labels), 4096):  # in blocks: memory stays small for large sets
             block = labels[start:start + 4096]
@@ -165,8 +179,8 @@ def _make_splits(name, description, label_parts, group_of_class, size, seed, dif
 GENERATOR_VERSIONS = {"plantnet_like": 2, "imagenet_lt_like": 2}
 
 
-CIFAR_DIFFICULTY = {"class_contrast": 0.2, "clutter": 1.0, "pixel_noise": 1.5, "max_shift": 4}
-PLANTNET_DIFFICULTY = {"class_contrast": 0.3, "clutter": 0.8, "pixel_noise": 1.2, "max_shift": 2}
+CIFAR_DIFFICULTY = {"class_contrast": 0.2, "clutter": 1.0, "pixel_noise": 1.5, "max_shift": 4, "ambiguity": 0.0}
+PLANTNET_DIFFICULTY = {"class_contrast": 0.3, "clutter": 0.8, "pixel_noise": 1.2, "max_shift": 2, "ambiguity": 0.0}
 
 
 def _difficulty(defaults: dict, knobs: dict) -> dict:
@@ -180,6 +194,8 @@ def _difficulty(defaults: dict, knobs: dict) -> dict:
         if not isinstance(value, int if integral else (int, float)) or isinstance(value, bool) or not value >= 0:
             raise ValueError(f"difficulty knob {name!r} should be a{'n integer' if integral else ' number'} >= 0, "
                              f"got {value!r}")
+        if name == "ambiguity" and value > 1:
+            raise ValueError(f"difficulty knob 'ambiguity' is a probability: it should be at most 1, got {value!r}")
     return difficulty
 
 

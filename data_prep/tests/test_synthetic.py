@@ -1,5 +1,7 @@
 """The synthetic stand-ins: seeded, shaped like the real datasets, hard for a linear model yet learnable."""
 
+import hashlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -107,3 +109,50 @@ def test_difficulty_knobs_change_the_images_and_bad_knobs_are_refused_by_name():
         synthetic.plantnet_like(1500, 20, class_contrast=-0.5)
     with pytest.raises(ValueError, match="'max_shift' should be an integer"):
         synthetic.imagenet_lt_like(1500, 20, max_shift=1.5)
+    with pytest.raises(ValueError, match="'ambiguity' is a probability: it should be at most 1, got 1.5"):
+        synthetic.imagenet_like(2, 1, 1, n_classes=10, ambiguity=1.5)
+
+
+def test_ambiguity_shows_another_class_as_often_as_asked_and_zero_draws_the_images_as_before():
+    group_of_class = torch.arange(50) // 5
+    model = synthetic.ImageModel(group_of_class, 8, torch.Generator().manual_seed(0), class_contrast=0.5, clutter=0.0,
+                                 pixel_noise=0.0, max_shift=0, ambiguity=0.3)
+    labels = torch.arange(50).repeat(200)
+    shown = model.drawn_as(labels, torch.Generator().manual_seed(1))
+    assert abs((shown != labels).float().mean().item() - 0.3) < 0.02
+    assert torch.bincount(shown[shown != labels], minlength=50).min() > 0  # any class, not only the group's
+    plain = synthetic.imagenet_like(3, 1, 1, n_classes=10, augment=False)
+    some = synthetic.imagenet_like(3, 1, 1, n_classes=10, augment=False, ambiguity=0.5)
+    assert torch.equal(plain.train.labels, some.train.labels) and not torch.equal(plain.train.images, some.train.images)
+
+
+def _drawn(splits) -> tuple[str, int, int]:
+    """The labels' digest, the pixels' count and sum: a pixel may round the other way on another CPU (float sums in
+    another order), a change of the drawing moves the sum far more."""
+    parts = (splits.train, splits.val, splits.test)
+    labels = hashlib.sha256(b"".join(part.labels.numpy().tobytes() for part in parts)).hexdigest()[:16]
+    return labels, sum(part.images.numel() for part in parts), sum(int(part.images.long().sum()) for part in parts)
+
+
+#: What each stand-in draws at its version in ``GENERATOR_VERSIONS`` (1 where absent): labels' digest, pixels, their
+#: sum. CIFAR-100's and ImageNet's are those of every commit since 1afa2ea at least (``ambiguity`` 0 takes nothing
+#: from the images' random stream).
+DRAWN = {"cifar100_like": (1, ("ea3cbcaa8a715be9", 96_000, 12_128_139)),
+         "imagenet_like": (1, ("c33105e319c790f4", 76_800, 10_026_822)),
+         "plantnet_like": (2, ("3cfd983d7879e450", 288_000, 33_670_428)),
+         "imagenet_lt_like": (2, ("2ef65e6b2fbc565c", 403_200, 52_579_667))}
+
+
+def test_a_stand_in_draws_what_its_generator_version_drew():
+    """Fails when a stand-in's drawing changes: bump its GENERATOR_VERSIONS entry (so that runs on the earlier data
+    are not reused from a results store), then this record."""
+    drawn = {"cifar100_like": synthetic.cifar100_like(3, 1, 1, image_size=8),
+             "imagenet_like": synthetic.imagenet_like(3, 1, 1, n_classes=20),
+             "plantnet_like": synthetic.plantnet_like(1500, 20, image_size=8),
+             "imagenet_lt_like": synthetic.imagenet_lt_like(1500, 20, image_size=8)}
+    for name, splits in drawn.items():
+        version, (labels, pixels, total) = DRAWN[name]
+        assert synthetic.GENERATOR_VERSIONS.get(name, 1) == version, name
+        got_labels, got_pixels, got_total = _drawn(splits)
+        assert (got_labels, got_pixels) == (labels, pixels), name
+        assert abs(got_total - total) <= 1e-3 * pixels, (name, got_total, total)
