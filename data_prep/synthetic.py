@@ -4,7 +4,7 @@ Every image is drawn the same way (:class:`ImageModel`): classes come in groups 
 superclasses, Pl@ntNet's look-alike species); a group has a smooth random pattern, each class adds its own smooth
 pattern at a smaller amplitude (``class_contrast``: small means the classes of a group are easily confused), and
 each image is its class pattern, circularly shifted by up to ``max_shift`` pixels, scaled by a random contrast,
-blended with the pattern of a random other group (clutter) and covered in pixel noise. The ambiguity within a group
+blended with the pattern of a random other group (clutter) and covered in pixel noise. The confusion within a group
 is what makes top-K accuracy differ from top-1, as on the real data. Class sizes follow each dataset's shape
 (:func:`shot_share_counts`). Data depend only on the arguments (the seed included), never on the global RNG.
 
@@ -136,9 +136,7 @@ def shot_share_counts(n_classes: int, n_images: int, *, few_share: float, many_s
 
 
 def _geometric(first: float, last: float, n: int) -> torch.Tensor:
-    """``n`` integer sizes falling geometrically from ``first`` to ``last`` (both integral but the first, rounded)."""
-    if n == 1:
-        return torch.tensor([round(first)])
+    """``n`` sizes falling geometrically from ``first`` to ``last``, rounded (``first`` alone if ``n`` is 1)."""
     steps = torch.arange(n, dtype=torch.float64) / max(n - 1, 1)
     return (first * (last / first) ** steps).round().long()
 

@@ -23,13 +23,20 @@ def _git(*args: str) -> str | None:
         return None
 
 
+#: Tracked paths that ``make paper-figures`` itself rewrites (the committed outputs and the README's generated
+#: blocks): a change there says nothing of the code that made a result, so it does not mark the commit dirty.
+WRITTEN_BY_THE_PIPELINE = ("figures", "README.md")
+
+
 def git_commit() -> str:
-    """The checked-out commit, suffixed ``-dirty`` when tracked files differ from it (as ``git describe --dirty``),
-    or ``unknown`` outside a git checkout."""
+    """The checked-out commit, suffixed ``-dirty`` when tracked files other than :data:`WRITTEN_BY_THE_PIPELINE`
+    differ from it (as ``git describe --dirty``), or ``unknown`` outside a git checkout."""
     commit = _git("rev-parse", "HEAD")
     if commit is None:
         return "unknown"
-    return commit + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                   *(f":(exclude){path}" for path in WRITTEN_BY_THE_PIPELINE))
+    return commit + ("-dirty" if changed else "")
 
 
 def short_commit(commit: str) -> str:
