@@ -113,7 +113,7 @@ def test_difficulty_knobs_change_the_images_and_bad_knobs_are_refused_by_name():
         synthetic.imagenet_like(2, 1, 1, n_classes=10, ambiguity=1.5)
 
 
-def test_ambiguity_shows_another_class_as_often_as_asked_and_zero_draws_the_images_as_before():
+def test_ambiguity_shows_another_class_as_often_as_asked_and_keeps_the_labels():
     group_of_class = torch.arange(50) // 5
     model = synthetic.ImageModel(group_of_class, 8, torch.Generator().manual_seed(0), class_contrast=0.5, clutter=0.0,
                                  pixel_noise=0.0, max_shift=0, ambiguity=0.3)
