@@ -27,7 +27,7 @@ from experiments.claims import Verdict
 from experiments.grids import Cell
 from experiments.paths import FIGURES, RESULTS
 from experiments.profiles import SETUPS, Profile, get_profile
-from experiments.provenance import git_commit, short_commit
+from experiments.provenance import device_name, git_commit, short_commit
 from experiments.store import ResultsStore
 from experiments.summary import column_labels, to_markdown
 from experiments.train import COMPILE_MODES, run
@@ -63,6 +63,7 @@ class Context:
         self.data: list[str] = []  # descriptions of the datasets this notebook's runs used
         self.setup: str | None = None  # the profile's setup this notebook trains (:meth:`describe`)
         self.outputs: list[str] = []
+        self.runs = {"trained": 0, "from_store": 0}  # this notebook's runs, by where their records came from
         self.started = time.time()
         self.commit = git_commit()
         (figures / "claims").mkdir(parents=True, exist_ok=True)
@@ -84,6 +85,7 @@ class Context:
             except FloatingPointError as error:
                 row = {"status": "diverged", "error": str(error)}
             rows.append({**cell.labels, **row})
+            self.runs["from_store" if cached else "trained"] += 1
             if progress:
                 how = "from the store" if cached else f"trained in {time.perf_counter() - tick:.1f} s"
                 print(f"[{i}/{len(cells)}] {cell.config.loss} {cell.labels}: {row['status']}, {how}", flush=True)
@@ -160,7 +162,8 @@ class Context:
     def _write_manifest(self) -> None:
         manifest = {"notebook": self.notebook, "profile": self.profile.name, "commit": self.commit, "device": self.device,
                     "data": self.data, "outputs": self.outputs, "seconds": round(time.time() - self.started, 1),
-                    "threads": torch.get_num_threads(), "pid": os.getpid()}
+                    "runs": self.runs, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+                    "machine": device_name(self.device), "pid": os.getpid()}
         (self.figures / "manifests" / f"{self.notebook}.json").write_text(json.dumps(manifest, indent=1))
 
 

@@ -214,6 +214,24 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
     return "\n".join(lines) or "*No profile time estimate in `benchmarks/results/`: run `make profile-time`.*"
 
 
+def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
+    """How long the notebooks behind the committed figures ran, from their manifests: minutes in all, where, and how
+    many of their runs were trained there or read from an earlier run's store."""
+    manifests = [json.loads(path.read_text()) for path in sorted((figures / "manifests").glob("*.json"))]
+    if not manifests:
+        return f"*No manifest in `figures/{DEFAULT_PROFILE}/manifests/`: run `make paper-figures`.*"
+    minutes = sum(m["seconds"] for m in manifests) / 60
+    recorded = [m["runs"] for m in manifests if "runs" in m]
+    runs = (f"{sum(r['trained'] for r in recorded)} runs trained in them and {sum(r['from_store'] for r in recorded)} "
+            f"read from an earlier run's store" if len(recorded) == len(manifests)
+            else f"runs not counted in {len(manifests) - len(recorded)} of them, which predate the count")
+    where = sorted({f"{m.get('machine', m['device'])}, {m['cpus']} cores, {m['threads']} torch threads"
+                    if "cpus" in m else f"{m['device']}, {m['threads']} torch threads" for m in manifests})
+    commits = ", ".join(sorted({short_commit(m["commit"]) for m in manifests}))
+    return (f"- The committed `{DEFAULT_PROFILE}` figures: {len(manifests)} notebooks, {minutes:.0f} minutes in all "
+            f"({runs}; {'; '.join(where)}; commit {commits}; `figures/{DEFAULT_PROFILE}/manifests/`)")
+
+
 #: Each generated block of the README and what writes it.
 BLOCKS: dict[str, Callable[[], str]] = {
     "verdicts": verdicts,
@@ -223,6 +241,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "kernel-resources": kernel_resources,
     "gpu-results": gpu_results,
     "profile-time": profile_time,
+    "figures-time": figures_time,
 }
 
 

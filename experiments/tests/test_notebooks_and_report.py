@@ -91,6 +91,11 @@ def test_a_smoke_run_writes_its_outputs_with_profile_commit_and_data(tmp_path):
     assert f"smoke profile · commit {provenance.short_commit(commit)} · synthetic CIFAR-100-like" in markdown
     manifest = json.loads((tmp_path / "figures" / "manifests" / "table3_samples.json").read_text())
     assert manifest["outputs"] == ["t.csv", "t.md"] and manifest["profile"] == "smoke" and manifest["commit"] == commit
+    assert manifest["runs"] == {"trained": 1, "from_store": 0}
+    again = harness.start("table3_samples", "smoke", store=tmp_path / "store", figures=tmp_path / "figures")
+    again.run(grids.table3(SMOKE)[:1], progress=False)
+    manifest = json.loads((tmp_path / "figures" / "manifests" / "table3_samples.json").read_text())
+    assert manifest["runs"] == {"trained": 0, "from_store": 1}
 
 
 def _executed(path, outputs):

@@ -51,6 +51,19 @@ def test_profile_time_block_sums_the_notebooks_apart_from_the_calibration_point(
     assert "`gpu` profile: training notebooks 3.75 h, one calibration point 4.00 h (test-gpu (cuda)" in text
 
 
+def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_from(tmp_path):
+    (tmp_path / "manifests").mkdir()
+    common = {"profile": "quick", "commit": "d" * 40, "device": "cpu", "threads": 2, "cpus": 2, "machine": "x86_64"}
+    for name, seconds, runs in (("a", 600, {"trained": 3, "from_store": 1}), ("b", 1200, {"trained": 5, "from_store": 0})):
+        (tmp_path / "manifests" / f"{name}.json").write_text(json.dumps({**common, "seconds": seconds, "runs": runs}))
+    text = readme.figures_time(tmp_path)
+    assert "2 notebooks, 30 minutes in all (8 runs trained in them and 1 read from an earlier run's store; x86_64, " \
+           "2 cores, 2 torch threads; commit dddddddddd" in text
+    older = {key: value for key, value in common.items() if key not in ("cpus", "machine")}
+    (tmp_path / "manifests" / "c.json").write_text(json.dumps({**older, "seconds": 0}))
+    assert "runs not counted in 1 of them" in readme.figures_time(tmp_path)
+
+
 def test_a_readme_without_a_block_is_a_clear_error():
     try:
         readme.regenerate("no blocks here")
