@@ -211,7 +211,29 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
         lines.append(f"- `{rows[0]['profile']}` profile: training notebooks "
                      f"{hours(lambda name: name != 'calibration point'):.2f} h, one calibration point "
                      f"{hours(lambda name: name == 'calibration point'):.2f} h ({_stamp(rows[0])}; `{path.name}`)")
+    if not any(results.glob("profile_time_gpu_*.csv")) and (bound := gpu_cifar_lower_bound(results)):
+        lines.append(bound)
     return "\n".join(lines) or "*No profile time estimate in `benchmarks/results/`: run `make profile-time`.*"
+
+
+def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
+    """Until the ``gpu`` profile's time is measured: its CIFAR-100 notebooks' training steps at the compiled
+    DenseNet-40-40 cross-entropy step of ``training_step.csv`` (the paper's batch of 64), a lower bound."""
+    from experiments.profiles import GPU
+    from experiments.workload import profile_work
+
+    steps = [row for row in _rows(results / "training_step.csv") if row["device"] == "cuda"
+             and row["model"] == "densenet40_40" and row["mode"] == "compiled" and row["loss"] == "cross_entropy"
+             and int(row["batch_size"]) == GPU.cifar.batch_size]
+    if not steps:
+        return ""
+    ms = sum(float(row["ms_per_step"]) for row in steps) / len(steps)
+    images = sum(work.train_images for work in profile_work(GPU, ("cifar",)) if work.notebook != "calibration point")
+    hours = images / GPU.cifar.batch_size * ms / 3.6e6
+    return (f"- `gpu` profile, CIFAR-100's training notebooks alone: at least {hours:.0f} h on the GPU that measured its step ({images:,} "
+            f"training images at {ms:.2f} ms per batch of {GPU.cifar.batch_size}, the compiled cross-entropy step of "
+            f"DenseNet-40-40, mean of {len(steps)} in `training_step.csv`: {_stamp(steps[0])}); evaluation, the other "
+            f"setups and the losses' own cost come on top")
 
 
 def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:

@@ -70,9 +70,9 @@ def _work(notebook: str, name: str, setup: Setup, configs: list) -> Work:
     return Work(notebook, name, len(configs), epochs, full_batches, evaluated)
 
 
-def profile_work(profile: Profile) -> list[Work]:
+def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Work]:
     """The training notebooks' work, in the report's order, one row per notebook and setup, then one calibration
-    point per calibrated setup (its first seed, as :mod:`experiments.calibration` trains it)."""
+    point per calibrated setup (its first seed, as :mod:`experiments.calibration` trains it); ``setups`` only."""
     rows, seen = [], set()
     setup_names = {getattr(profile, name).dataset: name for name in SETUPS}  # each setup has its own dataset
     for notebook, notebook_grids in NOTEBOOK_GRIDS.items():
@@ -82,8 +82,9 @@ def profile_work(profile: Profile) -> list[Work]:
                 if cell.config.key() not in seen:
                     seen.add(cell.config.key())
                     by_setup.setdefault(setup_names[cell.setup.dataset], []).append(cell.config)
-        rows += [_work(notebook, name, getattr(profile, name), configs) for name, configs in by_setup.items()]
-    for name in profile.calibrated_setups:
+        rows += [_work(notebook, name, getattr(profile, name), configs) for name, configs in by_setup.items()
+                 if name in setups]
+    for name in (name for name in profile.calibrated_setups if name in setups):
         setup = getattr(profile, name)
         rows.append(_work("calibration point", name, setup, [setup.config("cross_entropy", setup.seeds[0])]))
     return rows

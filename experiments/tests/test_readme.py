@@ -51,6 +51,23 @@ def test_profile_time_block_sums_the_notebooks_apart_from_the_calibration_point(
     assert "`gpu` profile: training notebooks 3.75 h, one calibration point 4.00 h (test-gpu (cuda)" in text
 
 
+def test_until_the_gpu_profile_is_timed_its_cifar_steps_give_a_lower_bound(tmp_path):
+    from experiments.profiles import GPU
+    from experiments.workload import profile_work
+
+    header = "device,device_name,commit,python,torch,triton,topk,model,mode,loss,batch_size,ms_per_step\n"
+    stamp = "cuda,test-gpu," + "e" * 40 + ",3,9.9,3,0,densenet40_40"
+    rows = [f"{stamp},compiled,cross_entropy,64,6.0", f"{stamp},compiled,cross_entropy,64,8.0",
+            f"{stamp},eager,cross_entropy,64,20.0", f"{stamp},compiled,smooth_hinge,64,9.0"]
+    (tmp_path / "training_step.csv").write_text(header + "\n".join(rows) + "\n")
+    images = sum(w.train_images for w in profile_work(GPU, ("cifar",)) if w.notebook != "calibration point")
+    text = readme.profile_time(tmp_path)
+    assert f"at least {images / 64 * 7.0 / 3.6e6:.0f} h on the GPU that measured its step ({images:,} training " \
+           "images at 7.00 ms per batch of 64" in text and "mean of 2" in text
+    (tmp_path / "profile_time_gpu_cuda.csv").write_text("profile,notebook,hours\n")  # measured: no bound any more
+    assert "at least" not in readme.profile_time(tmp_path)
+
+
 def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_from(tmp_path):
     (tmp_path / "manifests").mkdir()
     common = {"profile": "quick", "commit": "d" * 40, "device": "cpu", "threads": 2, "cpus": 2, "machine": "x86_64"}

@@ -37,6 +37,11 @@ def test_one_calibration_point_per_calibrated_setup():
     assert not [row for row in workload.profile_work(SMOKE) if row.notebook == "calibration point"]
 
 
+def test_the_work_of_chosen_setups_is_their_rows_of_the_whole_profile():
+    assert workload.profile_work(QUICK, ("cifar", "imagenet")) == [
+        row for row in workload.profile_work(QUICK) if row.setup in ("cifar", "imagenet")]
+
+
 def test_the_gpu_profile_has_the_paper_s_models_and_schedules_on_stand_ins():
     for name in ("cifar", "plantnet", "imagenet_lt", "imagenet"):
         gpu, paper = getattr(GPU, name), getattr(PAPER, name)
