@@ -8,7 +8,7 @@ blended with the pattern of a random other group (clutter) and covered in pixel 
 is what makes top-K accuracy differ from top-1, as on the real data. Class sizes follow each dataset's shape
 (:func:`shot_share_counts`). Data depend only on the arguments (the seed included), never on the global RNG.
 
-Every generator takes the five difficulty knobs of :class:`ImageModel` as keyword arguments:
+Every generator takes the six difficulty knobs of :class:`ImageModel` as keyword arguments:
 
 - ``pixel_noise``: standard deviation of the pixel noise, in units of a pattern's scale (the overall difficulty:
   more noise, lower top-1 and top-5);
@@ -17,10 +17,13 @@ Every generator takes the five difficulty knobs of :class:`ImageModel` as keywor
 - ``clutter``: amplitude of the other group's pattern blended into each image;
 - ``max_shift``: the largest circular shift in pixels;
 - ``ambiguity``: the probability that an image shows another class (drawn uniformly) than its label's, in every split:
-  errors that top-5 does not recover, as ImageNet's images holding several objects or a wrong label (0: none).
+  errors that top-5 does not recover, as ImageNet's images holding several objects or a wrong label (0: none);
+- ``contrast_spread``: the standard deviation of the log of a class's own contrast across classes (each class's
+  ``class_contrast`` times ``exp(contrast_spread g)``, ``g`` standard normal): some species are easier to tell apart
+  than others, so accuracy grows with a class's training images less abruptly than when all are alike (0: all alike).
 
 :mod:`experiments.calibration` chooses ``pixel_noise`` and ``class_contrast`` (and ``ambiguity`` for the ImageNet
-stand-ins) per stand-in so that cross-entropy's results match the paper's; the defaults below are the uncalibrated
+stand-ins, ``contrast_spread`` for Pl@ntNet's) per stand-in so that cross-entropy's results match the paper's; the defaults below are the uncalibrated
 starting point.
 """
 
@@ -53,14 +56,19 @@ def smooth_patterns(n: int, size: int, generator: torch.Generator, frequencies: 
 
 class ImageModel:
     """The patterns shared by every image of a dataset: one template per class (its group's pattern plus its own at
-    amplitude ``class_contrast``) and one clutter pattern per group."""
+    amplitude ``class_contrast``, spread across classes by ``contrast_spread``) and one clutter pattern per group."""
 
     def __init__(self, group_of_class: torch.Tensor, size: int, generator: torch.Generator, *, class_contrast: float,
-                 clutter: float, pixel_noise: float, max_shift: int, ambiguity: float):
+                 clutter: float, pixel_noise: float, max_shift: int, ambiguity: float, contrast_spread: float):
         n_groups, n_classes = int(group_of_class.max()) + 1, len(group_of_class)
-        self.templates = smooth_patterns(n_groups, size, generator)[group_of_class] + class_contrast * smooth_patterns(
-            n_classes, size, generator)
+        group_patterns, class_patterns = smooth_patterns(n_groups, size, generator), smooth_patterns(n_classes, size,
+                                                                                                     generator)
         self.clutter_patterns = smooth_patterns(n_groups, size, generator)
+        contrast = torch.full((n_classes, 1, 1, 1), float(class_contrast))
+        if contrast_spread > 0:  # its own stream, drawn last: without a spread, the patterns drawn before the knob
+            own = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
+            contrast = contrast * torch.exp(contrast_spread * torch.randn(n_classes, generator=own))[:, None, None, None]
+        self.templates = group_patterns[group_of_class] + contrast * class_patterns
         self.size, self.clutter, self.pixel_noise, self.max_shift = size, clutter, pixel_noise, max_shift
         self.ambiguity = ambiguity
 
@@ -177,8 +185,10 @@ def _make_splits(name, description, label_parts, group_of_class, size, seed, dif
 GENERATOR_VERSIONS = {"plantnet_like": 2, "imagenet_lt_like": 2}
 
 
-CIFAR_DIFFICULTY = {"class_contrast": 0.2, "clutter": 1.0, "pixel_noise": 1.5, "max_shift": 4, "ambiguity": 0.0}
-PLANTNET_DIFFICULTY = {"class_contrast": 0.3, "clutter": 0.8, "pixel_noise": 1.2, "max_shift": 2, "ambiguity": 0.0}
+CIFAR_DIFFICULTY = {"class_contrast": 0.2, "clutter": 1.0, "pixel_noise": 1.5, "max_shift": 4, "ambiguity": 0.0,
+                    "contrast_spread": 0.0}
+PLANTNET_DIFFICULTY = {"class_contrast": 0.3, "clutter": 0.8, "pixel_noise": 1.2, "max_shift": 2, "ambiguity": 0.0,
+                       "contrast_spread": 0.0}
 
 
 def _difficulty(defaults: dict, knobs: dict) -> dict:

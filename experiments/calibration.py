@@ -3,7 +3,8 @@
 CE is the baseline the paper reports on every dataset and not the method under test, so fitting the data to it says
 nothing about the other losses: they are then judged on data as hard for CE as the real data. For each setup, the
 CE runs of the tables that report the fitted numbers (:mod:`experiments.grids`, first seed) are trained at candidate
-``pixel_noise`` and ``class_contrast`` (and, on the ImageNet stand-ins, ``ambiguity``: :mod:`data_prep.synthetic`)
+``pixel_noise`` and ``class_contrast`` (and ``ambiguity`` on the ImageNet stand-ins, ``contrast_spread`` on Pl@ntNet's:
+:mod:`data_prep.synthetic`)
 chosen by a compass search that minimises the
 root mean square gap, in points, to the paper's CE numbers marked ``fitted``; held-out numbers, which show how faithful
 the stand-in is beyond the fit, are measured at the chosen knobs, and at every point when the fitted numbers' runs
@@ -39,7 +40,7 @@ from experiments.train import run
 #: how far (points) a CE number may be from the paper's and still count as matched: fitted, held out
 TOLERANCE = {True: 2.0, False: 5.0}
 #: where the search stops a knob: no pixel noise or no class pattern is not a stand-in of real data; no ambiguity is
-SMALLEST_KNOB = {"pixel_noise": 0.05, "class_contrast": 0.05, "ambiguity": 0.0}
+SMALLEST_KNOB = {"pixel_noise": 0.05, "class_contrast": 0.05, "ambiguity": 0.0, "contrast_spread": 0.0}
 MOVES_PER_STEP = 8  #: the search moves at most this many times at one step size
 
 
@@ -88,6 +89,11 @@ BROAD = {"pixel_noise": 0.4, "class_contrast": 0.4}
 #: Their errors are not all confusions within a group (which top-5 recovers): ``ambiguity``, images showing another
 #: class than their label's (ImageNet's multi-object images and label errors), is searched as well.
 FINE_CONTRAST = {"pixel_noise": 0.4, "class_contrast": 0.1, "ambiguity": 0.08}
+#: Pl@ntNet's few-, medium- and many-shot classes: with every class as distinct as the others, accuracy jumps from
+#: near 0 to near 100 over a narrow range of training images, so no setting of the two knobs gives the paper's three
+#: groups at once; ``contrast_spread`` (classes unequally distinct) is searched as well. Its start is the best of a
+#: few CE runs tried by hand on this setup (2026-11-23), the search goes on from there.
+SPREAD = {"pixel_noise": 0.4, "class_contrast": 0.1, "contrast_spread": 0.4}
 
 STAND_INS = {
     "cifar": StandIn(grids.label_noise, _cifar_targets(), {"pixel_noise": 2.8, "class_contrast": 1.0}, BROAD),
@@ -98,7 +104,7 @@ STAND_INS = {
         Target("top-1", paper.TABLE_8[1]["cross_entropy"][0], (("K", 1),), ("top", "1")),
         Target("macro top-5", paper.TABLE_5[5]["cross_entropy"][0], (("K", 5),), ("macro_top", "5"), fitted=False),
         Target("top-5", paper.TABLE_8[5]["cross_entropy"][0], (("K", 5),), ("top", "5"), fitted=False),
-    ), {"pixel_noise": 1.4, "class_contrast": 0.5}, BROAD),
+    ), {"pixel_noise": 2.0, "class_contrast": 0.3, "contrast_spread": 1.0}, SPREAD),
     # The top-5 of the run selected on top-1 (the paper's is selected on top-5; CE's two differ by < 1 point here):
     # one run per point instead of two.
     "imagenet_lt": StandIn(grids.imagenet_lt, (

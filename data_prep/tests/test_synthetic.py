@@ -116,13 +116,31 @@ def test_difficulty_knobs_change_the_images_and_bad_knobs_are_refused_by_name():
 def test_ambiguity_shows_another_class_as_often_as_asked_and_keeps_the_labels():
     group_of_class = torch.arange(50) // 5
     model = synthetic.ImageModel(group_of_class, 8, torch.Generator().manual_seed(0), class_contrast=0.5, clutter=0.0,
-                                 pixel_noise=0.0, max_shift=0, ambiguity=0.3)
+                                 pixel_noise=0.0, max_shift=0, ambiguity=0.3, contrast_spread=0.0)
     labels = torch.arange(50).repeat(200)
     shown = model.drawn_as(labels, torch.Generator().manual_seed(1))
     assert abs((shown != labels).float().mean().item() - 0.3) < 0.02
     assert torch.bincount(shown[shown != labels], minlength=50).min() > 0  # any class, not only the group's
     plain = synthetic.imagenet_like(3, 1, 1, n_classes=10, augment=False)
     some = synthetic.imagenet_like(3, 1, 1, n_classes=10, augment=False, ambiguity=0.5)
+    assert torch.equal(plain.train.labels, some.train.labels) and not torch.equal(plain.train.images, some.train.images)
+
+
+def test_contrast_spread_gives_each_class_a_log_normal_contrast_around_the_class_contrast():
+    group_of_class = torch.arange(4000) // 8
+    knobs = {"clutter": 0.0, "pixel_noise": 0.0, "max_shift": 0, "ambiguity": 0.0}
+
+    def templates(class_contrast, contrast_spread):
+        return synthetic.ImageModel(group_of_class, 8, torch.Generator().manual_seed(0), class_contrast=class_contrast,
+                                    contrast_spread=contrast_spread, **knobs).templates
+
+    groups_alone = templates(0.0, 0.0)
+    log_contrast = ((templates(0.5, 0.7) - groups_alone).flatten(1).std(dim=1) / 0.5).log()
+    assert abs(log_contrast.mean().item()) < 0.05 and abs(log_contrast.std().item() - 0.7) < 0.03
+    alike = ((templates(0.5, 0.0) - groups_alone).flatten(1).std(dim=1) / 0.5).log()
+    assert alike.abs().max().item() < 1e-4  # no spread: every class at the class contrast
+    some = synthetic.plantnet_like(2000, 20, augment=False, contrast_spread=1.0)
+    plain = synthetic.plantnet_like(2000, 20, augment=False)
     assert torch.equal(plain.train.labels, some.train.labels) and not torch.equal(plain.train.images, some.train.images)
 
 
