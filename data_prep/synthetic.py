@@ -23,8 +23,8 @@ Every generator takes the six difficulty knobs of :class:`ImageModel` as keyword
   than others, so accuracy grows with a class's training images less abruptly than when all are alike (0: all alike).
 
 :mod:`experiments.calibration` chooses ``pixel_noise`` and ``class_contrast`` (and ``ambiguity`` for the ImageNet
-stand-ins, ``contrast_spread`` for Pl@ntNet's) per stand-in so that cross-entropy's results match the paper's; the defaults below are the uncalibrated
-starting point.
+stand-ins, ``contrast_spread`` for Pl@ntNet's) per stand-in so that cross-entropy's results match the paper's; the
+defaults below are the uncalibrated starting point.
 """
 
 from __future__ import annotations
@@ -61,13 +61,14 @@ class ImageModel:
     def __init__(self, group_of_class: torch.Tensor, size: int, generator: torch.Generator, *, class_contrast: float,
                  clutter: float, pixel_noise: float, max_shift: int, ambiguity: float, contrast_spread: float):
         n_groups, n_classes = int(group_of_class.max()) + 1, len(group_of_class)
-        group_patterns, class_patterns = smooth_patterns(n_groups, size, generator), smooth_patterns(n_classes, size,
-                                                                                                     generator)
+        group_patterns = smooth_patterns(n_groups, size, generator)
+        class_patterns = smooth_patterns(n_classes, size, generator)
         self.clutter_patterns = smooth_patterns(n_groups, size, generator)
         contrast = torch.full((n_classes, 1, 1, 1), float(class_contrast))
         if contrast_spread > 0:  # its own stream, drawn last: without a spread, the patterns drawn before the knob
             own = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
-            contrast = contrast * torch.exp(contrast_spread * torch.randn(n_classes, generator=own))[:, None, None, None]
+            log_contrast = contrast_spread * torch.randn(n_classes, generator=own)
+            contrast = contrast * log_contrast.exp()[:, None, None, None]
         self.templates = group_patterns[group_of_class] + contrast * class_patterns
         self.size, self.clutter, self.pixel_noise, self.max_shift = size, clutter, pixel_noise, max_shift
         self.ambiguity = ambiguity

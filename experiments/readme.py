@@ -230,10 +230,10 @@ def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
     ms = sum(float(row["ms_per_step"]) for row in steps) / len(steps)
     images = sum(work.train_images for work in profile_work(GPU, ("cifar",)) if work.notebook != "calibration point")
     hours = images / GPU.cifar.batch_size * ms / 3.6e6
-    return (f"- `gpu` profile, CIFAR-100's training notebooks alone: at least {hours:.0f} h on the GPU that measured its step ({images:,} "
-            f"training images at {ms:.2f} ms per batch of {GPU.cifar.batch_size}, the compiled cross-entropy step of "
-            f"DenseNet-40-40, mean of {len(steps)} in `training_step.csv`: {_stamp(steps[0])}); evaluation, the other "
-            f"setups and the losses' own cost come on top")
+    return (f"- `gpu` profile, CIFAR-100's training notebooks alone: at least {hours:.0f} h on the GPU that measured "
+            f"its step ({images:,} training images at {ms:.2f} ms per batch of {GPU.cifar.batch_size}, the compiled "
+            f"cross-entropy step of DenseNet-40-40, mean of {len(steps)} in `training_step.csv`: {_stamp(steps[0])}); "
+            f"evaluation, the other setups and the losses' own cost come on top")
 
 
 def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
