@@ -238,14 +238,15 @@ def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
 
 def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     """How long the notebooks behind the committed figures ran, from their manifests: minutes in all, where, and how
-    many of their runs were trained there or read from an earlier run's store."""
+    many of their runs were trained there or read back from the results store (trained before, or by an earlier
+    notebook)."""
     manifests = [json.loads(path.read_text()) for path in sorted((figures / "manifests").glob("*.json"))]
     if not manifests:
         return f"*No manifest in `figures/{DEFAULT_PROFILE}/manifests/`: run `make paper-figures`.*"
     minutes = sum(m["seconds"] for m in manifests) / 60
     recorded = [m["runs"] for m in manifests if "runs" in m]
     runs = (f"{sum(r['trained'] for r in recorded)} runs trained in them and {sum(r['from_store'] for r in recorded)} "
-            f"read from an earlier run's store" if len(recorded) == len(manifests)
+            f"read back from the results store" if len(recorded) == len(manifests)
             else f"runs not counted in {len(manifests) - len(recorded)} of them, which predate the count")
     where = sorted({f"{m.get('machine', m['device'])}, {m['cpus']} cores, {m['threads']} torch threads"
                     if "cpus" in m else f"{m['device']}, {m['threads']} torch threads" for m in manifests})

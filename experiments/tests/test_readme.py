@@ -74,7 +74,7 @@ def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_fr
     for name, seconds, runs in (("a", 600, {"trained": 3, "from_store": 1}), ("b", 1200, {"trained": 5, "from_store": 0})):
         (tmp_path / "manifests" / f"{name}.json").write_text(json.dumps({**common, "seconds": seconds, "runs": runs}))
     text = readme.figures_time(tmp_path)
-    assert "2 notebooks, 30 minutes in all (8 runs trained in them and 1 read from an earlier run's store; x86_64, " \
+    assert "2 notebooks, 30 minutes in all (8 runs trained in them and 1 read back from the results store; x86_64, " \
            "2 cores, 2 torch threads; commit dddddddddd" in text
     older = {key: value for key, value in common.items() if key not in ("cpus", "machine")}
     (tmp_path / "manifests" / "c.json").write_text(json.dumps({**older, "seconds": 0}))
