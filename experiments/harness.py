@@ -65,7 +65,7 @@ class Context:
         self.outputs: list[str] = []
         self.runs = {"trained": 0, "from_store": 0}  # this notebook's runs, by where their records came from
         self.started = time.time()
-        self.commit = git_commit()
+        self.commit, self.machine = git_commit(), device_name(device)
         (figures / "claims").mkdir(parents=True, exist_ok=True)
         (figures / "manifests").mkdir(parents=True, exist_ok=True)
         self._write_manifest()
@@ -163,7 +163,7 @@ class Context:
         manifest = {"notebook": self.notebook, "profile": self.profile.name, "commit": self.commit, "device": self.device,
                     "data": self.data, "outputs": self.outputs, "seconds": round(time.time() - self.started, 1),
                     "runs": self.runs, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                    "machine": device_name(self.device), "pid": os.getpid()}
+                    "machine": self.machine, "pid": os.getpid()}
         (self.figures / "manifests" / f"{self.notebook}.json").write_text(json.dumps(manifest, indent=1))
 
 
