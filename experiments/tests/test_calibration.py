@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from data_prep import synthetic
 from experiments import calibration, profiles
 from experiments.profiles import QUICK, SMOKE
 from experiments.store import ResultsStore
@@ -156,3 +157,10 @@ def test_the_quick_calibration_says_which_numbers_are_unmatched_and_why():
     expected = sum(abs(t["ours"] - t["published"]) > calibration.TOLERANCE[t["fitted"]]
                    for setup in QUICK.calibrated_setups for t in stored[setup]["targets"])
     assert len(table) == expected and table["why"].str.len().min() > 0
+
+
+def test_the_full_size_plantnet_stand_ins_head_holds_about_the_real_share_of_images():
+    options = profiles.get_profile("gpu").plantnet.dataset_options
+    sizes = synthetic.plantnet_class_sizes(options["n_images"], options["n_classes"])
+    tail = sizes[round((1 - synthetic.PLANTNET_TAIL_SHARE["classes"]) * len(sizes)):]
+    assert abs(tail.sum() / sizes.sum() - synthetic.PLANTNET_TAIL_SHARE["images"]) < 0.02
