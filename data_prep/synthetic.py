@@ -23,8 +23,8 @@ Every generator takes the six difficulty knobs of :class:`ImageModel` as keyword
   than others, so accuracy grows with a class's training images less abruptly than when all are alike (0: all alike).
 
 :mod:`experiments.calibration` chooses ``pixel_noise`` and ``class_contrast`` (and ``ambiguity`` for the ImageNet
-stand-ins, ``contrast_spread`` for Pl@ntNet's) per stand-in so that cross-entropy's results match the paper's; the
-defaults below are the uncalibrated starting point.
+stand-ins, ``contrast_spread`` for the long-tailed ones) per stand-in so that cross-entropy's results match the
+paper's; the defaults below are the uncalibrated starting point.
 """
 
 from __future__ import annotations
