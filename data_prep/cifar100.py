@@ -100,7 +100,8 @@ def load(root: Path, noise: float = 0.0, noise_seed: int = 0, augment: bool = Tr
         synthetic=False,
         description=f"CIFAR-100 (real), label noise p = {noise} (realised flip rate {flip_rate:.3f}), "
                     f"{len(train_rows)}/{val_size}/{len(test_fine)} images",
-        info={"noise": noise, "flip_rate": flip_rate, "coarse_of_fine": _coarse_of_fine(fine, coarse)},
+        info={"noise": noise, "flip_rate": flip_rate, "coarse_of_fine": _coarse_of_fine(fine, coarse),
+              **({"clean_train_labels": fine[train_rows]} if noise > 0 else {})},
     )
 
 

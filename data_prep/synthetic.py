@@ -231,7 +231,7 @@ def cifar100_like(per_class_train: int = 450, per_class_val: int = 50, per_class
         splits.class_counts = class_counts(noisy, n_classes)
         flip_rate = (noisy != clean).float().mean().item()
         splits.description += f", label noise p = {noise} (realised flip rate {flip_rate:.3f})"
-        splits.info.update(noise=noise, flip_rate=flip_rate)
+        splits.info.update(noise=noise, flip_rate=flip_rate, clean_train_labels=clean)
     splits.info["coarse_of_fine"] = group_of_class
     return splits
 

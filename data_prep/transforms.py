@@ -16,15 +16,19 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 class normalise:
     """uint8 [C, H, W] -> float32 in [0, 1], then ``(x - mean) / std`` per channel; :meth:`batch` does it to a batch
-    [N, C, H, W] on the batch's device."""
+    [N, C, H, W] on the batch's device, and :meth:`plain` too, never augmenting (a model's view of its training
+    images at evaluation)."""
 
     def __init__(self, mean=CIFAR_MEAN, std=CIFAR_STD):
         self.mean = torch.tensor(mean).view(-1, 1, 1)
         self.std = torch.tensor(std).view(-1, 1, 1)
 
-    def batch(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def plain(self, images: torch.Tensor) -> torch.Tensor:
         mean, std = self.mean.to(images.device), self.std.to(images.device)
         return (images.float() / 255 - mean) / std
+
+    def batch(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return self.plain(images)
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         return self.batch(image[None])[0]
@@ -59,7 +63,7 @@ class augment_and_normalise(normalise):
 
     def batch(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         offsets, flips = self.draw(len(images), generator, images.device)
-        return super().batch(self.crop_and_flip(images, offsets, flips))
+        return self.plain(self.crop_and_flip(images, offsets, flips))
 
 
 def imagenet_train():

@@ -35,6 +35,8 @@ SPEEDUP_TARGET = 10.0
 #: The smoothed hinge's headline (``bench_smooth_hinge.py --headline``).
 SMOOTH_HEADLINE = {"batch": "128", "n_classes": "1000", "k": "5"}
 GPU_CSVS = ("training_step.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
+#: The table, in ``figures/<profile>/``, of the label noise fitted by each loss (notebook ``table4_table7_label_noise``).
+LABEL_NOISE_FIT = "table7_label_noise_fit"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -255,6 +257,15 @@ def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
             f"({runs}; {'; '.join(where)}; commit {commits}; `figures/{DEFAULT_PROFILE}/manifests/`)")
 
 
+def label_noise_fit(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
+    """How much of the CIFAR-100 stand-in's label noise each loss's selected model fits: the table of the Tables 4 and
+    7 notebook, with its title and stamp."""
+    path = figures / f"{LABEL_NOISE_FIT}.md"
+    if not path.exists():
+        return f"*No `{path.name}` in `figures/{DEFAULT_PROFILE}/`: run `make paper-figures`.*"
+    return path.read_text().strip()
+
+
 #: Each generated block of the README and what writes it.
 BLOCKS: dict[str, Callable[[], str]] = {
     "verdicts": verdicts,
@@ -265,6 +276,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "gpu-results": gpu_results,
     "profile-time": profile_time,
     "figures-time": figures_time,
+    "label-noise-fit": label_noise_fit,
 }
 
 

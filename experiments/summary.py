@@ -118,6 +118,19 @@ def estimate(runs: pd.DataFrame, value: str, *, digits: int = 1, groups: str | N
     return text + (f" [{diverged} diverged]" if diverged else "")
 
 
+def label_noise_fit_table(runs: pd.DataFrame, losses, noise_levels) -> pd.DataFrame:
+    """For each loss and label noise p (``(key, label)`` pairs), the share of the flipped training images that the
+    selected model predicts as their noisy label and as their true class (:func:`experiments.train.flipped_label_fit`),
+    over seeds; "-" for runs stored before it was recorded."""
+    table = pd.DataFrame(
+        {(p_label, shown): [estimate(runs, column, loss=loss, p=p) for loss, _ in losses]
+         for p, p_label in noise_levels
+         for shown, column in (("noisy label", "flipped_fit_noisy"), ("true class", "flipped_fit_clean"))},
+        index=pd.Index([label for _, label in losses], name="flipped training images predicted as (%)"))
+    table.columns.names = ["label noise", ""]
+    return table
+
+
 def _mean_text(values) -> str:
     mean = mean_interval(values if values is not None else [])[0]
     return f"{mean:.1f}" if math.isfinite(mean) else "-"

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 import data_prep
+from data_prep.common import TensorImages
 from experiments.batches import batches, order_seed
 from experiments.config import SELECTION, RunConfig
 from experiments.models import build_model, parameter_count
@@ -102,6 +103,8 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
                                "num_classes": splits.num_classes, "train_size": len(splits.train)},
         "provenance": {**_provenance(device, world, model), "compile_mode": compile_mode},
     }
+    if (clean_labels := splits.info.get("clean_train_labels")) is not None:
+        record["label_noise_fit"] = flipped_label_fit(model, splits.train, clean_labels, device, config.batch_size)
     record = json.loads(json.dumps(record))  # the same form as when read back from the store
     if rank == 0:
         store.save_record(key, record)
@@ -210,16 +213,37 @@ def evaluate(model: nn.Module, split, ks, train_class_counts, batch_size: int = 
     model.eval()
     top, macro = TopKAccuracy(ks), MacroTopKAccuracy(ks, len(train_class_counts))
     for images, labels in split.in_order(batch_size):
-        if images.is_cuda:
-            images = images.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=images.is_cuda):
-            scores = model(images).float()
+        scores = _evaluation_scores(model, images)
         top.update(scores, labels)
         macro.update(scores, labels)
     groups = {name: {str(k): v for k, v in values.items()} for name, values in macro.compute_by_group(train_class_counts).items()}
     return {"top": {str(k): v for k, v in top.compute().items()},
             "macro_top": {k: v for k, v in groups.pop("all").items() if k != "n_classes"},
             "macro_top_by_group": groups}
+
+
+@torch.no_grad()
+def flipped_label_fit(model: nn.Module, train: TensorImages, clean_labels: torch.Tensor, device: torch.device,
+                      batch_size: int = 256) -> dict:
+    """On the training images whose label noise flipped, the share the model predicts as their noisy label (it has
+    memorised the noise, as networks that can fit random labels do: Zhang et al. 2017) and as their true class (it
+    has not), from the images as they are, not augmented."""
+    model.eval()
+    flipped = (train.labels != clean_labels).nonzero().flatten()
+    if len(flipped) == 0:
+        return {"flipped": 0, "fits_noisy": None, "fits_clean": None}
+    predicted = torch.cat([_evaluation_scores(model, train.transform.plain(train.images[rows].to(device))).argmax(1)
+                           for rows in flipped.split(batch_size)]).cpu()
+    return {"flipped": len(flipped), "fits_noisy": (predicted == train.labels[flipped]).float().mean().item(),
+            "fits_clean": (predicted == clean_labels[flipped]).float().mean().item()}
+
+
+def _evaluation_scores(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """float32 scores of an evaluation batch: channels-last and bfloat16 autocast on CUDA, as in training."""
+    if images.is_cuda:
+        images = images.contiguous(memory_format=torch.channels_last)
+    with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=images.is_cuda):
+        return model(images).float()
 
 
 def _selection_value(metrics: dict, selection: str) -> float:

@@ -51,6 +51,7 @@ def test_cifar100_archive_is_extracted_split_and_noised_within_true_superclasses
     assert 0.3 < noisy.info["flip_rate"] < 0.5  # 4p/5 = 0.4 in expectation
     assert noisy.info["flip_rate"] == pytest.approx((true != changed).float().mean().item())
     assert torch.equal(noisy.val.labels, clean.val.labels) and torch.equal(noisy.test.labels, clean.test.labels)
+    assert torch.equal(noisy.info["clean_train_labels"], true) and "clean_train_labels" not in clean.info
     again = cifar100.load(tmp_path, noise=0.5, noise_seed=1, expected_sizes=None)
     assert torch.equal(again.train.labels, changed)  # fixed per image
     assert "realised flip rate" in noisy.description and not noisy.synthetic

@@ -34,6 +34,7 @@ def test_cifar100_like_label_noise_stays_within_superclasses_and_only_touches_tr
     assert abs(changed.float().mean().item() - 0.4) < 0.03 and noisy.info["flip_rate"] == changed.float().mean().item()
     assert torch.equal(noisy.val.labels, clean.val.labels) and torch.equal(noisy.test.labels, clean.test.labels)
     assert noisy.class_counts.sum() == 4000 and "label noise p = 0.5" in noisy.description
+    assert torch.equal(noisy.info["clean_train_labels"], clean.train.labels) and "clean_train_labels" not in clean.info
 
 
 def test_imagenet_like_is_balanced_with_look_alike_groups():

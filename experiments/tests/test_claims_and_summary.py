@@ -33,6 +33,15 @@ def test_estimate_counts_diverged_runs_and_gives_shot_group_means():
     assert summary.estimate(runs, "acc", loss="c") == "-"
 
 
+def test_label_noise_fit_table_shows_each_loss_fit_per_p_and_a_dash_for_runs_stored_before_it():
+    runs = pd.DataFrame([{"loss": "ce", "p": 0.4, "status": "done", "flipped_fit_noisy": v, "flipped_fit_clean": 60.0}
+                         for v in (7.0, 9.0)] + [{"loss": "hinge", "p": 0.4, "status": "done"}])
+    table = summary.label_noise_fit_table(runs, [("ce", "CE"), ("hinge", "Hinge")], [(0.4, "p=0.4")])
+    assert table.loc["CE", ("p=0.4", "noisy label")] == summary.format_estimate(*summary.mean_interval([7.0, 9.0]))
+    assert table.loc["CE", ("p=0.4", "true class")] == "60.0 ± 0.0"
+    assert table.loc["Hinge", ("p=0.4", "noisy label")] == "-"
+
+
 def test_an_interval_wider_than_the_scale_shows_the_seeds_range_instead():
     runs = pd.DataFrame([{"p": 0, "status": "done", "acc": a} for a in (13.0, 83.0)] +
                         [{"p": 1, "status": "done", "acc": a} for a in (95.0, 96.0)])

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from data_prep.common import MissingDataError
+from data_prep.common import MissingDataError, TensorImages
+from data_prep.transforms import augment_and_normalise
 from experiments import config as config_module
 from experiments.config import RunConfig
 from experiments.store import ResultsStore
-from experiments.train import run
+from experiments.harness import flatten
+from experiments.train import flipped_label_fit, run
 from experiments.store import DamagedStoreWarning
 from experiments.__main__ import main as experiments_main
 from experiments.models import build_model, parameter_count
@@ -96,6 +98,40 @@ def test_a_run_records_metrics_timings_and_provenance_and_is_never_recomputed(tm
     before = store.record_path(config.key()).stat().st_mtime_ns
     assert run(config, store) == record
     assert store.record_path(config.key()).stat().st_mtime_ns == before
+
+
+class _Lookup(torch.nn.Module):
+    """Predicts ``labels[i]`` for the 1-pixel image whose value is ``i`` (normalised with mean 0 and std 1)."""
+
+    def __init__(self, labels: torch.Tensor, n_classes: int):
+        super().__init__()
+        self.labels, self.n_classes = labels, n_classes
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        index = (images[:, 0, 0, 0] * 255).round().long()
+        return torch.nn.functional.one_hot(self.labels[index], self.n_classes).float()
+
+
+def test_the_flipped_label_fit_counts_the_flipped_images_predicted_as_their_noisy_and_their_true_label():
+    clean, noisy = torch.tensor([0, 1, 2, 3, 0, 1]), torch.tensor([0, 2, 1, 3, 1, 0])  # rows 1, 2, 4, 5 flipped
+    images = torch.arange(6, dtype=torch.uint8).view(6, 1, 1, 1)
+    train = TensorImages(images, noisy, augment_and_normalise(1, mean=(0.0,), std=(1.0,)))  # never augmented here
+    predicted = torch.tensor([0, 2, 2, 3, 1, 3])  # row 1 and 4: noisy label; row 2: true; row 5: neither
+    fit = flipped_label_fit(_Lookup(predicted, 4), train, clean, torch.device("cpu"), batch_size=3)
+    assert fit == {"flipped": 4, "fits_noisy": 0.5, "fits_clean": 0.25}
+    assert flipped_label_fit(_Lookup(clean, 4), TensorImages(images, clean, train.transform), clean,
+                             torch.device("cpu")) == {"flipped": 0, "fits_noisy": None, "fits_clean": None}
+
+
+def test_a_run_on_noisy_labels_records_how_much_of_the_noise_it_fits_and_tables_show_it(tmp_path):
+    config = RunConfig(**{**TINY, "loss": "cross_entropy", "loss_options": {}, "epochs": 1, "milestones": (),
+                          "dataset_options": {**TINY["dataset_options"], "noise": 0.5}})
+    record = run(config, ResultsStore(tmp_path))
+    fit = record["label_noise_fit"]
+    assert fit["flipped"] > 0 and 0 <= fit["fits_noisy"] + fit["fits_clean"] <= 1
+    row = flatten(record)
+    assert (row["flipped_fit_noisy"], row["flipped_fit_clean"]) == (100 * fit["fits_noisy"], 100 * fit["fits_clean"])
+    assert "label_noise_fit" not in run(RunConfig(**TINY), ResultsStore(tmp_path))  # no noise, nothing to fit
 
 
 COMPILE = [None, pytest.param("default", marks=pytest.mark.skipif(
