@@ -28,8 +28,9 @@ class Splits:
     class_counts: torch.Tensor  #: training images per class, for margins and few/medium/many-shot groups
     synthetic: bool  #: True for a synthetic stand-in, False for the real data
     description: str  #: one line for figures and reports: which data, which size
-    info: dict = field(default_factory=dict)  #: dataset-specific facts, e.g. the realised label-flip rate and, under label noise,
-    #: the true training labels (``clean_train_labels``)
+    #: dataset-specific facts, e.g. the realised label-flip rate and, under label noise, the true training labels
+    #: (``clean_train_labels``)
+    info: dict = field(default_factory=dict)
 
 
 class TensorImages(Dataset):
