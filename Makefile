@@ -34,7 +34,7 @@ PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-pr
 	$(if $(WORKERS),-p workers $(WORKERS)) $(if $(COMPILE),-p compile_mode $(COMPILE))
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test bench bench-gpu profile-time readme kernel-resources calibrate paper-figures notebooks report check-report lab clean \
+.PHONY: help venv test bench bench-gpu profile-time readme kernel-resources calibrate learning-rates paper-figures notebooks report check-report lab clean \
 	clean-results
 
 help: ## List the targets
@@ -80,8 +80,11 @@ kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU need
 calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's cross-entropy numbers (experiments/calibrated/; no-op when current)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.calibration $(PROFILE) --device $(DEVICE)
 
-paper-figures: $(STAMP) ## Calibrate, run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
-	@status=0; $(MAKE) --no-print-directory calibrate || status=$$?; \
+learning-rates: $(STAMP) ## Choose each loss's learning rate on validation data at a short schedule (experiments/calibrated/; no-op when current)
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.learning_rates $(PROFILE) --device $(DEVICE)
+
+paper-figures: $(STAMP) ## Calibrate, choose learning rates, run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
+	@status=0; { $(MAKE) --no-print-directory calibrate && $(MAKE) --no-print-directory learning-rates; } || status=$$?; \
 	$(MAKE) --no-print-directory -k notebooks || status=$$?; \
 	$(MAKE) --no-print-directory report; \
 	if [ "$(PROFILE)" = quick ]; then \

@@ -2,7 +2,9 @@
 paper's loss hyperparameters (Section 4, Appendix E) and the profile's data, model and schedule.
 
 Runs shared between items (Table 3's B = 10 is Table 4's p = 0 noised loss when their seeds meet) have the same
-config, so the results store trains them once.
+config, so the results store trains them once. Where a profile chose learning rates on validation data
+(:mod:`experiments.learning_rates`), each run's learning rate is multiplied by the one chosen for its loss and
+model-selection metric on its setup; the timing and first-epoch runs of Figs. 2 and 3 keep the grids' own.
 """
 
 from __future__ import annotations
@@ -23,10 +25,25 @@ class Cell:
     setup: Setup
 
 
-def _cells(setup: Setup, seeds, runs) -> list[Cell]:
-    """``runs``: (labels, loss, keyword arguments of :meth:`Setup.config`) triples, each repeated over ``seeds``."""
-    return [Cell({**labels, "seed": seed}, setup.config(loss, seed, **options), setup)
-            for labels, loss, options in runs for seed in seeds]
+def _cells(setup: Setup, seeds, runs, *, tuned: bool = True) -> list[Cell]:
+    """``runs``: (labels, loss, keyword arguments of :meth:`Setup.config`) triples, each repeated over ``seeds``;
+    ``tuned``: each at the learning rate chosen for its :func:`choice_key` on the setup, if any."""
+    cells = [Cell({**labels, "seed": seed}, setup.config(loss, seed, **options), setup)
+             for labels, loss, options in runs for seed in seeds]
+    if tuned:
+        cells = [Cell(c.labels, scaled_lr(c.config, setup.lr_scales.get(choice_key(c.config), 1.0)), setup)
+                 for c in cells]
+    return cells
+
+
+def choice_key(config: RunConfig) -> str:
+    """What a learning rate is chosen for on a setup: the loss and the metric its model is selected on (its K)."""
+    return f"{config.loss} {config.selection_metric}"
+
+
+def scaled_lr(config: RunConfig, multiplier: float) -> RunConfig:
+    """``config`` at ``multiplier`` times its learning rate (itself at 1)."""
+    return config if multiplier == 1 else config.replace(lr=config.lr * multiplier)
 
 
 def _noised(k: int, epsilon: float, n_samples: int) -> dict:
@@ -43,7 +60,7 @@ def figure2(profile: Profile) -> list[Cell]:
     """The first epoch of the noised balanced loss (K = 5, B = 3) for each eps: its gradient sparsity (Fig. 2)."""
     return _cells(profile.cifar, profile.sweep_seeds[:1],
                   [({"epsilon": eps}, "noised_balanced", {"loss_options": _noised(5, eps, 3), "epochs": 1,
-                                                          "milestones": ()}) for eps in TABLE_2])
+                                                          "milestones": ()}) for eps in TABLE_2], tuned=False)
 
 
 def table3(profile: Profile) -> list[Cell]:
@@ -61,7 +78,7 @@ def figure3(profile: Profile) -> list[Cell]:
         runs.append(({"loss": "smooth_hinge", "K": k}, "smooth_hinge", {"loss_options": {"k": k, "tau": 1.0}, **short}))
         runs += [({"loss": f"noised_balanced B={b}", "K": k}, "noised_balanced",
                   {"loss_options": _noised(k, 1.0, b), **short}) for b in (3, 10, 50)]
-    return _cells(profile.cifar, profile.sweep_seeds[:1], runs)
+    return _cells(profile.cifar, profile.sweep_seeds[:1], runs, tuned=False)
 
 
 def label_noise(profile: Profile) -> list[Cell]:

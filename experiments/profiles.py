@@ -9,7 +9,9 @@ hyperparameters are the paper's at every profile; only the data, the model and t
 
 A profile that judges training claims on synthetic stand-ins takes their difficulty knobs from
 ``experiments/calibrated/<profile>.json``, written by :mod:`experiments.calibration` (cross-entropy alone fitted to the
-paper's cross-entropy numbers), and only for the very setup they were chosen for.
+paper's cross-entropy numbers), and only for the very setup they were chosen for. A profile with a short schedule
+takes each loss's learning rate, chosen on validation data, from ``experiments/calibrated/<profile>_learning_rates.json``
+(:mod:`experiments.learning_rates`), likewise only for the setup (difficulty included) it was chosen on.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class Setup:
     model_options: dict = field(default_factory=dict)
     data_subdir: str = ""  #: where a real dataset lives under the data root (its ``data_prep --root``)
     difficulty: dict = field(default_factory=dict)  #: a stand-in's calibrated knobs (:mod:`data_prep.synthetic`)
+    #: learning-rate multipliers chosen on validation data (:mod:`experiments.learning_rates`), by "<loss> <selection>"
+    lr_scales: dict = field(default_factory=dict)
     # A model option may name a file in the dataset's folder as "{data_root}/name": the config's key stays the same
     # on every machine and the training loop resolves it (ImageNet weights for Pl@ntNet's ResNet-50).
 
@@ -59,9 +63,23 @@ class Setup:
         return self.dataset.endswith("_like")
 
     def fingerprint(self) -> str:
-        """A hash of everything but the difficulty knobs: calibrated knobs apply to the setup with this fingerprint."""
-        fields = {**asdict(self), "difficulty": None}
-        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+        """A hash of everything but the difficulty knobs and the learning rates chosen: calibrated knobs apply to the
+        setup with this fingerprint."""
+        return _hash({**self._chosen_apart(), "difficulty": None})
+
+    def tuned_fingerprint(self) -> str:
+        """A hash of everything but the learning rates chosen, the difficulty knobs included: learning rates chosen on
+        validation data apply to the setup with this fingerprint."""
+        return _hash(self._chosen_apart())
+
+    def _chosen_apart(self) -> dict:
+        fields = asdict(self)
+        del fields["lr_scales"]
+        return fields
+
+
+def _hash(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -79,6 +97,9 @@ class Profile:
     level_set_points: int  #: subdivisions of the simplex's sides in Figs. 1, 4, 5, 6
     replications: int  #: noise draws averaged in the level sets of Figs. 1 and 6 (the paper: 100)
     bound_samples: int  #: Monte Carlo samples per point of the Prop. 3.5 check
+    #: multipliers of each loss's learning rate tried on validation data (:mod:`experiments.learning_rates`); (1.0,):
+    #: every loss trains at the learning rate the grids give it, as in the paper
+    lr_multipliers: tuple[float, ...] = (1.0,)
 
     @property
     def calibrated_setups(self) -> tuple[str, ...]:
@@ -91,15 +112,14 @@ SETUPS = ("cifar", "plantnet", "imagenet_lt", "imagenet")
 
 def calibrated(profile: Profile) -> Profile:
     """``profile`` with the difficulty knobs stored for it by :mod:`experiments.calibration`, for each setup whose
-    fingerprint they were chosen for; a setup changed since keeps the default knobs, with a warning."""
+    fingerprint they were chosen for (a setup changed since keeps the default knobs, with a warning), then
+    :func:`with_learning_rates`."""
     path = CALIBRATED / f"{profile.name}.json"
     if not profile.calibrated_setups or not path.exists():
         return profile
-    try:
-        stored = json.loads(path.read_text())["setups"]
-    except (OSError, ValueError, KeyError) as error:
-        warnings.warn(f"{path} cannot be read ({error}): the {profile.name} stand-ins keep their default difficulty; "
-                      f"run `python -m experiments.calibration {profile.name}`", stacklevel=2)
+    stored = _stored_setups(path, f"the {profile.name} stand-ins keep their default difficulty; run "
+                                  f"`python -m experiments.calibration {profile.name}`")
+    if stored is None:
         return profile
     changes = {}
     for name in profile.calibrated_setups:
@@ -110,7 +130,40 @@ def calibrated(profile: Profile) -> Profile:
             warnings.warn(f"the {profile.name} profile's {name} setup has no calibration in {path} (changed since?): "
                           f"its stand-in keeps the default difficulty; run `python -m experiments.calibration "
                           f"{profile.name}`", stacklevel=2)
+    return with_learning_rates(replace(profile, **changes))
+
+
+def with_learning_rates(profile: Profile) -> Profile:
+    """``profile`` with each setup's learning-rate multipliers stored for it by :mod:`experiments.learning_rates`,
+    for each setup whose tuned fingerprint (its calibrated difficulty included) and multipliers they were chosen for;
+    a setup changed since keeps the grids' learning rates, with a warning."""
+    if len(profile.lr_multipliers) == 1:
+        return profile
+    path = CALIBRATED / f"{profile.name}_learning_rates.json"
+    stored = _stored_setups(path, f"the {profile.name} profile's losses keep the grids' learning rates; run "
+                                  f"`python -m experiments.learning_rates {profile.name}`") if path.exists() else {}
+    if stored is None:
+        return profile
+    changes = {}
+    for name in profile.calibrated_setups:
+        setup, entry = getattr(profile, name), stored.get(name)
+        if entry and entry["setup_fingerprint"] == setup.tuned_fingerprint() \
+                and entry["multipliers"] == list(profile.lr_multipliers):
+            changes[name] = replace(setup, lr_scales=entry["scales"])
+        else:
+            warnings.warn(f"the {profile.name} profile's {name} setup has no learning rates chosen for it in {path} "
+                          f"(changed since?): its losses keep the grids' learning rates; run "
+                          f"`python -m experiments.learning_rates {profile.name}`", stacklevel=2)
     return replace(profile, **changes)
+
+
+def _stored_setups(path: Path, consequence: str) -> dict | None:
+    """The "setups" of the JSON file ``path``, or None with a warning saying why and ``consequence``."""
+    try:
+        return json.loads(path.read_text())["setups"]
+    except (OSError, ValueError, KeyError) as error:
+        warnings.warn(f"{path} cannot be read ({error}): {consequence}", stacklevel=3)
+        return None
 
 
 def _small_cnn(width: int) -> dict:
@@ -150,7 +203,7 @@ QUICK = calibrated(Profile(
                    milestones=(6, 8), seeds=(0, 1), dataset_options={"per_class_train": 40, "per_class_val": 10,
                                                                      "per_class_test": 10, "n_classes": 200}),
     sweep_seeds=(0, 1, 2), figure3_ks=(1, 5, 10, 20, 50), figure3_epochs=2, judges_training=True,
-    level_set_points=90, replications=100, bound_samples=4000,
+    level_set_points=90, replications=100, bound_samples=4000, lr_multipliers=(1.0, 3.0, 10.0),
 ))
 
 PAPER = Profile(

@@ -85,7 +85,7 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
         state["history"].append({"epoch": epoch + 1, "train_loss": mean_loss, "epoch_seconds": seconds,
                                  "loss_seconds": loss_seconds, "grad_nonzero": grad_nonzero,
                                  "lr": optimiser.param_groups[0]["lr"], "val": validation})
-        value = _selection_value(validation, config.selection_metric)
+        value = selection_value(validation, config.selection_metric)
         if value > state["best_value"]:
             state["best_value"], state["best"] = value, {"epoch": epoch + 1, "model": copy.deepcopy(model.state_dict())}
         state["epoch"] = epoch + 1
@@ -246,7 +246,8 @@ def _evaluation_scores(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
         return model(images).float()
 
 
-def _selection_value(metrics: dict, selection: str) -> float:
+def selection_value(metrics: dict, selection: str) -> float:
+    """The value in ``metrics`` (one evaluation) of the model-selection metric ``selection``, e.g. "macro_top5"."""
     macro, k = SELECTION.match(selection).groups()
     return metrics["macro_top" if macro else "top"][k]
 
