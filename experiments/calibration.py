@@ -31,7 +31,7 @@ import pandas as pd
 
 from experiments import grids, paper
 from experiments.paths import RESULTS
-from experiments.profiles import CALIBRATED, SETUPS, Profile, get_profile
+from experiments.profiles import CALIBRATED, SETUPS, Profile, get_profile, untuned
 from experiments.provenance import git_commit
 from experiments.store import ResultsStore
 from experiments.train import run
@@ -124,9 +124,11 @@ STAND_INS = {
 
 
 def ce_config(profile: Profile, setup: str, target: Target, knobs: dict):
-    """The config of the CE run behind ``target`` (the setup's first seed) with the difficulty ``knobs``."""
+    """The config of the CE run behind ``target`` (the setup's first seed) with the difficulty ``knobs``, at the grid's
+    own learning rate: the difficulty is fitted before, and apart from, the learning rates chosen on it
+    (:mod:`experiments.learning_rates`)."""
     seed = getattr(profile, setup).seeds[0]
-    cells = [c for c in STAND_INS[setup].grid(profile) if c.labels["loss"] == "cross_entropy"
+    cells = [c for c in STAND_INS[setup].grid(untuned(profile, setup)) if c.labels["loss"] == "cross_entropy"
              and c.labels["seed"] == seed and all(c.labels[k] == v for k, v in target.cell)]
     if len(cells) != 1:
         raise ValueError(f"{len(cells)} CE runs of {STAND_INS[setup].grid.__name__} match {dict(target.cell)}, "

@@ -26,14 +26,13 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from experiments import grids
 from experiments.paths import RESULTS
-from experiments.profiles import CALIBRATED, Profile, get_profile
+from experiments.profiles import CALIBRATED, Profile, get_profile, untuned
 from experiments.provenance import git_commit
 from experiments.store import ResultsStore
 from experiments.train import run, selection_value
@@ -50,10 +49,9 @@ def path_for(profile_name: str) -> Path:
 def base_cells(profile: Profile, setup: str) -> list[grids.Cell]:
     """One cell per :func:`experiments.grids.choice_key` of the setup's table: its first seed, without label noise,
     at the grid's own learning rate."""
-    untuned = replace(profile, **{setup: replace(getattr(profile, setup), lr_scales={})})
     first_seed = getattr(profile, setup).seeds[0]
     cells = {}
-    for cell in SELECTION_GRIDS[setup](untuned):
+    for cell in SELECTION_GRIDS[setup](untuned(profile, setup)):
         if cell.labels["seed"] == first_seed and not cell.labels.get("p"):
             cells.setdefault(grids.choice_key(cell.config), cell)
     return list(cells.values())
@@ -98,11 +96,21 @@ def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
 
 def table(profile: Profile) -> pd.DataFrame:
     """Every choice the profile uses: the setup, the loss and selection metric, the grid's learning rate, the best
-    validation value (percent) at each multiplier, the multiplier chosen."""
+    validation value (percent) at each multiplier, the multiplier chosen; or one row saying why there is none."""
+    if len(profile.lr_multipliers) == 1:
+        return pd.DataFrame({"learning rates": [f"the grids' own (the paper's, scaled to the profile's schedule): the "
+                                                f"{profile.name} profile chooses none"]})
     stored = json.loads(path_for(profile.name).read_text())["setups"] if path_for(profile.name).exists() else {}
-    rows = [{"data": entry["dataset"], "loss, selected on": c["choice"], "grid's lr": c["lr"],
-             **{f"val x{m}": "diverged" if v is None else round(100 * v, 1) for m, v in c["validation"].items()}, "chosen": f"x{c['multiplier']:g}"}
-            for setup, entry in stored.items() if is_current(entry, profile, setup) for c in entry["choices"]]
+    rows = []
+    for setup in profile.calibrated_setups:
+        entry = stored.get(setup)
+        if not is_current(entry, profile, setup):
+            rows.append({"data": getattr(profile, setup).dataset,
+                         "loss, selected on": "not chosen for this setup: run `make learning-rates`"})
+            continue
+        rows += [{"data": entry["dataset"], "loss, selected on": c["choice"], "grid's lr": c["lr"],
+                  **{f"val x{m}": "diverged" if v is None else round(100 * v, 1) for m, v in c["validation"].items()},
+                  "chosen": f"x{c['multiplier']:g}", "lr": c["lr"] * c["multiplier"]} for c in entry["choices"]]
     return pd.DataFrame(rows)
 
 

@@ -5,7 +5,8 @@ turns that into hours on a given machine.
 
 A :class:`Setup` is one dataset with its model and training schedule; a notebook's grid
 (:mod:`experiments.grids`) turns it into one :class:`RunConfig` per loss, hyperparameter and seed. The loss
-hyperparameters are the paper's at every profile; only the data, the model and the schedule shrink.
+hyperparameters are the paper's at every profile; only the data, the model and the schedule shrink, and where the
+schedule is short (``lr_multipliers``) each loss's learning rate is chosen on validation data.
 
 A profile that judges training claims on synthetic stand-ins takes their difficulty knobs from
 ``experiments/calibrated/<profile>.json``, written by :mod:`experiments.calibration` (cross-entropy alone fitted to the
@@ -155,6 +156,11 @@ def with_learning_rates(profile: Profile) -> Profile:
                           f"(changed since?): its losses keep the grids' learning rates; run "
                           f"`python -m experiments.learning_rates {profile.name}`", stacklevel=2)
     return replace(profile, **changes)
+
+
+def untuned(profile: Profile, setup: str) -> Profile:
+    """``profile`` with ``setup``'s losses at the grids' own learning rates (no choice applied)."""
+    return replace(profile, **{setup: replace(getattr(profile, setup), lr_scales={})})
 
 
 def _stored_setups(path: Path, consequence: str) -> dict | None:

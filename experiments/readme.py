@@ -94,6 +94,24 @@ def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json") -> str:
         f"\n\n*From `experiments/calibrated/{path.name}` (CE runs of the first seed, commit {commits}).*")
 
 
+def learning_rates(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}_learning_rates.json") -> str:
+    """Each stand-in's learning-rate multiplier chosen for each loss and selection metric on validation data
+    (:mod:`experiments.learning_rates`)."""
+    if not path.exists():
+        return f"*No learning rates chosen for the {DEFAULT_PROFILE} profile: run `make learning-rates`.*"
+    setups = json.loads(path.read_text())["setups"]
+    lines = [f"- `{entry['dataset']}` (the grids' rate {_rates(entry)}): "
+             + "; ".join(f"{c['choice']} x{c['multiplier']:g}" for c in entry["choices"]) for entry in setups.values()]
+    tried = ", ".join(sorted({f"x{m:g}" for entry in setups.values() for m in entry["multipliers"]}, key=lambda m: float(m[1:])))
+    commits = ", ".join(sorted({short_commit(e["commit"]) for e in setups.values()}))
+    return "\n".join(lines) + (f"\n\n*From `experiments/calibrated/{path.name}` (best validation value of the first "
+                               f"seed's run at {tried}; commit {commits}).*")
+
+
+def _rates(entry: dict) -> str:
+    return " or ".join(f"{lr:g}" for lr in sorted({c["lr"] for c in entry["choices"]}))
+
+
 def _headline(path: Path, configuration: dict[str, str], order: tuple[str, ...],
               device: str = "cpu") -> tuple[dict, list[str], list[str]]:
     """The rows of ``path`` on ``device`` at ``configuration`` by method, the methods present in ``order``, and the
@@ -277,6 +295,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "profile-time": profile_time,
     "figures-time": figures_time,
     "label-noise-fit": label_noise_fit,
+    "learning-rates": learning_rates,
 }
 
 

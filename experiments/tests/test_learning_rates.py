@@ -1,0 +1,114 @@
+"""Learning rates chosen on validation data: the choice, its reach (every run of a loss and selection metric on its
+setup, but Figs. 2 and 3), the stored choice reaching the profile only for the setup it was made on, and the committed
+choice current."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from experiments import grids, learning_rates, profiles
+from experiments.profiles import QUICK, SMOKE
+from experiments.store import ResultsStore
+from experiments.train import run
+
+
+def _record(config, best: float):
+    """A fake run whose validation selection metric peaks at ``best`` in its second epoch."""
+    metric = config.selection_metric.removeprefix("macro_")[3:]
+    group = "macro_top" if config.selection_metric.startswith("macro_") else "top"
+    return {"config": config.to_dict(),
+            "history": [{"val": {group: {metric: value}}} for value in (best / 2, best, best - 0.1)]}
+
+
+def test_each_loss_keeps_the_multiplier_of_its_best_validation_value_ties_and_nan_runs_aside():
+    trained = []
+    best = {("cross_entropy", 1.0): 0.90, ("cross_entropy", 3.0): 0.90, ("cross_entropy", 10.0): 0.50,
+            ("smooth_hinge", 1.0): 0.70, ("smooth_hinge", 3.0): 0.80, ("smooth_hinge", 10.0): 0.85,
+            ("noised_balanced", 1.0): 0.88, ("noised_balanced", 3.0): 0.89, ("noised_balanced", 10.0): None}
+
+    def train(config):
+        base_lr = QUICK.cifar.lr
+        multiplier = round(config.lr / base_lr, 6)
+        trained.append((config, multiplier))
+        assert config.seed == QUICK.cifar.seeds[0] and "noise" not in config.dataset_options
+        if best[config.loss, multiplier] is None:
+            raise FloatingPointError("the training loss became NaN in epoch 2")
+        return _record(config, best[config.loss, multiplier])
+
+    entry = learning_rates.choose(QUICK, "cifar", train)
+    assert entry["scales"] == {"cross_entropy top5": 1.0, "smooth_hinge top5": 10.0, "noised_balanced top5": 3.0}
+    assert len(trained) == 9 and sorted({m for _, m in trained}) == [1.0, 3.0, 10.0]
+    noised = next(c for c in entry["choices"] if c["choice"] == "noised_balanced top5")
+    assert noised["validation"] == {"1": 0.88, "3": 0.89, "10": None}
+    assert entry["setup_fingerprint"] == QUICK.cifar.tuned_fingerprint()
+
+
+def test_a_loss_that_diverges_at_every_rate_is_an_error_naming_it():
+    def train(config):
+        if config.loss == "smooth_hinge":
+            raise FloatingPointError("the training loss became NaN in epoch 1")
+        return _record(config, 0.5)
+
+    with pytest.raises(FloatingPointError, match=r"smooth_hinge top5 on cifar: the loss became NaN at every"):
+        learning_rates.choose(QUICK, "cifar", train)
+
+
+def test_a_choice_reaches_every_seed_and_noise_level_of_its_loss_and_metric_but_not_figures_2_and_3():
+    scales = {"smooth_hinge top5": 10.0, "noised_balanced top5": 3.0}
+    profile = replace(QUICK, cifar=replace(QUICK.cifar, lr_scales=scales))
+    lr = QUICK.cifar.lr
+    for cell in grids.label_noise(profile) + grids.table2(profile) + grids.table3(profile):
+        expected = lr * scales.get(grids.choice_key(cell.config), 1.0)
+        assert cell.config.lr == expected, cell.labels
+    assert {c.config.lr for c in grids.label_noise(profile) if c.labels["loss"] == "smooth_hinge"} == {lr * 10}
+    assert all(c.config.lr == lr for c in grids.figure2(profile) + grids.figure3(profile))
+    untuned = {c.config.key() for c in grids.label_noise(replace(QUICK, cifar=replace(QUICK.cifar, lr_scales={})))}
+    tuned_ce = [c.config.key() for c in grids.label_noise(profile) if c.labels["loss"] == "cross_entropy"]
+    assert set(tuned_ce) <= untuned  # x1: the very runs (and store keys) of the grid's own rate
+
+
+def test_choice_is_made_on_real_runs_and_the_profile_takes_it_only_for_the_setup_it_was_made_on(tmp_path, monkeypatch):
+    profile = replace(SMOKE, judges_training=True, lr_multipliers=(1.0, 3.0))
+    store = ResultsStore(tmp_path / "store")
+    entry = learning_rates.choose(profile, "imagenet", lambda config: run(config, store))
+    assert set(entry["scales"]) == {f"{loss} top{k}" for loss in ("cross_entropy", "smooth_hinge", "noised_balanced")
+                                    for k in (1, 5)}
+    assert len(list((tmp_path / "store" / "runs").glob("*.json"))) == 12
+    monkeypatch.setattr(profiles, "CALIBRATED", tmp_path)
+    monkeypatch.setattr(learning_rates, "CALIBRATED", tmp_path)
+    (tmp_path / "smoke_learning_rates.json").write_text(json.dumps({"profile": "smoke", "setups": {"imagenet": entry}}))
+    with pytest.warns(UserWarning, match="cifar setup has no learning rates chosen"):
+        tuned = profiles.with_learning_rates(profile)
+    assert tuned.imagenet.lr_scales == entry["scales"] and tuned.cifar.lr_scales == {}
+    assert learning_rates.is_current(entry, tuned, "imagenet")
+    shown = learning_rates.table(tuned)
+    assert len(shown[shown["data"] == "imagenet_like"]) == 6 and set(shown["chosen"].dropna()) <= {"x1", "x3"}
+    assert shown[shown["data"] == "cifar100_like"]["loss, selected on"].str.contains("make learning-rates").all()
+    assert "chooses none" in learning_rates.table(SMOKE).iloc[0, 0]
+    harder = replace(profile, imagenet=replace(profile.imagenet, difficulty={"pixel_noise": 3.0}))
+    with pytest.warns(UserWarning, match="imagenet setup has no learning rates chosen"):
+        assert profiles.with_learning_rates(harder).imagenet.lr_scales == {}
+    with pytest.warns(UserWarning, match="imagenet setup has no learning rates chosen"):
+        profiles.with_learning_rates(replace(profile, lr_multipliers=(1.0, 2.0)))
+    assert profiles.with_learning_rates(replace(profile, lr_multipliers=(1.0,))) == replace(profile, lr_multipliers=(1.0,))
+
+
+def test_the_chosen_rates_leave_the_calibration_fingerprint_as_it_was():
+    setup = QUICK.cifar
+    assert replace(setup, lr_scales={"cross_entropy top5": 3.0}).fingerprint() == setup.fingerprint()
+    assert replace(setup, difficulty={}).fingerprint() == setup.fingerprint()
+    assert replace(setup, difficulty={}).tuned_fingerprint() != setup.tuned_fingerprint()
+
+
+def test_the_committed_quick_choice_is_the_one_the_quick_profile_uses():
+    stored = json.loads(learning_rates.path_for("quick").read_text())["setups"]
+    for setup in QUICK.calibrated_setups:
+        assert learning_rates.is_current(stored.get(setup), QUICK, setup), (
+            f"experiments/calibrated/quick_learning_rates.json is stale for {setup}: run `make learning-rates`")
+        assert getattr(QUICK, setup).lr_scales == stored[setup]["scales"]
+        for choice in stored[setup]["choices"]:
+            values = {float(m): v for m, v in choice["validation"].items() if v is not None}
+            assert choice["multiplier"] == min(m for m, v in values.items() if v == max(values.values()))
