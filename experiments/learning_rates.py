@@ -1,10 +1,10 @@
 """Each loss's learning rate at a profile's short schedule, chosen on the validation set alone.
 
 The paper trains every loss of a table at one learning rate for hundreds of epochs (CIFAR-100: 300), long enough for
-a loss whose gradient is small to converge: the smoothed hinge's is about 1/K of cross-entropy's. At the quick
-profile's 10-12 epochs one rate for all judges such a loss before it has learnt (the smoothed hinge, K = 5, tau = 1,
-on the CIFAR-100 stand-in, seed 0, p = 0: test top-5 76.0% at the profile's rate, 92.7% with 4x the epochs, 92.9%
-with 10x the rate, against cross-entropy's 93.8%; measured 2026-11-24).
+a loss whose gradient is small to converge: the smoothed hinge's is about 1/K of cross-entropy's (its softplus takes
+the scores divided by K tau, then is multiplied by tau). At the quick profile's 10-12 epochs one rate for all judges
+such a loss before it has learnt: the stored validation values show how far (the smoothed hinge at the grid's rate
+and at 10 times it, on the CIFAR-100 stand-in).
 
 So a profile with ``lr_multipliers`` trains, on each setup, the first seed of each loss and model-selection metric
 (:func:`experiments.grids.choice_key`) of the setup's table, without label noise, at the grid's learning rate times
