@@ -105,13 +105,18 @@ def table(profile: Profile) -> pd.DataFrame:
     for setup in profile.calibrated_setups:
         entry = stored.get(setup)
         if not is_current(entry, profile, setup):
-            rows.append({"data": getattr(profile, setup).dataset,
-                         "loss, selected on": "not chosen for this setup: run `make learning-rates`"})
+            rows.append({"data": getattr(profile, setup).dataset, "loss, selected on": "",
+                         "chosen": "not chosen for this setup: run `make learning-rates`"})
             continue
         rows += [{"data": entry["dataset"], "loss, selected on": c["choice"], "grid's lr": c["lr"],
-                  **{f"val x{m}": "diverged" if v is None else round(100 * v, 1) for m, v in c["validation"].items()},
-                  "chosen": f"x{c['multiplier']:g}", "lr": c["lr"] * c["multiplier"]} for c in entry["choices"]]
-    return pd.DataFrame(rows)
+                  **{f"val x{m:g}": _percent(c["validation"][f"{m:g}"]) for m in entry["multipliers"]},
+                  "chosen": f"x{c['multiplier']:g}", "lr": float(f"{c['lr'] * c['multiplier']:.4g}")}
+                 for c in entry["choices"]]
+    return pd.DataFrame(rows).set_index(["data", "loss, selected on"])
+
+
+def _percent(value: float | None) -> float | str:
+    return "diverged" if value is None else round(100 * value, 1)
 
 
 def main(argv: list[str] | None = None) -> int:

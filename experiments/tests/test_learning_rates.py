@@ -85,8 +85,9 @@ def test_choice_is_made_on_real_runs_and_the_profile_takes_it_only_for_the_setup
     assert tuned.imagenet.lr_scales == entry["scales"] and tuned.cifar.lr_scales == {}
     assert learning_rates.is_current(entry, tuned, "imagenet")
     shown = learning_rates.table(tuned)
-    assert len(shown[shown["data"] == "imagenet_like"]) == 6 and set(shown["chosen"].dropna()) <= {"x1", "x3"}
-    assert shown[shown["data"] == "cifar100_like"]["loss, selected on"].str.contains("make learning-rates").all()
+    assert len(shown.loc["imagenet_like"]) == 6 and set(shown.loc["imagenet_like", "chosen"]) <= {"x1", "x3"}
+    assert list(shown.loc["imagenet_like"].columns[1:3]) == ["val x1", "val x3"]
+    assert shown.loc["cifar100_like", "chosen"].str.contains("make learning-rates").all()
     assert "chooses none" in learning_rates.table(SMOKE).iloc[0, 0]
     harder = replace(profile, imagenet=replace(profile.imagenet, difficulty={"pixel_noise": 3.0}))
     with pytest.warns(UserWarning, match="imagenet setup has no learning rates chosen"):
