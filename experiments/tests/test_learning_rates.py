@@ -86,7 +86,7 @@ def test_choice_is_made_on_real_runs_and_the_profile_takes_it_only_for_the_setup
     assert learning_rates.is_current(entry, tuned, "imagenet")
     shown = learning_rates.table(tuned)
     assert len(shown.loc["imagenet_like"]) == 6 and set(shown.loc["imagenet_like", "chosen"]) <= {"x1", "x3"}
-    assert list(shown.loc["imagenet_like"].columns[1:3]) == ["val x1", "val x3"]
+    assert [c for c in shown.columns if c.startswith("val")] == ["val x1", "val x3"]
     assert shown.loc["cifar100_like", "chosen"].str.contains("make learning-rates").all()
     assert "chooses none" in learning_rates.table(SMOKE).iloc[0, 0]
     harder = replace(profile, imagenet=replace(profile.imagenet, difficulty={"pixel_noise": 3.0}))
