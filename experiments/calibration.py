@@ -17,7 +17,6 @@ runs are the very runs the tables use.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -25,15 +24,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import pandas as pd
 
-from experiments import grids, paper
-from experiments.paths import RESULTS
-from experiments.profiles import CALIBRATED, SETUPS, Profile, get_profile, untuned
+from experiments import grids, paper, profile_steps
+from experiments.profiles import CALIBRATED, SETUPS, Profile, untuned
 from experiments.provenance import git_commit
-from experiments.store import ResultsStore
 from experiments.train import run
 
 #: how far (points) a CE number may be from the paper's and still count as matched: fitted, held out
@@ -322,33 +318,22 @@ def summary_line(profile: Profile, setup: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.calibration", description=__doc__.split("\n\n")[0])
-    parser.add_argument("profile")
-    parser.add_argument("--store", help="results store (default: results/<profile>)")
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
-    try:
-        profile = get_profile(args.profile)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
+    command = profile_steps.parse_command("python -m experiments.calibration", __doc__.split("\n\n")[0], argv)
+    if command is None:
         return 2
+    profile, store, device = command
     if not profile.calibrated_setups:
         print(f"the {profile.name} profile has no stand-in to calibrate "
               f"({'real data' if not profile.cifar.synthetic else 'it trains too little for its numbers to mean anything'})")
         return 0
-    store = ResultsStore(Path(args.store) if args.store else RESULTS / profile.name)
     calibration = stored(profile.name) or {"profile": profile.name, "setups": {}}
     for setup in profile.calibrated_setups:
         if is_current(calibration["setups"].get(setup), profile, setup):
             print(f"{setup}: calibrated, up to date ({calibration['setups'][setup]['knobs']})")
             continue
         print(f"{setup}: calibrating {getattr(profile, setup).dataset} on cross-entropy ...", flush=True)
-        calibration["setups"][setup] = calibrate(profile, setup, lambda config: run(config, store, device=args.device))
-        path = CALIBRATED / f"{profile.name}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(calibration, indent=1, sort_keys=True) + "\n")
-        tmp.replace(path)  # each setup is kept as soon as it is done
+        calibration["setups"][setup] = calibrate(profile, setup, lambda config: run(config, store, device=device))
+        profile_steps.keep(CALIBRATED / f"{profile.name}.json", calibration)  # each setup kept as soon as it is done
         print(table(calibration["setups"][setup]).to_string(), flush=True)
     return 0
 

@@ -22,7 +22,6 @@ again. Runs go through the results store, so the chosen runs are the tables' own
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -30,11 +29,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import grids
-from experiments.paths import RESULTS
-from experiments.profiles import CALIBRATED, Profile, get_profile, untuned
+from experiments import grids, profile_steps
+from experiments.profiles import CALIBRATED, Profile, untuned
 from experiments.provenance import git_commit
-from experiments.store import ResultsStore
 from experiments.train import run, selection_value
 
 #: the table each setup's learning rates are chosen on
@@ -120,20 +117,13 @@ def _percent(value: float | None) -> float | str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.learning_rates", description=__doc__.split("\n\n")[0])
-    parser.add_argument("profile")
-    parser.add_argument("--store", help="results store (default: results/<profile>)")
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
-    try:
-        profile = get_profile(args.profile)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
+    command = profile_steps.parse_command("python -m experiments.learning_rates", __doc__.split("\n\n")[0], argv)
+    if command is None:
         return 2
+    profile, store, device = command
     if len(profile.lr_multipliers) == 1:
         print(f"the {profile.name} profile trains every loss at its grids' learning rates: nothing to choose")
         return 0
-    store = ResultsStore(Path(args.store) if args.store else RESULTS / profile.name)
     path = path_for(profile.name)
     stored = json.loads(path.read_text()) if path.exists() else {"profile": profile.name, "setups": {}}
     for setup in profile.calibrated_setups:
@@ -141,11 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{setup}: learning rates chosen, up to date ({stored['setups'][setup]['scales']})")
             continue
         print(f"{setup}: choosing each loss's learning rate on validation data ...", flush=True)
-        stored["setups"][setup] = choose(profile, setup, lambda config: run(config, store, device=args.device))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
-        tmp.replace(path)  # each setup is kept as soon as it is done
+        stored["setups"][setup] = choose(profile, setup, lambda config: run(config, store, device=device))
+        profile_steps.keep(path, stored)  # each setup is kept as soon as it is done
         print(json.dumps(stored["setups"][setup]["scales"], indent=1), flush=True)
     return 0
 

@@ -1,0 +1,37 @@
+"""What the steps run once per profile before its notebooks (:mod:`experiments.calibration`,
+:mod:`experiments.learning_rates`) share: their command line and how they keep what they chose."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from experiments.paths import RESULTS
+from experiments.profiles import Profile, get_profile
+from experiments.store import ResultsStore
+
+
+def parse_command(prog: str, description: str, argv: list[str] | None) -> tuple[Profile, ResultsStore, str] | None:
+    """``PROFILE [--store DIR] [--device D]``: the profile, its results store and the device; None (after saying why
+    on stderr) for an unknown profile."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("profile")
+    parser.add_argument("--store", help="results store (default: results/<profile>)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    try:
+        profile = get_profile(args.profile)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return None
+    return profile, ResultsStore(Path(args.store) if args.store else RESULTS / profile.name), args.device
+
+
+def keep(path: Path, stored: dict) -> None:
+    """Write ``stored`` to ``path`` as JSON in one step: an interrupted write leaves the previous file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
