@@ -9,7 +9,7 @@ and at 10 times it, on the CIFAR-100 stand-in).
 So a profile with ``lr_multipliers`` trains, on each setup, the first seed of each loss and model-selection metric
 (:func:`experiments.grids.choice_key`) of the setup's table, without label noise, at the grid's learning rate times
 each multiplier, and keeps the multiplier whose run reaches the best validation value of its selection metric (ties:
-the smaller). Every loss is chosen the same way, cross-entropy included, on validation data only; the choice then
+the one nearest 1, the grid's own rate). Every loss is chosen the same way, cross-entropy included, on validation data only; the choice then
 applies to every run of that loss and metric on the setup, all seeds and noise levels (:mod:`experiments.grids`).
 Cross-entropy's difficulty was calibrated at multiplier 1 (:mod:`experiments.calibration`): where it chooses another,
 its tables show it at the chosen rate.
@@ -23,6 +23,7 @@ again. Runs go through the results store, so the chosen runs are the tables' own
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -62,7 +63,7 @@ def best_validation(record: dict) -> float:
 
 def choose(profile: Profile, setup: str, train) -> dict:
     """Train each :func:`base_cells` run at each of the profile's multipliers (``train(config)`` gives a run's record)
-    and keep, per choice key, the multiplier of the best validation value (ties: the smaller; a run whose loss became
+    and keep, per choice key, the multiplier of the best validation value (ties: the one nearest 1; a run whose loss became
     NaN is never chosen, its value stored as None): the entry stored for the setup."""
     started, choices = time.time(), []
     for cell in base_cells(profile, setup):
@@ -72,7 +73,7 @@ def choose(profile: Profile, setup: str, train) -> dict:
                 values[multiplier] = best_validation(train(grids.scaled_lr(cell.config, multiplier)))
             except FloatingPointError:
                 values[multiplier] = None
-        best = max((m for m in values if values[m] is not None), key=lambda m: (values[m], -m), default=None)
+        best = max((m for m in values if values[m] is not None), key=lambda m: (values[m], -abs(math.log(m))), default=None)
         if best is None:
             raise FloatingPointError(f"{grids.choice_key(cell.config)} on {setup}: the loss became NaN at every "
                                      f"learning-rate multiplier {sorted(values)} of {cell.config.lr:g}")

@@ -209,7 +209,7 @@ QUICK = calibrated(Profile(
                    milestones=(6, 8), seeds=(0, 1), dataset_options={"per_class_train": 40, "per_class_val": 10,
                                                                      "per_class_test": 10, "n_classes": 200}),
     sweep_seeds=(0, 1, 2), figure3_ks=(1, 5, 10, 20, 50), figure3_epochs=2, judges_training=True,
-    level_set_points=90, replications=100, bound_samples=4000, lr_multipliers=(1.0, 3.0, 10.0),
+    level_set_points=90, replications=100, bound_samples=4000, lr_multipliers=(0.3, 1.0, 3.0, 10.0),
 ))
 
 PAPER = Profile(
