@@ -1,5 +1,6 @@
 """How long a profile takes on this machine: each setup's training and evaluation speed measured here, times the images
-:mod:`experiments.workload` counts for each notebook and for one point of the calibration.
+:mod:`experiments.workload` counts for each notebook, for the learning-rate choice's runs beyond theirs and for one point
+of the calibration.
 
     python benchmarks/bench_profile_time.py gpu --device cuda
     python benchmarks/bench_profile_time.py quick --device cpu --threads 1    # as `make -j2 paper-figures THREADS=1`
@@ -27,7 +28,8 @@ from _measure import write_csv  # noqa: E402
 from experiments.models import build_model  # noqa: E402
 from experiments.profiles import SETUPS, get_profile  # noqa: E402
 from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
-from experiments.workload import profile_work, stand_in_size  # noqa: E402
+from experiments.grids import NOTEBOOK_GRIDS  # noqa: E402
+from experiments.workload import CALIBRATION_POINT, CHOICE, profile_work, stand_in_size  # noqa: E402
 
 FIELDS = [*STAMP_FIELDS, "profile", "notebook", "setup", "runs", "epochs", "train_images", "eval_images",
           "train_images_per_s", "eval_images_per_s", "hours"]
@@ -112,9 +114,9 @@ def main() -> None:
     write_csv(rows, FIELDS, out)
     for notebook, hours in totals.items():
         print(f"  {notebook:28s} {hours:10.2f} h")
-    notebooks = sum(hours for notebook, hours in totals.items() if notebook != "calibration point")
-    print(f"training notebooks: {notebooks:.2f} h; each point of the calibration's search: "
-          f"{totals.get('calibration point', 0):.2f} h. CSV: {out}")
+    notebooks = sum(hours for notebook, hours in totals.items() if notebook in NOTEBOOK_GRIDS)
+    print(f"training notebooks: {notebooks:.2f} h; the learning-rate choice's other runs: {totals.get(CHOICE, 0):.2f} h; "
+          f"each point of the calibration's search: {totals.get(CALIBRATION_POINT, 0):.2f} h. CSV: {out}")
 
 
 if __name__ == "__main__":

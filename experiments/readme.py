@@ -220,17 +220,23 @@ def gpu_results(results: Path = BENCHMARK_RESULTS) -> str:
 
 
 def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
-    """Each committed estimate of a profile's time (``bench_profile_time.py``): hours of the training notebooks and of
-    one calibration point, on the machine that measured it."""
+    """Each committed estimate of a profile's time (``bench_profile_time.py``): hours of the training notebooks, of the
+    learning-rate choice's runs beyond theirs (where the profile chooses) and of one calibration point, on the machine
+    that measured it."""
+    from experiments.workload import CALIBRATION_POINT, CHOICE
+
     lines = []
     for path in sorted(results.glob("profile_time_*.csv")):
         rows = _rows(path)
         if not rows:
             continue
-        hours = lambda notebooks: sum(float(r["hours"]) for r in rows if notebooks(r["notebook"]))  # noqa: E731
-        lines.append(f"- `{rows[0]['profile']}` profile: training notebooks "
-                     f"{hours(lambda name: name != 'calibration point'):.2f} h, one calibration point "
-                     f"{hours(lambda name: name == 'calibration point'):.2f} h ({_stamp(rows[0])}; `{path.name}`)")
+        hours = {part: sum(float(r["hours"]) for r in rows if r["notebook"] == part)
+                 for part in (CHOICE, CALIBRATION_POINT)}
+        notebooks = sum(float(r["hours"]) for r in rows) - sum(hours.values())
+        choice = (f", the learning-rate choice's other runs {hours[CHOICE]:.2f} h (trained only when the choice is made "
+                  f"again)" if any(r["notebook"] == CHOICE for r in rows) else "")
+        lines.append(f"- `{rows[0]['profile']}` profile: training notebooks {notebooks:.2f} h{choice}, one calibration "
+                     f"point {hours[CALIBRATION_POINT]:.2f} h ({_stamp(rows[0])}; `{path.name}`)")
     if not any(results.glob("profile_time_gpu_*.csv")) and (bound := gpu_cifar_lower_bound(results)):
         lines.append(bound)
     return "\n".join(lines) or "*No profile time estimate in `benchmarks/results/`: run `make profile-time`.*"
@@ -239,6 +245,7 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
 def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
     """Until the ``gpu`` profile's time is measured: its CIFAR-100 notebooks' training steps at the compiled
     DenseNet-40-40 cross-entropy step of ``training_step.csv`` (the paper's batch of 64), a lower bound."""
+    from experiments.grids import NOTEBOOK_GRIDS
     from experiments.profiles import GPU
     from experiments.workload import profile_work
 
@@ -248,7 +255,7 @@ def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
     if not steps:
         return ""
     ms = sum(float(row["ms_per_step"]) for row in steps) / len(steps)
-    images = sum(work.train_images for work in profile_work(GPU, ("cifar",)) if work.notebook != "calibration point")
+    images = sum(work.train_images for work in profile_work(GPU, ("cifar",)) if work.notebook in NOTEBOOK_GRIDS)
     hours = images / GPU.cifar.batch_size * ms / 3.6e6
     return (f"- `gpu` profile, CIFAR-100's training notebooks alone: at least {hours:.0f} h on the GPU that measured "
             f"its step ({images:,} training images at {ms:.2f} ms per batch of {GPU.cifar.batch_size}, the compiled "

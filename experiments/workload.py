@@ -1,6 +1,7 @@
 """What a profile trains, counted before anything runs: per training notebook, its distinct runs (a run shared with an
 earlier notebook is trained once, by the results store) and the images they push through a training step and through
-an evaluation; and one point of the calibration's search.
+an evaluation; the learning-rate choice's runs beyond the tables' own (trained only when the choice is made again:
+:mod:`experiments.learning_rates`); and one point of the calibration's search.
 
 ``benchmarks/bench_profile_time.py`` measures how fast a machine trains each setup and turns these counts into hours.
 Only stand-in profiles can be counted: a real dataset's size is known from its files.
@@ -16,8 +17,13 @@ from dataclasses import dataclass
 from functools import cache
 
 import data_prep
+from experiments import grids, learning_rates
 from experiments.grids import NOTEBOOK_GRIDS
 from experiments.profiles import SETUPS, Profile, Setup, get_profile
+
+
+CHOICE = "learning-rate choice"
+CALIBRATION_POINT = "calibration point"
 
 
 @dataclass(frozen=True)
@@ -33,8 +39,9 @@ class StandInSize:
 
 @dataclass(frozen=True)
 class Work:
-    """Runs of one setup within one notebook (``notebook`` is ``"calibration point"`` for one point of the
-    calibration's search: one cross-entropy run per calibrated setup)."""
+    """Runs of one setup within one notebook; ``notebook`` is :data:`CHOICE` for the learning-rate choice's runs that
+    no notebook trains, :data:`CALIBRATION_POINT` for one point of the calibration's search (one cross-entropy run per
+    calibrated setup)."""
 
     notebook: str
     setup: str  #: the profile's attribute: cifar, plantnet, imagenet_lt or imagenet
@@ -71,8 +78,10 @@ def _work(notebook: str, name: str, setup: Setup, configs: list) -> Work:
 
 
 def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Work]:
-    """The training notebooks' work, in the report's order, one row per notebook and setup, then one calibration
-    point per calibrated setup (its first seed, as :mod:`experiments.calibration` trains it); ``setups`` only."""
+    """The training notebooks' work, in the report's order, one row per notebook and setup; then, on a profile that
+    chooses learning rates, the choice's runs at the multipliers the tables do not train (with the stored choice);
+    then one calibration point per calibrated setup (its first seed, as :mod:`experiments.calibration` trains it);
+    ``setups`` only."""
     rows, seen = [], set()
     setup_names = {getattr(profile, name).dataset: name for name in SETUPS}  # each setup has its own dataset
     for notebook, notebook_grids in NOTEBOOK_GRIDS.items():
@@ -84,9 +93,15 @@ def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Wor
                     by_setup.setdefault(setup_names[cell.setup.dataset], []).append(cell.config)
         rows += [_work(notebook, name, getattr(profile, name), configs) for name, configs in by_setup.items()
                  if name in setups]
+    if len(profile.lr_multipliers) > 1:
+        for name in (name for name in profile.calibrated_setups if name in setups):
+            configs = [grids.scaled_lr(cell.config, multiplier) for cell in learning_rates.base_cells(profile, name)
+                       for multiplier in profile.lr_multipliers]
+            rows.append(_work(CHOICE, name, getattr(profile, name),
+                              [config for config in configs if config.key() not in seen]))
     for name in (name for name in profile.calibrated_setups if name in setups):
         setup = getattr(profile, name)
-        rows.append(_work("calibration point", name, setup, [setup.config("cross_entropy", setup.seeds[0])]))
+        rows.append(_work(CALIBRATION_POINT, name, setup, [setup.config("cross_entropy", setup.seeds[0])]))
     return rows
 
 

@@ -4,7 +4,7 @@ matches them, and a changed result makes its block stale."""
 import json
 import shutil
 
-from experiments import readme
+from experiments import grids, readme
 from experiments.paths import FIGURES
 
 
@@ -40,7 +40,7 @@ def test_headline_block_reads_the_csv_with_its_stamp(tmp_path):
     assert "commit bbbbbbbbbb" in text
 
 
-def test_profile_time_block_sums_the_notebooks_apart_from_the_calibration_point(tmp_path):
+def test_profile_time_block_sums_the_notebooks_apart_from_the_choice_and_the_calibration_point(tmp_path):
     fields = {"device": "cuda", "device_name": "test-gpu", "commit": "c" * 40, "python": "3", "torch": "9.9",
               "triton": "3", "topk": "0", "profile": "gpu"}
     rows = [{**fields, "notebook": name, "hours": hours}
@@ -49,6 +49,12 @@ def test_profile_time_block_sums_the_notebooks_apart_from_the_calibration_point(
         handle.write(",".join(rows[0]) + "\n" + "\n".join(",".join(r.values()) for r in rows) + "\n")
     text = readme.profile_time(tmp_path)
     assert "`gpu` profile: training notebooks 3.75 h, one calibration point 4.00 h (test-gpu (cuda)" in text
+    rows = [{**row, "profile": "quick"} for row in rows] + [
+        {**fields, "profile": "quick", "notebook": "learning-rate choice", "hours": "0.5"}]
+    with (tmp_path / "profile_time_quick_cpu.csv").open("w") as handle:
+        handle.write(",".join(rows[0]) + "\n" + "\n".join(",".join(r.values()) for r in rows) + "\n")
+    assert "`quick` profile: training notebooks 3.75 h, the learning-rate choice's other runs 0.50 h (trained only " \
+           "when the choice is made again), one calibration point 4.00 h" in readme.profile_time(tmp_path)
 
 
 def test_until_the_gpu_profile_is_timed_its_cifar_steps_give_a_lower_bound(tmp_path):
@@ -60,7 +66,7 @@ def test_until_the_gpu_profile_is_timed_its_cifar_steps_give_a_lower_bound(tmp_p
     rows = [f"{stamp},compiled,cross_entropy,64,6.0", f"{stamp},compiled,cross_entropy,64,8.0",
             f"{stamp},eager,cross_entropy,64,20.0", f"{stamp},compiled,smooth_hinge,64,9.0"]
     (tmp_path / "training_step.csv").write_text(header + "\n".join(rows) + "\n")
-    images = sum(w.train_images for w in profile_work(GPU, ("cifar",)) if w.notebook != "calibration point")
+    images = sum(w.train_images for w in profile_work(GPU, ("cifar",)) if w.notebook in grids.NOTEBOOK_GRIDS)
     text = readme.profile_time(tmp_path)
     assert f"at least {images / 64 * 7.0 / 3.6e6:.0f} h on the GPU that measured its step ({images:,} training " \
            "images at 7.00 ms per batch of 64" in text and "mean of 2" in text

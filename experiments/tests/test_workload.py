@@ -3,7 +3,7 @@
 import pytest
 
 import data_prep
-from experiments import grids, workload
+from experiments import grids, learning_rates, workload
 from experiments.profiles import GPU, PAPER, QUICK, SMOKE
 
 
@@ -32,9 +32,20 @@ def test_images_count_full_batches_every_epoch_and_evaluations():
 
 
 def test_one_calibration_point_per_calibrated_setup():
-    points = [row for row in workload.profile_work(QUICK) if row.notebook == "calibration point"]
+    points = [row for row in workload.profile_work(QUICK) if row.notebook == workload.CALIBRATION_POINT]
     assert [row.setup for row in points] == list(QUICK.calibrated_setups) and all(row.runs == 1 for row in points)
-    assert not [row for row in workload.profile_work(SMOKE) if row.notebook == "calibration point"]
+    assert not [row for row in workload.profile_work(SMOKE) if row.notebook == workload.CALIBRATION_POINT]
+
+
+def test_the_learning_rate_choice_counts_the_runs_at_the_multipliers_the_tables_do_not_train():
+    rows = {row.setup: row for row in workload.profile_work(QUICK) if row.notebook == workload.CHOICE}
+    assert list(rows) == list(QUICK.calibrated_setups)
+    for name, row in rows.items():
+        cells = learning_rates.base_cells(QUICK, name)
+        tables = {cell.config.key() for grid in grids.NOTEBOOK_GRIDS.values() for g in grid for cell in g(QUICK)}
+        tried = {grids.scaled_lr(c.config, m).key() for c in cells for m in QUICK.lr_multipliers}
+        assert row.runs == len(tried - tables) == len(cells) * (len(QUICK.lr_multipliers) - 1)  # one each in a table
+    assert not [row for row in workload.profile_work(SMOKE) if row.notebook == workload.CHOICE]
 
 
 def test_the_work_of_chosen_setups_is_their_rows_of_the_whole_profile():
