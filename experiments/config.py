@@ -12,6 +12,11 @@ from data_prep.synthetic import GENERATOR_VERSIONS
 SELECTION = re.compile(r"^(macro_)?top(\d+)$")
 
 
+def selection_metrics(eval_ks: tuple[int, ...]) -> tuple[str, ...]:
+    """Every metric a run evaluated at ``eval_ks`` can select its model on: top-K and macro-average top-K."""
+    return tuple(f"{macro}top{k}" for k in eval_ks for macro in ("", "macro_"))
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that determines a run's result. Execution details (device, data root, workers) are not part of it."""
@@ -81,6 +86,15 @@ class RunConfig:
             fields["generator_version"] = GENERATOR_VERSIONS[self.dataset]
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def siblings(self) -> list["RunConfig"]:
+        """This run at every selection metric of its ``eval_ks``, itself included: one training serves them all, as
+        the metric only picks the epoch whose model is tested."""
+        return [self.replace(selection_metric=metric) for metric in selection_metrics(self.eval_ks)]
+
+    def training_key(self) -> str:
+        """The key shared by this run's :meth:`siblings`: what is actually trained."""
+        return self.siblings()[0].key()
 
     def replace(self, **changes) -> "RunConfig":
         return RunConfig.from_dict({**self.to_dict(), **changes})

@@ -2,6 +2,11 @@
 a validation metric, test evaluation of the selected epoch, per-epoch timings, a checkpoint after every epoch, and
 one record per run in the results store. Runs under ``torchrun`` with DistributedDataParallel as well.
 
+The selection metric does not change the training, only the epoch whose model is tested: a run tracks every metric
+it could be selected on and, when it finishes, also stores the records of its siblings
+(:meth:`experiments.config.RunConfig.siblings`; e.g. cross-entropy selected on top-1, top-3 and top-5 for one
+table): each is what its own training would have given, to the bit.
+
 A finished run is never recomputed; an interrupted one resumes from its last checkpoint, and reaches the same
 result as an uninterrupted run: the data order and the augmentation of epoch ``e`` depend only on ``(seed, e)``
 (:mod:`experiments.batches`), and the RNG states (the noised losses' noise) are saved with every checkpoint.
@@ -24,7 +29,7 @@ from torch import nn
 import data_prep
 from data_prep.common import TensorImages
 from experiments.batches import batches, order_seed
-from experiments.config import SELECTION, RunConfig
+from experiments.config import SELECTION, RunConfig, selection_metrics
 from experiments.models import build_model, parameter_count
 from experiments.provenance import device_name, git_commit, versions
 from experiments.store import ResultsStore
@@ -64,12 +69,12 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
     optimiser = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, nesterov=True,
                                 weight_decay=config.weight_decay)
     schedule = torch.optim.lr_scheduler.MultiStepLR(optimiser, list(config.milestones), config.lr_gamma)
-    state = {"epoch": 0, "history": [], "best": None, "best_value": -1.0}
+    state = {"epoch": 0, "history": [], "selected": dict.fromkeys(selection_metrics(config.eval_ks)), "models": {}}
     if (checkpoint := store.load_checkpoint(key)) is not None:
         model.load_state_dict(checkpoint["model"])
         optimiser.load_state_dict(checkpoint["optimiser"])
         schedule.load_state_dict(checkpoint["schedule"])
-        state = checkpoint["state"]
+        state = _tracking_state(checkpoint["state"], config)
         _set_rng_states(checkpoint["rng"])
     trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     if compile_mode is not None:
@@ -85,9 +90,7 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
         state["history"].append({"epoch": epoch + 1, "train_loss": mean_loss, "epoch_seconds": seconds,
                                  "loss_seconds": loss_seconds, "grad_nonzero": grad_nonzero,
                                  "lr": optimiser.param_groups[0]["lr"], "val": validation})
-        value = selection_value(validation, config.selection_metric)
-        if value > state["best_value"]:
-            state["best_value"], state["best"] = value, {"epoch": epoch + 1, "model": copy.deepcopy(model.state_dict())}
+        _keep_selected(state, validation, model)
         state["epoch"] = epoch + 1
         if rank == 0:
             store.save_checkpoint(key, {"model": model.state_dict(), "optimiser": optimiser.state_dict(),
@@ -95,20 +98,55 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
         epochs_this_call += 1
         if stop_after_epochs is not None and epochs_this_call >= stop_after_epochs and state["epoch"] < config.epochs:
             return None
-    model.load_state_dict(state["best"]["model"])
-    test = evaluate(model, test_batches, config.eval_ks, splits.class_counts, config.batch_size)
-    record = {
-        "key": key, "config": config.to_dict(), "history": state["history"], "selected_epoch": state["best"]["epoch"],
-        "test": test, "data": {"name": splits.name, "synthetic": splits.synthetic, "description": splits.description,
-                               "num_classes": splits.num_classes, "train_size": len(splits.train)},
-        "provenance": {**_provenance(device, world, model), "compile_mode": compile_mode},
-    }
+    tested = {}  # selected epoch -> its test metrics (and label-noise fit)
+    provenance = {**_provenance(device, world, model), "compile_mode": compile_mode}
+    for sibling in sorted(config.siblings(), key=lambda sibling: sibling == config):  # its own record last
+        selected = state["selected"].get(sibling.selection_metric)
+        if sibling != config and (selected is None or store.finished(sibling.key()) is not None):
+            continue
+        if selected["epoch"] not in tested:
+            model.load_state_dict(state["models"][selected["epoch"]])
+            tested[selected["epoch"]] = _tested(model, splits, test_batches, config, device)
+        record = json.loads(json.dumps({  # the same form as when read back from the store
+            "key": sibling.key(), "config": sibling.to_dict(), "history": state["history"],
+            "selected_epoch": selected["epoch"], **tested[selected["epoch"]],
+            "data": {"name": splits.name, "synthetic": splits.synthetic, "description": splits.description,
+                     "num_classes": splits.num_classes, "train_size": len(splits.train)},
+            "provenance": provenance}))
+        if rank == 0:
+            store.save_record(sibling.key(), record)
+    return record  # this config's own
+
+
+def _keep_selected(state: dict, validation: dict, model: nn.Module) -> None:
+    """After an epoch's validation: for each selection metric the run tracks, the first epoch of its best value so
+    far; the models of the selected epochs only are kept."""
+    epoch = len(state["history"])
+    for metric, selected in state["selected"].items():
+        if selected is None or selection_value(validation, metric) > selected["value"]:
+            state["selected"][metric] = {"epoch": epoch, "value": selection_value(validation, metric)}
+    epochs = {selected["epoch"] for selected in state["selected"].values()}
+    if epoch in epochs:
+        state["models"][epoch] = copy.deepcopy(model.state_dict())
+    state["models"] = {kept: weights for kept, weights in state["models"].items() if kept in epochs}
+
+
+def _tracking_state(state: dict, config: RunConfig) -> dict:
+    """A checkpoint's state; one written before a run tracked every selection metric (with ``best``: one model)
+    goes on tracking its own metric alone."""
+    if "best" not in state:
+        return state
+    best = state["best"]
+    return {"epoch": state["epoch"], "history": state["history"], "models": {best["epoch"]: best["model"]},
+            "selected": {config.selection_metric: {"epoch": best["epoch"], "value": state["best_value"]}}}
+
+
+def _tested(model: nn.Module, splits, test_batches, config: RunConfig, device: torch.device) -> dict:
+    """A selected model's test metrics and, on noisy labels, how much of the noise it fits."""
+    tested = {"test": evaluate(model, test_batches, config.eval_ks, splits.class_counts, config.batch_size)}
     if (clean_labels := splits.info.get("clean_train_labels")) is not None:
-        record["label_noise_fit"] = flipped_label_fit(model, splits.train, clean_labels, device, config.batch_size)
-    record = json.loads(json.dumps(record))  # the same form as when read back from the store
-    if rank == 0:
-        store.save_record(key, record)
-    return record
+        tested["label_noise_fit"] = flipped_label_fit(model, splits.train, clean_labels, device, config.batch_size)
+    return tested
 
 
 def compile_step(model: nn.Module, loss_fn: nn.Module, mode: str) -> tuple[nn.Module, nn.Module]:

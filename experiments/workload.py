@@ -1,5 +1,6 @@
-"""What a profile trains, counted before anything runs: per training notebook, its distinct runs (a run shared with an
-earlier notebook is trained once, by the results store) and the images they push through a training step and through
+"""What a profile trains, counted before anything runs: per training notebook, its distinct trainings (a run shared
+with an earlier notebook is trained once, by the results store, and so are runs that differ only in their selection
+metric: :meth:`experiments.config.RunConfig.siblings`) and the images they push through a training step and through
 an evaluation; the learning-rate choice's runs beyond the tables' own (trained only when the choice is made again:
 :mod:`experiments.learning_rates`); and one point of the calibration's search.
 
@@ -88,8 +89,8 @@ def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Wor
         by_setup: dict[str, list] = {}
         for grid in notebook_grids:
             for cell in grid(profile):
-                if cell.config.key() not in seen:
-                    seen.add(cell.config.key())
+                if cell.config.training_key() not in seen:
+                    seen.add(cell.config.training_key())
                     by_setup.setdefault(setup_names[cell.setup.dataset], []).append(cell.config)
         rows += [_work(notebook, name, getattr(profile, name), configs) for name, configs in by_setup.items()
                  if name in setups]
@@ -97,8 +98,9 @@ def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Wor
         for name in (name for name in profile.calibrated_setups if name in setups):
             configs = [grids.scaled_lr(cell.config, multiplier) for cell in learning_rates.base_cells(profile, name)
                        for multiplier in profile.lr_multipliers]
+            trainings = {config.training_key(): config for config in configs}
             rows.append(_work(CHOICE, name, getattr(profile, name),
-                              [config for config in configs if config.key() not in seen]))
+                              [config for key, config in trainings.items() if key not in seen]))
     for name in (name for name in profile.calibrated_setups if name in setups):
         setup = getattr(profile, name)
         rows.append(_work(CALIBRATION_POINT, name, setup, [setup.config("cross_entropy", setup.seeds[0])]))

@@ -12,6 +12,7 @@ import pytest
 from data_prep import synthetic
 from experiments import calibration, profiles
 from experiments.profiles import QUICK, SMOKE
+from experiments.config import RunConfig
 from experiments.store import ResultsStore
 from experiments.train import run
 
@@ -69,7 +70,8 @@ def test_calibration_trains_real_ce_runs_and_the_profile_takes_the_knobs_only_fo
     store = ResultsStore(tmp_path / "store")
     entry = calibration.calibrate(profile, "imagenet", lambda config: run(config, store), halvings=0)
     assert entry["points"] and all(0 <= v <= 100 for p in entry["points"] for v in p["values"].values())
-    assert len(list((tmp_path / "store" / "runs").glob("*.json"))) == len(entry["points"])  # top-1 and top-5: one run
+    trainings = {RunConfig.from_dict(record["config"]).training_key() for record in store.records()}
+    assert len(trainings) == len(entry["points"])  # top-1 and top-5: one run
     monkeypatch.setattr(profiles, "CALIBRATED", tmp_path)
     monkeypatch.setattr(calibration, "CALIBRATED", tmp_path)
     (tmp_path / "smoke.json").write_text(json.dumps({"profile": "smoke", "setups": {"imagenet": entry}}))

@@ -165,6 +165,50 @@ def test_a_cpu_run_is_bit_reproducible_for_a_seed_and_a_thread_count(tmp_path):
     assert _without_times(first) == _without_times(second) and first["test"] == second["test"]
 
 
+def _result(record: dict) -> tuple:
+    """What a run computes: its config, losses, validation values, selected epoch and test metrics (not timings)."""
+    return record["config"], _without_times(record), record["selected_epoch"], record["test"]
+
+
+def test_one_training_stores_each_selection_metric_s_record_as_its_own_training_would(tmp_path):
+    config = RunConfig(**{**TINY, "loss": "cross_entropy", "loss_options": {}, "eval_ks": (1, 3, 5),
+                          "selection_metric": "top5"})
+    store = ResultsStore(tmp_path / "shared")
+    own = run(config, store)
+    siblings = {sibling.selection_metric: store.finished(sibling.key()) for sibling in config.siblings()}
+    assert sorted(siblings) == ["macro_top1", "macro_top3", "macro_top5", "top1", "top3", "top5"]
+    assert siblings["top5"] == own
+    for metric in ("top1", "macro_top3"):
+        alone = run(config.replace(selection_metric=metric), ResultsStore(tmp_path / metric))
+        assert _result(siblings[metric]) == _result(alone)  # to the bit: the metric only picks the tested epoch
+    assert {record["selected_epoch"] for record in siblings.values()} <= {1, 2, 3}
+    assert all(record["test"] == own["test"] for record in siblings.values()
+               if record["selected_epoch"] == own["selected_epoch"])
+    written = {metric: store.record_path(record["key"]).stat().st_mtime_ns for metric, record in siblings.items()}
+    store.record_path(own["key"]).unlink()
+    assert _result(run(config, store)) == _result(own)  # trained again
+    rewritten = {m for m, r in siblings.items() if store.record_path(r["key"]).stat().st_mtime_ns != written[m]}
+    assert rewritten == {"top5"}  # the siblings already stored are left as they were
+
+
+def test_a_checkpoint_from_before_runs_tracked_every_metric_resumes_to_its_own_record_alone(tmp_path, deterministic):
+    config = RunConfig(**TINY)
+    whole = run(config, ResultsStore(tmp_path / "whole"))
+    store = ResultsStore(tmp_path / "old")
+    assert run(config, store, stop_after_epochs=2) is None
+    checkpoint = torch.load(store.checkpoint_path(config.key()), weights_only=False)
+    state = checkpoint["state"]
+    best = state["selected"][config.selection_metric]
+    checkpoint["state"] = {"epoch": state["epoch"], "history": state["history"], "best_value": best["value"],
+                           "best": {"epoch": best["epoch"], "model": state["models"][best["epoch"]]}}
+    store.checkpoint_path(config.key()).unlink()
+    store.previous_checkpoint_path(config.key()).unlink()
+    torch.save(checkpoint, store.checkpoint_path(config.key()))
+    resumed = run(config, store)
+    assert _result(resumed) == _result(whole)
+    assert [record["key"] for record in store.records()] == [config.key()]  # the others were not tracked from epoch 1
+
+
 def test_a_compiled_run_is_the_eager_run_up_to_rounding(tmp_path):
     """The compiled step draws the noised loss's noise from PyTorch's random stream, as eager mode does: the first
     epoch's training loss agrees to rounding (later epochs drift apart as rounding differences are trained on)."""
@@ -201,7 +245,7 @@ def test_a_damaged_record_is_set_aside_and_its_run_trained_again(tmp_path, deter
     path = store.record_path(config.key())
     _cut(path)
     with pytest.warns(DamagedStoreWarning, match=f"{path.name} is damaged .*kept as {path.name}.damaged.*trained again"):
-        assert store.records() == []
+        assert sorted(r["key"] for r in store.records()) == sorted(s.key() for s in config.siblings() if s != config)
     assert path.with_name(path.name + ".damaged").exists() and not path.exists()
     again = run(config, store)
     assert _without_times(again) == _without_times(first) and again["test"] == first["test"]

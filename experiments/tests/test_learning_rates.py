@@ -78,7 +78,9 @@ def test_choice_is_made_on_real_runs_and_the_profile_takes_it_only_for_the_setup
     entry = learning_rates.choose(profile, "imagenet", lambda config: run(config, store))
     assert set(entry["scales"]) == {f"{loss} top{k}" for loss in ("cross_entropy", "smooth_hinge", "noised_balanced")
                                     for k in (1, 5)}
-    assert len(list((tmp_path / "store" / "runs").glob("*.json"))) == 12
+    tried = [grids.scaled_lr(cell.config, m) for cell in learning_rates.base_cells(profile, "imagenet") for m in (1, 3)]
+    assert len(tried) == 12 and all(store.finished(config.key()) for config in tried)
+    assert len({config.training_key() for config in tried}) == 10  # cross-entropy top-1 and top-5: one training
     monkeypatch.setattr(profiles, "CALIBRATED", tmp_path)
     monkeypatch.setattr(learning_rates, "CALIBRATED", tmp_path)
     (tmp_path / "smoke_learning_rates.json").write_text(json.dumps({"profile": "smoke", "setups": {"imagenet": entry}}))
