@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from data_prep import MissingDataError
-from experiments import calibration
+from experiments import learning_rates
 from experiments.claims import Verdict
 from experiments.grids import Cell
 from experiments.paths import FIGURES, RESULTS
@@ -113,7 +113,7 @@ class Context:
                       f"{config.model}{options}, {config.epochs} epochs, batch {config.batch_size}, lr {config.lr} "
                       f"(x{config.lr_gamma:g} at {list(config.milestones)}), weight decay {config.weight_decay}, "
                       f"seeds {list(setup.seeds)}, SGD with Nesterov momentum {config.momentum:g}, "
-                      f"on {self.device}.</p><p>Data: {html.escape(calibration.summary_line(self.profile, self.setup))}."
+                      f"on {self.device}.</p><p>Data: {html.escape(learning_rates.summary_line(self.profile, self.setup))}."
                       f"</p>")
 
     # -- outputs ------------------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ class Context:
         ``data`` names evidence that did not come from this profile's runs (e.g. GPU timings)."""
         if verdict.training and self.setup is not None:
             verdict = replace(verdict, evidence=(*verdict.evidence,
-                                                 f"data: {calibration.summary_line(self.profile, self.setup)}"))
+                                                 f"data: {learning_rates.summary_line(self.profile, self.setup)}"))
         if verdict.training and not self.profile.judges_training:
             verdict = verdict.not_run(f"the {self.profile.name} profile trains too little to test a training claim")
         payload = {**verdict.to_dict(), "profile": self.profile.name, "notebook": self.notebook, "commit": self.commit,

@@ -12,7 +12,8 @@ each multiplier, and keeps the multiplier whose run reaches the best validation 
 the one nearest 1, the grid's own rate). Every loss is chosen the same way, cross-entropy included, on validation data only; the choice then
 applies to every run of that loss and metric on the setup, all seeds and noise levels (:mod:`experiments.grids`).
 Cross-entropy's difficulty was calibrated at multiplier 1 (:mod:`experiments.calibration`): where it chooses another,
-its tables show it at the chosen rate.
+its tables show it at the chosen rate, so its calibration numbers are measured again there
+(:func:`cross_entropy_numbers`), and the verdicts quote both (:func:`summary_line`).
 
 ``python -m experiments.learning_rates PROFILE`` stores every run's validation value and the choices in
 ``experiments/calibrated/<profile>_learning_rates.json``, with the fingerprint of the calibrated setup (read by
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import grids, profile_steps
+from experiments import calibration, grids, profile_steps
 from experiments.profiles import CALIBRATED, Profile, untuned
 from experiments.provenance import git_commit
 from experiments.train import run, selection_value
@@ -84,12 +85,66 @@ def choose(profile: Profile, setup: str, train) -> dict:
             "choices": choices, "commit": git_commit(), "seconds": round(time.time() - started, 1)}
 
 
+def cross_entropy_numbers(profile: Profile, setup: str, scales: dict, train) -> dict:
+    """Cross-entropy's calibration numbers (percent, :data:`experiments.calibration.STAND_INS`) on the calibrated
+    stand-in at the learning rates it chose (``scales``), each with its multiplier: the first seed of the tables' own
+    CE runs."""
+    targets = calibration.STAND_INS[setup].targets
+    multipliers = {t.label: scales[grids.choice_key(calibration.ce_config(profile, setup, t, {}))] for t in targets}
+    values = calibration.measure(profile, setup, {}, targets,
+                                 lambda config: train(grids.scaled_lr(config, scales[grids.choice_key(config)])))
+    return {label: {"ours": values[label], "multiplier": multipliers[label]} for label in values}
+
+
 def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
     """Whether a stored entry was chosen for this setup (its difficulty included), these multipliers and the choice
-    keys its table has now."""
+    keys its table has now, with CE's numbers at the chosen rates."""
     return bool(entry) and entry["setup_fingerprint"] == getattr(profile, setup).tuned_fingerprint() \
-        and entry["multipliers"] == list(profile.lr_multipliers) \
+        and entry["multipliers"] == list(profile.lr_multipliers) and "cross_entropy" in entry \
         and set(entry["scales"]) == {grids.choice_key(c.config) for c in base_cells(profile, setup)}
+
+
+def current_entry(profile: Profile, setup: str) -> dict | None:
+    """The stored choice of ``setup``, if it is the one the profile uses."""
+    path = path_for(profile.name)
+    entry = json.loads(path.read_text())["setups"].get(setup) if path.exists() else None
+    return entry if is_current(entry, profile, setup) else None
+
+
+def cross_entropy_table(profile: Profile) -> pd.DataFrame:
+    """Per calibrated setup and CE number: the paper's, the calibration's (at the grid's learning rate) and the
+    tables' (at the rate CE chose, with its multiplier)."""
+    rows = []
+    for setup in profile.calibrated_setups:
+        fitted, chosen = calibration.current_entry(profile, setup), current_entry(profile, setup)
+        if fitted is None or chosen is None:
+            continue
+        for target in fitted["targets"]:
+            at_chosen = chosen["cross_entropy"][target["label"]]
+            rows.append({"data": fitted["dataset"], "CE number": target["label"],
+                         "role": "fitted" if target["fitted"] else "held out", "paper (%)": target["published"],
+                         "calibration, grid's lr (%)": round(target["ours"], 1),
+                         "tables, chosen lr (%)": round(at_chosen["ours"], 1),
+                         "chosen": f"x{at_chosen['multiplier']:g}",
+                         "gap at chosen lr (points)": round(at_chosen["ours"] - target["published"], 1)})
+    return pd.DataFrame(rows).set_index(["data", "CE number"]) if rows else pd.DataFrame(
+        {"CE numbers": [f"no learning rate chosen on a calibrated stand-in at the {profile.name} profile"]})
+
+
+def summary_line(profile: Profile, setup: str) -> str:
+    """What a verdict on ``setup``'s data says about its difficulty: the calibration's line
+    (:func:`experiments.calibration.summary_line`), then CE's fitted numbers at the learning rates it chose for the
+    tables, where they were measured."""
+    line, chosen = calibration.summary_line(profile, setup), current_entry(profile, setup)
+    if chosen is None or calibration.current_entry(profile, setup) is None:
+        return line
+    targets = [t for t in calibration.STAND_INS[setup].targets if t.fitted]
+    values = {label: number["ours"] for label, number in chosen["cross_entropy"].items()}
+    worst = max(targets, key=lambda t: abs(values[t.label] - t.published))
+    multipliers = sorted({chosen["cross_entropy"][t.label]["multiplier"] for t in targets})
+    return (f"{line}; at the learning rate CE chose for the tables ({', '.join(f'x{m:g}' for m in multipliers)}): "
+            f"{calibration.rms_gap(values, targets):.1f} points RMS, largest gap "
+            f"{values[worst.label] - worst.published:+.1f} ({worst.label})")
 
 
 def table(profile: Profile) -> pd.DataFrame:
@@ -98,11 +153,10 @@ def table(profile: Profile) -> pd.DataFrame:
     if len(profile.lr_multipliers) == 1:
         return pd.DataFrame({"learning rates": [f"the grids' own (the paper's, scaled to the profile's schedule): the "
                                                 f"{profile.name} profile chooses none"]})
-    stored = json.loads(path_for(profile.name).read_text())["setups"] if path_for(profile.name).exists() else {}
     rows = []
     for setup in profile.calibrated_setups:
-        entry = stored.get(setup)
-        if not is_current(entry, profile, setup):
+        entry = current_entry(profile, setup)
+        if entry is None:
             rows.append({"data": getattr(profile, setup).dataset, "loss, selected on": "",
                          "chosen": "not chosen for this setup: run `make learning-rates`"})
             continue
@@ -132,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{setup}: learning rates chosen, up to date ({stored['setups'][setup]['scales']})")
             continue
         print(f"{setup}: choosing each loss's learning rate on validation data ...", flush=True)
-        stored["setups"][setup] = choose(profile, setup, lambda config: run(config, store, device=device))
+        train = lambda config: run(config, store, device=device)  # noqa: E731
+        entry = choose(profile, setup, train)
+        stored["setups"][setup] = {**entry, "cross_entropy": cross_entropy_numbers(profile, setup, entry["scales"], train)}
         profile_steps.keep(path, stored)  # each setup is kept as soon as it is done
         print(json.dumps(stored["setups"][setup]["scales"], indent=1), flush=True)
     return 0

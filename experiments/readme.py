@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -72,26 +73,40 @@ def verdicts(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     return "\n".join(lines) + f"\n\n*From `figures/{DEFAULT_PROFILE}/claims/` ({DEFAULT_PROFILE} profile, {made}).*"
 
 
-def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json") -> str:
-    """Each stand-in's chosen knobs and CE's numbers on it against the paper's, fitted and held out; then the numbers
-    not matched and why (:func:`experiments.calibration.unmatched`)."""
+def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json",
+                lr_path: Path = CALIBRATED / f"{DEFAULT_PROFILE}_learning_rates.json") -> str:
+    """Each stand-in's chosen knobs and CE's numbers on it against the paper's, fitted and held out, at the grid's
+    learning rate and at the one CE chose for the tables; then the numbers not matched and why
+    (:func:`experiments.calibration.unmatched`)."""
     if not path.exists():
         return f"*No calibration stored for the {DEFAULT_PROFILE} profile: run `make calibrate`.*"
-    lines = ["| stand-in | knobs | CE fitted: ours (paper) | CE held out: ours (paper) | RMS gap, fitted |",
-             "|---|---|---|---|---|"]
+    lines = ["| stand-in | knobs | CE fitted: ours (paper) | CE held out: ours (paper) | RMS gap, fitted | "
+             "the same at CE's chosen learning rate |", "|---|---|---|---|---|---|"]
     setups = json.loads(path.read_text())["setups"]
-    for entry in setups.values():
+    chosen = json.loads(lr_path.read_text())["setups"] if lr_path.exists() else {}
+    for setup, entry in setups.items():
         numbers = {role: "; ".join(f"{t['label']} {t['ours']:.1f} ({t['published']:g})" for t in entry["targets"]
                                    if t["fitted"] == role) or "none reported" for role in (True, False)}
         knobs = ", ".join(f"{k} {v:g}" for k, v in entry["knobs"].items())
         lines.append(f"| `{entry['dataset']}` | {knobs} | {numbers[True]} | {numbers[False]} | "
-                     f"{entry['rms_gap_fitted']:.1f} points |")
+                     f"{entry['rms_gap_fitted']:.1f} points | {_at_chosen_rate(entry, chosen.get(setup))} |")
     misses = [f"- `{entry['dataset']}`, {row['CE number']} ({row['role']}, {row['gap (points)']:+.1f} points): "
               f"{row['why']}" for entry in setups.values() for row in unmatched(entry)]
     commits = ", ".join(sorted({short_commit(e["commit"]) for e in setups.values()}))
     return "\n".join([*lines, "", f"Not matched (fitted: over {TOLERANCE[True]:g} points from the "
                        f"paper's; held out: over {TOLERANCE[False]:g}), and why:", "", *misses]) + (
         f"\n\n*From `experiments/calibrated/{path.name}` (CE runs of the first seed, commit {commits}).*")
+
+
+def _at_chosen_rate(entry: dict, chosen: dict | None) -> str:
+    """The RMS gap of CE's fitted numbers at the learning rate it chose (:mod:`experiments.learning_rates`)."""
+    if not chosen or "cross_entropy" not in chosen:
+        return "not measured"
+    fitted = [t for t in entry["targets"] if t["fitted"]]
+    at_chosen = [chosen["cross_entropy"][t["label"]] for t in fitted]
+    gap = math.sqrt(sum((n["ours"] - t["published"]) ** 2 for n, t in zip(at_chosen, fitted)) / len(fitted))
+    multipliers = ", ".join(f"x{m:g}" for m in sorted({n["multiplier"] for n in at_chosen}))
+    return f"{gap:.1f} points ({multipliers})"
 
 
 def learning_rates(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}_learning_rates.json") -> str:

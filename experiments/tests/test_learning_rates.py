@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from experiments import grids, learning_rates, profiles
+from experiments import calibration, grids, learning_rates, profiles
 from experiments.profiles import QUICK, SMOKE
 from experiments.store import ResultsStore
 from experiments.train import run
@@ -78,11 +78,19 @@ def test_choice_is_made_on_real_runs_and_the_profile_takes_it_only_for_the_setup
     entry = learning_rates.choose(profile, "imagenet", lambda config: run(config, store))
     assert set(entry["scales"]) == {f"{loss} top{k}" for loss in ("cross_entropy", "smooth_hinge", "noised_balanced")
                                     for k in (1, 5)}
+    numbers = learning_rates.cross_entropy_numbers(profile, "imagenet", entry["scales"], lambda c: run(c, store))
+    for target in calibration.STAND_INS["imagenet"].targets:  # CE's calibration numbers at the rate it chose
+        config = calibration.ce_config(profile, "imagenet", target, {})
+        multiplier = entry["scales"][grids.choice_key(config)]
+        test = store.finished(grids.scaled_lr(config, multiplier).key())["test"]
+        assert numbers[target.label] == {"multiplier": multiplier,
+                                                        "ours": 100 * test[target.metric[0]][target.metric[1]]}
     tried = [grids.scaled_lr(cell.config, m) for cell in learning_rates.base_cells(profile, "imagenet") for m in (1, 3)]
     assert len(tried) == 12 and all(store.finished(config.key()) for config in tried)
     assert len({config.training_key() for config in tried}) == 10  # cross-entropy top-1 and top-5: one training
     monkeypatch.setattr(profiles, "CALIBRATED", tmp_path)
     monkeypatch.setattr(learning_rates, "CALIBRATED", tmp_path)
+    entry = {**entry, "cross_entropy": numbers}
     (tmp_path / "smoke_learning_rates.json").write_text(json.dumps({"profile": "smoke", "setups": {"imagenet": entry}}))
     with pytest.warns(UserWarning, match="cifar setup has no learning rates chosen"):
         tuned = profiles.with_learning_rates(profile)
@@ -118,3 +126,15 @@ def test_the_committed_quick_choice_is_the_one_the_quick_profile_uses():
             values = {float(m): v for m, v in choice["validation"].items() if v is not None}
             best = [m for m, v in values.items() if v == max(values.values())]
             assert choice["multiplier"] == min(best, key=lambda m: abs(math.log(m)))  # ties: the nearest 1
+
+
+def test_a_verdict_quotes_ce_s_difficulty_at_the_calibration_s_rate_and_at_the_one_it_chose(monkeypatch):
+    monkeypatch.setattr(calibration, "summary_line", lambda profile, setup: "calibrated at x1")
+    monkeypatch.setattr(calibration, "current_entry", lambda profile, setup: {"knobs": {}})
+    chosen = {"cross_entropy": {"top-1": {"ours": 74.24, "multiplier": 3.0},  # the paper's: 72.24 and 90.6
+                                "top-5 (selected on top-1)": {"ours": 90.6, "multiplier": 3.0}}}
+    monkeypatch.setattr(learning_rates, "current_entry", lambda profile, setup: chosen)
+    assert learning_rates.summary_line(QUICK, "imagenet") == (
+        "calibrated at x1; at the learning rate CE chose for the tables (x3): 1.4 points RMS, largest gap +2.0 (top-1)")
+    monkeypatch.setattr(learning_rates, "current_entry", lambda profile, setup: None)
+    assert learning_rates.summary_line(QUICK, "imagenet") == "calibrated at x1"

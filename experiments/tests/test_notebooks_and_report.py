@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from data_prep import MissingDataError
-from experiments import analytic, calibration, catalogue, grids, harness, latex, report
+from experiments import analytic, calibration, catalogue, grids, harness, latex, learning_rates, report
 from experiments.claims import Verdict
 from experiments import paths, provenance
 from experiments.paths import NOTEBOOKS
@@ -73,11 +73,12 @@ def test_the_description_of_a_setup_reads_the_schedule_from_its_config(tmp_path,
 
 def test_a_training_verdict_says_how_hard_its_data_is_for_cross_entropy(tmp_path, monkeypatch):
     monkeypatch.setattr(harness, "_display_html", lambda html: None)
-    ctx = harness.start("table3_samples", "smoke", store=tmp_path / "store", figures=tmp_path / "figures")
+    ctx = harness.start("table3_samples", "quick", store=tmp_path / "store", figures=tmp_path / "figures")
     ctx.describe(ctx.profile.cifar)
     ctx.judge(Verdict.from_parts(3, [(True, "B has little impact")]))
     evidence = json.loads((tmp_path / "figures" / "claims" / "claim3.json").read_text())["evidence"]
-    assert evidence[-1] == f"data: {calibration.summary_line(ctx.profile, 'cifar')}"
+    assert evidence[-1] == f"data: {learning_rates.summary_line(QUICK, 'cifar')}"
+    assert evidence[-1].startswith(f"data: {calibration.summary_line(QUICK, 'cifar')}; at the learning rate CE chose")
 
 
 def test_a_smoke_run_writes_its_outputs_with_profile_commit_and_data(tmp_path):

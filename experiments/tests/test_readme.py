@@ -101,3 +101,21 @@ def test_a_readme_without_a_block_is_a_clear_error():
         assert "has no block 'verdicts'" in str(error)
     else:
         raise AssertionError("a README without its blocks was accepted")
+
+
+def test_calibration_block_gives_ce_s_gap_at_the_calibration_s_rate_and_at_the_one_it_chose(tmp_path):
+    targets = [{"label": "top-1", "published": 72.0, "ours": 73.0, "fitted": True},
+               {"label": "top-5", "published": 90.0, "ours": 89.0, "fitted": True},
+               {"label": "macro", "published": 50.0, "ours": 51.0, "fitted": False}]
+    entry = {"dataset": "imagenet_like", "knobs": {"pixel_noise": 0.6}, "targets": targets, "rms_gap_fitted": 1.0,
+             "points": [], "commit": "f" * 40}
+    (tmp_path / "quick.json").write_text(json.dumps({"setups": {"imagenet": entry}}))
+    chosen = {"top-1": {"ours": 74.0, "multiplier": 3.0}, "top-5": {"ours": 90.0, "multiplier": 1.0},
+              "macro": {"ours": 80.0, "multiplier": 3.0}}  # held out: not in the fitted gap
+    (tmp_path / "lr.json").write_text(json.dumps({"setups": {"imagenet": {"cross_entropy": chosen}}}))
+    row = next(line for line in readme.calibration(tmp_path / "quick.json", tmp_path / "lr.json").splitlines()
+               if line.startswith("| `imagenet_like`"))
+    assert row.endswith("| 1.0 points | 1.4 points (x1, x3) |")
+    row = next(line for line in readme.calibration(tmp_path / "quick.json", tmp_path / "none.json").splitlines()
+               if line.startswith("| `imagenet_like`"))
+    assert row.endswith("| 1.0 points | not measured |")
