@@ -278,13 +278,24 @@ def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
             f"evaluation, the other setups and the losses' own cost come on top")
 
 
-def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
-    """How long the notebooks behind the committed figures ran, from their manifests: minutes in all, where, and how
-    many of their runs were trained there or read back from the results store (trained before, or by an earlier
-    notebook)."""
-    manifests = [json.loads(path.read_text()) for path in sorted((figures / "manifests").glob("*.json"))]
+def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE,
+                 empty_store: Path = BENCHMARK_RESULTS / f"empty_store_{DEFAULT_PROFILE}") -> str:
+    """How long the notebooks ran, from their manifests: those behind the committed figures, and those of a
+    ``make paper-figures`` from an empty results store on a fresh clone (its manifests copied to ``empty_store``)."""
+    lines = [_manifests_line(f"The committed `{DEFAULT_PROFILE}` figures", figures / "manifests",
+                             f"figures/{DEFAULT_PROFILE}/manifests/")]
+    if any(empty_store.glob("*.json")):
+        lines.append(_manifests_line("`make paper-figures` from an empty results store on a fresh clone", empty_store,
+                                     f"benchmarks/results/{empty_store.name}/"))
+    return "\n".join(lines)
+
+
+def _manifests_line(what: str, directory: Path, shown: str) -> str:
+    """Minutes in all of the notebooks whose manifests are in ``directory``, where they ran, and how many of their
+    runs were trained there or read back from the results store (trained before, or by an earlier notebook)."""
+    manifests = [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
     if not manifests:
-        return f"*No manifest in `figures/{DEFAULT_PROFILE}/manifests/`: run `make paper-figures`.*"
+        return f"*No manifest in `{shown}`: run `make paper-figures`.*"
     minutes = sum(m["seconds"] for m in manifests) / 60
     recorded = [m["runs"] for m in manifests if "runs" in m]
     runs = (f"{sum(r['trained'] for r in recorded)} runs trained in them and {sum(r['from_store'] for r in recorded)} "
@@ -293,8 +304,8 @@ def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     where = sorted({f"{m.get('machine', m['device'])}, {m['cpus']} cores, {m['threads']} torch threads"
                     if "cpus" in m else f"{m['device']}, {m['threads']} torch threads" for m in manifests})
     commits = ", ".join(sorted({short_commit(m["commit"]) for m in manifests}))
-    return (f"- The committed `{DEFAULT_PROFILE}` figures: {len(manifests)} notebooks, {minutes:.0f} minutes in all "
-            f"({runs}; {'; '.join(where)}; commit {commits}; `figures/{DEFAULT_PROFILE}/manifests/`)")
+    return (f"- {what}: {len(manifests)} notebooks, {minutes:.0f} minutes in all ({runs}; {'; '.join(where)}; "
+            f"commit {commits}; `{shown}`)")
 
 
 def label_noise_fit(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:

@@ -79,12 +79,17 @@ def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_fr
     common = {"profile": "quick", "commit": "d" * 40, "device": "cpu", "threads": 2, "cpus": 2, "machine": "x86_64"}
     for name, seconds, runs in (("a", 600, {"trained": 3, "from_store": 1}), ("b", 1200, {"trained": 5, "from_store": 0})):
         (tmp_path / "manifests" / f"{name}.json").write_text(json.dumps({**common, "seconds": seconds, "runs": runs}))
-    text = readme.figures_time(tmp_path)
+    text = readme.figures_time(tmp_path, tmp_path / "empty")
     assert "2 notebooks, 30 minutes in all (8 runs trained in them and 1 read back from the results store; x86_64, " \
-           "2 cores, 2 torch threads; commit dddddddddd" in text
+           "2 cores, 2 torch threads; commit dddddddddd" in text and "empty results store" not in text
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.json").write_text(json.dumps({**common, "seconds": 2400, "runs": {"trained": 170,
+                                                                                               "from_store": 30}}))
+    assert text + "\n- `make paper-figures` from an empty results store on a fresh clone: 1 notebooks, 40 minutes in " \
+        "all (170 runs trained in them and 30 read back" in readme.figures_time(tmp_path, tmp_path / "empty")
     older = {key: value for key, value in common.items() if key not in ("cpus", "machine")}
     (tmp_path / "manifests" / "c.json").write_text(json.dumps({**older, "seconds": 0}))
-    assert "runs not counted in 1 of them" in readme.figures_time(tmp_path)
+    assert "runs not counted in 1 of them" in readme.figures_time(tmp_path, tmp_path / "empty")
 
 
 def test_label_noise_fit_block_is_the_notebooks_table_with_its_stamp(tmp_path):
