@@ -63,11 +63,12 @@ def column_labels(frame: pd.DataFrame) -> list[str]:
 
 
 def to_markdown(frame: pd.DataFrame) -> str:
-    """A GitHub Markdown table of ``frame`` (index included, as the first column)."""
-    header = [str(frame.index.name or "")] + column_labels(frame)
+    """A GitHub Markdown table of ``frame`` (index included, as the first columns: one per level)."""
+    header = [str(name or "") for name in frame.index.names] + column_labels(frame)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for index, row in frame.iterrows():
-        lines.append("| " + " | ".join([str(index)] + [str(v) for v in row]) + " |")
+        keys = index if frame.index.nlevels > 1 else (index,)
+        lines.append("| " + " | ".join([str(key) for key in keys] + [str(v) for v in row]) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -56,6 +56,14 @@ def test_comparison_table_puts_ours_beside_the_paper_and_writes_markdown():
     assert summary.to_markdown(table).splitlines()[0] == "| loss | K=1 ours | K=1 paper | K=5 ours | K=5 paper |"
 
 
+def test_markdown_gives_each_level_of_a_row_index_its_own_column():
+    table = pd.DataFrame({"chosen": ["x3", "x10"]},
+                         index=pd.MultiIndex.from_tuples([("cifar", "ce top5"), ("cifar", "hinge top5")],
+                                                         names=["data", "loss"]))
+    assert summary.to_markdown(table).splitlines() == [
+        "| data | loss | chosen |", "|---|---|---|", "| cifar | ce top5 | x3 |", "| cifar | hinge top5 | x10 |"]
+
+
 def test_claim_1_holds_on_table_2_and_breaks_if_eps_0_learns():
     assert claims.claim_1(_frame(paper.TABLE_2, "epsilon")).status == claims.REPRODUCED
     learned = claims.claim_1(_frame({**paper.TABLE_2, 0.0: 90.0}, "epsilon"))
