@@ -238,6 +238,34 @@ def deterministic():
     torch.use_deterministic_algorithms(False)
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@CUDA
+def test_a_cuda_run_trains_under_bfloat16_autocast_and_stores_its_siblings(tmp_path):
+    config = RunConfig(**TINY)
+    store = ResultsStore(tmp_path)
+    record = run(config, store, device="cuda")
+    assert record["provenance"]["device"].startswith("cuda") and [h["epoch"] for h in record["history"]] == [1, 2, 3]
+    assert all(h["train_loss"] == h["train_loss"] and 0 < h["loss_seconds"] < h["epoch_seconds"]
+               for h in record["history"])
+    assert all(0 < h["grad_nonzero"] <= 4 for h in record["history"])  # B + 1 = 4 coordinates at most, as on a CPU
+    siblings = [store.finished(sibling.key()) for sibling in config.siblings()]
+    assert all(s is not None and s["history"] == record["history"] for s in siblings)
+
+
+@pytest.mark.skipif(os.environ.get("CUBLAS_WORKSPACE_CONFIG") is None,
+                    reason="deterministic cuBLAS needs CUBLAS_WORKSPACE_CONFIG=:4096:8 set before CUDA starts")
+@CUDA
+def test_an_interrupted_cuda_run_resumes_to_the_same_result_with_its_noise_stream(tmp_path, deterministic):
+    config = RunConfig(**TINY)  # the noised loss: its noise comes from the CUDA generator saved with the checkpoint
+    whole = run(config, ResultsStore(tmp_path / "whole"), device="cuda")
+    store = ResultsStore(tmp_path / "killed")
+    assert run(config, store, device="cuda", stop_after_epochs=1) is None
+    resumed = run(config, store, device="cuda")
+    assert _result(resumed) == _result(whole)
+
+
 def test_a_damaged_record_is_set_aside_and_its_run_trained_again(tmp_path, deterministic):
     store = ResultsStore(tmp_path)
     config = RunConfig(**TINY)
