@@ -281,13 +281,31 @@ def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
 def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE,
                  empty_store: Path = BENCHMARK_RESULTS / f"empty_store_{DEFAULT_PROFILE}") -> str:
     """How long the notebooks ran, from their manifests: those behind the committed figures, and those of a
-    ``make paper-figures`` from an empty results store on a fresh clone (its manifests copied to ``empty_store``)."""
+    ``make paper-figures`` from an empty results store on a fresh clone (its manifests, table CSVs and verdicts
+    copied to ``empty_store``), with how many of that run's tables and verdicts the committed ones repeat."""
     lines = [_manifests_line(f"The committed `{DEFAULT_PROFILE}` figures", figures / "manifests",
                              f"figures/{DEFAULT_PROFILE}/manifests/")]
-    if any(empty_store.glob("*.json")):
-        lines.append(_manifests_line("`make paper-figures` from an empty results store on a fresh clone", empty_store,
-                                     f"benchmarks/results/{empty_store.name}/"))
+    if any((empty_store / "manifests").glob("*.json")):
+        lines += [_manifests_line("`make paper-figures` from an empty results store on a fresh clone",
+                                  empty_store / "manifests", f"benchmarks/results/{empty_store.name}/"),
+                  _rerun_line(figures, empty_store)]
     return "\n".join(lines)
+
+
+def _rerun_line(figures: Path, rerun: Path) -> str:
+    """How many of a rerun's table CSVs are byte for byte the committed figures' (those that differ named), and how
+    many of its verdicts have the committed status."""
+    tables = sorted(path.name for path in rerun.glob("*.csv"))
+    differ = [name for name in tables if not (figures / name).exists()
+              or (figures / name).read_bytes() != (rerun / name).read_bytes()]
+    claims = sorted(path.name for path in (rerun / "claims").glob("*.json"))
+    status = lambda root, name: json.loads((root / "claims" / name).read_text())["status"]  # noqa: E731
+    changed = [name for name in claims if not (figures / "claims" / name).exists()
+               or status(figures, name) != status(rerun, name)]
+    named = lambda what, names: f" ({what}: {', '.join(names)})" if names else ""  # noqa: E731
+    return (f"- That run's tables against the committed figures: {len(tables) - len(differ)} of {len(tables)} CSVs "
+            f"identical byte for byte{named('differ', differ)}; {len(claims) - len(changed)} of {len(claims)} "
+            f"verdicts the same{named('changed', changed)}")
 
 
 def _manifests_line(what: str, directory: Path, shown: str) -> str:

@@ -82,11 +82,22 @@ def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_fr
     text = readme.figures_time(tmp_path, tmp_path / "empty")
     assert "2 notebooks, 30 minutes in all (8 runs trained in them and 1 read back from the results store; x86_64, " \
            "2 cores, 2 torch threads; commit dddddddddd" in text and "empty results store" not in text
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / "a.json").write_text(json.dumps({**common, "seconds": 2400, "runs": {"trained": 170,
-                                                                                               "from_store": 30}}))
+    (tmp_path / "empty" / "manifests").mkdir(parents=True)
+    (tmp_path / "empty" / "manifests" / "a.json").write_text(json.dumps({**common, "seconds": 2400, "runs": {
+        "trained": 170, "from_store": 30}}))
+    for root, table, status in ((tmp_path, "1,2\n", "reproduced"), (tmp_path / "empty", "1,2\n", "reproduced")):
+        (root / "claims").mkdir(exist_ok=True)
+        (root / "table4.csv").write_text(table)
+        (root / "claims" / "claim5.json").write_text(json.dumps({"status": status}))
+    (tmp_path / "fig3.csv").write_text("0.51\n")
+    (tmp_path / "empty" / "fig3.csv").write_text("0.52\n")
+    rerun = readme.figures_time(tmp_path, tmp_path / "empty")
     assert text + "\n- `make paper-figures` from an empty results store on a fresh clone: 1 notebooks, 40 minutes in " \
-        "all (170 runs trained in them and 30 read back" in readme.figures_time(tmp_path, tmp_path / "empty")
+        "all (170 runs trained in them and 30 read back" in rerun
+    assert rerun.endswith("against the committed figures: 1 of 2 CSVs identical byte for byte (differ: fig3.csv); "
+                          "1 of 1 verdicts the same")
+    (tmp_path / "claims" / "claim5.json").write_text(json.dumps({"status": "not reproduced"}))
+    assert readme.figures_time(tmp_path, tmp_path / "empty").endswith("0 of 1 verdicts the same (changed: claim5.json)")
     older = {key: value for key, value in common.items() if key not in ("cpus", "machine")}
     (tmp_path / "manifests" / "c.json").write_text(json.dumps({**older, "seconds": 0}))
     assert "runs not counted in 1 of them" in readme.figures_time(tmp_path, tmp_path / "empty")
