@@ -314,7 +314,8 @@ def _manifests_line(what: str, directory: Path, shown: str) -> str:
     manifests = [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
     if not manifests:
         return f"*No manifest in `{shown}`: run `make paper-figures`.*"
-    minutes = sum(m["seconds"] for m in manifests) / 60
+    seconds = sum(m["seconds"] for m in manifests)
+    took = f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} seconds"
     recorded = [m["runs"] for m in manifests if "runs" in m]
     runs = (f"{sum(r['trained'] for r in recorded)} runs trained in them and {sum(r['from_store'] for r in recorded)} "
             f"read back from the results store" if len(recorded) == len(manifests)
@@ -322,7 +323,7 @@ def _manifests_line(what: str, directory: Path, shown: str) -> str:
     where = sorted({f"{m.get('machine', m['device'])}, {m['cpus']} cores, {m['threads']} torch threads"
                     if "cpus" in m else f"{m['device']}, {m['threads']} torch threads" for m in manifests})
     commits = ", ".join(sorted({short_commit(m["commit"]) for m in manifests}))
-    return (f"- {what}: {len(manifests)} notebooks, {minutes:.0f} minutes in all ({runs}; {'; '.join(where)}; "
+    return (f"- {what}: {len(manifests)} notebooks, {took} in all ({runs}; {'; '.join(where)}; "
             f"commit {commits}; `{shown}`)")
 
 

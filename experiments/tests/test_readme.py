@@ -98,6 +98,10 @@ def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_fr
                           "1 of 1 verdicts the same")
     (tmp_path / "claims" / "claim5.json").write_text(json.dumps({"status": "not reproduced"}))
     assert readme.figures_time(tmp_path, tmp_path / "empty").endswith("0 of 1 verdicts the same (changed: claim5.json)")
+    (tmp_path / "quick").mkdir()
+    (tmp_path / "quick" / "a.json").write_text(json.dumps({**common, "seconds": 40, "runs": {"trained": 0,
+                                                                                            "from_store": 9}}))
+    assert "1 notebooks, 40 seconds in all (0 runs trained" in readme._manifests_line("x", tmp_path / "quick", "q/")
     older = {key: value for key, value in common.items() if key not in ("cpus", "machine")}
     (tmp_path / "manifests" / "c.json").write_text(json.dumps({**older, "seconds": 0}))
     assert "runs not counted in 1 of them" in readme.figures_time(tmp_path, tmp_path / "empty")
