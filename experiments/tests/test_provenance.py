@@ -23,13 +23,15 @@ def test_commit_is_marked_dirty_only_when_tracked_files_changed(tmp_path, monkey
     (tmp_path / "untracked.txt").write_text("results are not code")
     assert provenance.git_commit() == head
     (tmp_path / "figures").mkdir()
-    for output in ("figures/table.md", "README.md"):  # what make paper-figures rewrites does not mark it
+    (tmp_path / "experiments" / "calibrated").mkdir(parents=True)
+    outputs = ("figures/table.md", "README.md", "experiments/calibrated/quick.json")
+    for output in outputs:  # what make paper-figures rewrites does not mark it
         (tmp_path / output).write_text("before")
         _git(tmp_path, "add", output)
     _git(tmp_path, "commit", "-q", "-m", "outputs")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
-    (tmp_path / "figures/table.md").write_text("after")
-    (tmp_path / "README.md").write_text("after")
+    for output in outputs:
+        (tmp_path / output).write_text("after")
     assert provenance.git_commit() == head
     (tmp_path / "a.txt").write_text("2")
     assert provenance.git_commit() == head + "-dirty"
