@@ -94,7 +94,7 @@ class RunConfig:
 
     def training_key(self) -> str:
         """The key shared by this run's :meth:`siblings`: what is actually trained."""
-        return self.siblings()[0].key()
+        return self.replace(selection_metric=selection_metrics(self.eval_ks)[0]).key()
 
     def replace(self, **changes) -> "RunConfig":
         return RunConfig.from_dict({**self.to_dict(), **changes})

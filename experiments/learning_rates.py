@@ -90,10 +90,11 @@ def cross_entropy_numbers(profile: Profile, setup: str, scales: dict, train) -> 
     stand-in at the learning rates it chose (``scales``), each with its multiplier: the first seed of the tables' own
     CE runs."""
     targets = calibration.STAND_INS[setup].targets
-    multipliers = {t.label: scales[grids.choice_key(calibration.ce_config(profile, setup, t, {}))] for t in targets}
+    chosen = lambda config: scales[grids.choice_key(config)]  # noqa: E731
     values = calibration.measure(profile, setup, {}, targets,
-                                 lambda config: train(grids.scaled_lr(config, scales[grids.choice_key(config)])))
-    return {label: {"ours": values[label], "multiplier": multipliers[label]} for label in values}
+                                 lambda config: train(grids.scaled_lr(config, chosen(config))))
+    return {t.label: {"ours": values[t.label], "multiplier": chosen(calibration.ce_config(profile, setup, t, {}))}
+            for t in targets}
 
 
 def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
@@ -131,20 +132,29 @@ def cross_entropy_table(profile: Profile) -> pd.DataFrame:
         {"CE numbers": [f"no learning rate chosen on a calibrated stand-in at the {profile.name} profile"]})
 
 
+def fitted_gap_at_chosen_rate(fitted: dict, chosen: dict) -> tuple[float, str, float, str]:
+    """CE's fitted numbers at the learning rates it chose (``chosen``: a stored entry of this module) against the
+    paper's (``fitted``: the setup's stored calibration): the RMS gap in points, the number furthest from the paper's
+    and its gap, and the multipliers ("x3" or "x1, x3")."""
+    targets = [t for t in fitted["targets"] if t["fitted"]]
+    gaps = {t["label"]: chosen["cross_entropy"][t["label"]]["ours"] - t["published"] for t in targets}
+    worst = max(gaps, key=lambda label: abs(gaps[label]))
+    multipliers = sorted({chosen["cross_entropy"][label]["multiplier"] for label in gaps})
+    return (math.sqrt(sum(gap * gap for gap in gaps.values()) / len(gaps)), worst, gaps[worst],
+            ", ".join(f"x{m:g}" for m in multipliers))
+
+
 def summary_line(profile: Profile, setup: str) -> str:
     """What a verdict on ``setup``'s data says about its difficulty: the calibration's line
     (:func:`experiments.calibration.summary_line`), then CE's fitted numbers at the learning rates it chose for the
     tables, where they were measured."""
-    line, chosen = calibration.summary_line(profile, setup), current_entry(profile, setup)
-    if chosen is None or calibration.current_entry(profile, setup) is None:
+    line, chosen, fitted = (calibration.summary_line(profile, setup), current_entry(profile, setup),
+                            calibration.current_entry(profile, setup))
+    if chosen is None or fitted is None:
         return line
-    targets = [t for t in calibration.STAND_INS[setup].targets if t.fitted]
-    values = {label: number["ours"] for label, number in chosen["cross_entropy"].items()}
-    worst = max(targets, key=lambda t: abs(values[t.label] - t.published))
-    multipliers = sorted({chosen["cross_entropy"][t.label]["multiplier"] for t in targets})
-    return (f"{line}; at the learning rate CE chose for the tables ({', '.join(f'x{m:g}' for m in multipliers)}): "
-            f"{calibration.rms_gap(values, targets):.1f} points RMS, largest gap "
-            f"{values[worst.label] - worst.published:+.1f} ({worst.label})")
+    rms, worst, gap, multipliers = fitted_gap_at_chosen_rate(fitted, chosen)
+    return (f"{line}; at the learning rate CE chose for the tables ({multipliers}): {rms:.1f} points RMS, largest gap "
+            f"{gap:+.1f} ({worst})")
 
 
 def table(profile: Profile) -> pd.DataFrame:

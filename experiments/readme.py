@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import re
 import sys
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from experiments import kernel_targets
 from experiments.calibration import TOLERANCE, unmatched
+from experiments.learning_rates import fitted_gap_at_chosen_rate
 from experiments.paper import CLAIMS
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, PROJECT_ROOT
 from experiments.profiles import CALIBRATED
@@ -102,11 +102,8 @@ def _at_chosen_rate(entry: dict, chosen: dict | None) -> str:
     """The RMS gap of CE's fitted numbers at the learning rate it chose (:mod:`experiments.learning_rates`)."""
     if not chosen or "cross_entropy" not in chosen:
         return "not measured"
-    fitted = [t for t in entry["targets"] if t["fitted"]]
-    at_chosen = [chosen["cross_entropy"][t["label"]] for t in fitted]
-    gap = math.sqrt(sum((n["ours"] - t["published"]) ** 2 for n, t in zip(at_chosen, fitted)) / len(fitted))
-    multipliers = ", ".join(f"x{m:g}" for m in sorted({n["multiplier"] for n in at_chosen}))
-    return f"{gap:.1f} points ({multipliers})"
+    rms, _, _, multipliers = fitted_gap_at_chosen_rate(entry, chosen)
+    return f"{rms:.1f} points ({multipliers})"
 
 
 def learning_rates(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}_learning_rates.json") -> str:

@@ -123,8 +123,9 @@ def _keep_selected(state: dict, validation: dict, model: nn.Module) -> None:
     far; the models of the selected epochs only are kept."""
     epoch = len(state["history"])
     for metric, selected in state["selected"].items():
-        if selected is None or selection_value(validation, metric) > selected["value"]:
-            state["selected"][metric] = {"epoch": epoch, "value": selection_value(validation, metric)}
+        value = selection_value(validation, metric)
+        if selected is None or value > selected["value"]:
+            state["selected"][metric] = {"epoch": epoch, "value": value}
     epochs = {selected["epoch"] for selected in state["selected"].values()}
     if epoch in epochs:
         state["models"][epoch] = copy.deepcopy(model.state_dict())

@@ -89,8 +89,8 @@ def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Wor
         by_setup: dict[str, list] = {}
         for grid in notebook_grids:
             for cell in grid(profile):
-                if cell.config.training_key() not in seen:
-                    seen.add(cell.config.training_key())
+                if (training := cell.config.training_key()) not in seen:
+                    seen.add(training)
                     by_setup.setdefault(setup_names[cell.setup.dataset], []).append(cell.config)
         rows += [_work(notebook, name, getattr(profile, name), configs) for name, configs in by_setup.items()
                  if name in setups]

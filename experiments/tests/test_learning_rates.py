@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -130,7 +130,8 @@ def test_the_committed_quick_choice_is_the_one_the_quick_profile_uses():
 
 def test_a_verdict_quotes_ce_s_difficulty_at_the_calibration_s_rate_and_at_the_one_it_chose(monkeypatch):
     monkeypatch.setattr(calibration, "summary_line", lambda profile, setup: "calibrated at x1")
-    monkeypatch.setattr(calibration, "current_entry", lambda profile, setup: {"knobs": {}})
+    fitted = {"targets": [{**asdict(t), "ours": 0.0} for t in calibration.STAND_INS["imagenet"].targets]}
+    monkeypatch.setattr(calibration, "current_entry", lambda profile, setup: fitted)
     chosen = {"cross_entropy": {"top-1": {"ours": 74.24, "multiplier": 3.0},  # the paper's: 72.24 and 90.6
                                 "top-5 (selected on top-1)": {"ours": 90.6, "multiplier": 3.0}}}
     monkeypatch.setattr(learning_rates, "current_entry", lambda profile, setup: chosen)
