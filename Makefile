@@ -34,7 +34,7 @@ PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-pr
 	$(if $(WORKERS),-p workers $(WORKERS)) $(if $(COMPILE),-p compile_mode $(COMPILE))
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test bench bench-gpu profile-time readme kernel-resources calibrate learning-rates paper-figures notebooks report check-report lab clean \
+.PHONY: help venv test bench bench-gpu profile-time readme kernel-resources calibrate paper-figures notebooks report check-report lab clean \
 	clean-results
 
 help: ## List the targets
@@ -77,14 +77,11 @@ bench-gpu: $(STAMP) ## On a CUDA machine: the fused kernel's grid and Fig. 3 in 
 kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU needed) and print their registers and spills
 	env -u TRITON_INTERPRET $(PY) benchmarks/kernel_resources.py --arch 90 --check
 
-calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's cross-entropy numbers (experiments/calibrated/; no-op when current)
-	PYTHONPATH=$(CURDIR) $(PY) -m experiments.calibration $(PROFILE) --device $(DEVICE)
+calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers and choose each loss's learning rate, until CE's agree (experiments/calibrated/; no-op when current)
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.fixed_point $(PROFILE) --device $(DEVICE)
 
-learning-rates: $(STAMP) ## Choose each loss's learning rate on validation data at a short schedule (experiments/calibrated/; no-op when current)
-	PYTHONPATH=$(CURDIR) $(PY) -m experiments.learning_rates $(PROFILE) --device $(DEVICE)
-
-paper-figures: $(STAMP) ## Calibrate, choose learning rates, run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
-	@status=0; { $(MAKE) --no-print-directory calibrate && $(MAKE) --no-print-directory learning-rates; } || status=$$?; \
+paper-figures: $(STAMP) ## Calibrate the stand-ins and their learning rates, run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
+	@status=0; $(MAKE) --no-print-directory calibrate || status=$$?; \
 	$(MAKE) --no-print-directory -k notebooks || status=$$?; \
 	$(MAKE) --no-print-directory report; \
 	if [ "$(PROFILE)" = quick ]; then \

@@ -9,10 +9,12 @@ in points, to the paper's CE numbers marked ``fitted``; held-out numbers, which 
 beyond the fit, are measured at the chosen knobs, and at every point when the fitted numbers' runs give them. Where a
 number stays unmatched, :func:`unmatched` says why from the points searched.
 
-``python -m experiments.calibration PROFILE`` stores every evaluated point, the chosen knobs and the fingerprints of
-the setup and of this search in ``experiments/calibrated/<profile>.json`` (read by :func:`experiments.profiles.calibrated`);
-a setup whose fingerprints match is not searched again. Runs go through the results store, so the chosen point's
-runs are the very runs the tables use.
+CE trains at a learning rate: the first search uses the grid's, then :mod:`experiments.fixed_point` searches again
+at the rate CE chose on the calibrated stand-in (:mod:`experiments.learning_rates`), from the knobs found, until CE
+chooses the rate its difficulty was fitted at. Each entry, stored in ``experiments/calibrated/<profile>.json`` (read
+by :func:`experiments.profiles.calibrated`), holds every evaluated point, the chosen knobs, CE's learning-rate
+multipliers, the round, and the fingerprints of the setup and of this search. Runs go through the results store, so
+the chosen point's runs are the very runs the tables use.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -30,7 +31,6 @@ import pandas as pd
 from experiments import grids, paper, profile_steps
 from experiments.profiles import CALIBRATED, SETUPS, Profile, untuned
 from experiments.provenance import git_commit
-from experiments.train import run
 
 #: how far (points) a CE number may be from the paper's and still count as matched: fitted, held out
 TOLERANCE = {True: 2.0, False: 5.0}
@@ -119,10 +119,9 @@ STAND_INS = {
 }
 
 
-def ce_config(profile: Profile, setup: str, target: Target, knobs: dict):
+def ce_config(profile: Profile, setup: str, target: Target, knobs: dict, rates: dict | None = None):
     """The config of the CE run behind ``target`` (the setup's first seed) with the difficulty ``knobs``, at the grid's
-    own learning rate: the difficulty is fitted before, and apart from, the learning rates chosen on it
-    (:mod:`experiments.learning_rates`)."""
+    learning rate times its multiplier in ``rates`` (by :func:`experiments.grids.choice_key`; absent: 1)."""
     seed = getattr(profile, setup).seeds[0]
     cells = [c for c in STAND_INS[setup].grid(untuned(profile, setup)) if c.labels["loss"] == "cross_entropy"
              and c.labels["seed"] == seed and all(c.labels[k] == v for k, v in target.cell)]
@@ -130,15 +129,29 @@ def ce_config(profile: Profile, setup: str, target: Target, knobs: dict):
         raise ValueError(f"{len(cells)} CE runs of {STAND_INS[setup].grid.__name__} match {dict(target.cell)}, "
                          f"expected one")
     config = cells[0].config
-    return config.replace(dataset_options={**config.dataset_options, **knobs})
+    config = config.replace(dataset_options={**config.dataset_options, **knobs})
+    return grids.scaled_lr(config, (rates or {}).get(grids.choice_key(config), 1.0))
 
 
-def measure(profile: Profile, setup: str, knobs: dict, targets, train) -> dict:
-    """Our CE number (percent) for each of ``targets`` at ``knobs``; ``train(config)`` gives a run's record."""
+def ce_keys(profile: Profile, setup: str) -> dict[str, str]:
+    """The choice key (:func:`experiments.grids.choice_key`) of the CE run behind each of ``setup``'s numbers, by
+    label."""
+    return {t.label: grids.choice_key(ce_config(profile, setup, t, {})) for t in STAND_INS[setup].targets}
+
+
+def calibrated_rates(entry: dict, profile: Profile, setup: str) -> dict:
+    """CE's learning-rate multipliers a stored entry was calibrated at, by choice key (entries stored before they were
+    recorded: the grid's rate, 1)."""
+    return {key: entry.get("ce_multipliers", {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
+
+
+def measure(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None) -> dict:
+    """Our CE number (percent) for each of ``targets`` at ``knobs`` and the learning-rate multipliers ``rates``
+    (:func:`ce_config`); ``train(config)`` gives a run's record."""
     records = {}
     for target in targets:
         if target.cell not in records:
-            records[target.cell] = train(ce_config(profile, setup, target, knobs))
+            records[target.cell] = train(ce_config(profile, setup, target, knobs, rates))
     values = {}
     for target in targets:
         value = records[target.cell]["test"]
@@ -170,10 +183,14 @@ def compass_search(error: Callable[[dict], float], start: dict, steps: dict, hal
     return centre
 
 
-def calibrate(profile: Profile, setup: str, train, halvings: int = 2) -> dict:
-    """Search the knobs of ``setup``'s stand-in, then measure the held-out numbers at the chosen ones: the entry
-    stored for it (every evaluated point, the chosen knobs, the gaps, the fingerprints)."""
-    stand_in = STAND_INS[setup]
+def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dict | None = None,
+              start: dict | None = None, round_: int = 1) -> dict:
+    """Search the knobs of ``setup``'s stand-in with CE at the learning-rate multipliers ``rates`` (by choice key;
+    default: the grid's rate) from ``start`` (default: the stand-in's), then measure the held-out numbers at the chosen
+    knobs: the entry stored for it (every evaluated point, the chosen knobs, the gaps, CE's multipliers, the round of
+    :mod:`experiments.fixed_point`, the fingerprints)."""
+    stand_in, rates = STAND_INS[setup], {key: (rates or {}).get(key, 1.0) for key in ce_keys(profile, setup)}
+    start = dict(start or stand_in.start)
     fitted = [t for t in stand_in.targets if t.fitted]
     # held-out numbers read from the fitted numbers' own runs cost nothing: kept at every point (for why_unmatched)
     free = [t for t in stand_in.targets if t.fitted or t.cell in {f.cell for f in fitted}]
@@ -183,14 +200,15 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2) -> dict:
         for point in points:
             if point["knobs"] == knobs:
                 return point["rms_gap"]
-        values = measure(profile, setup, knobs, free, train)
+        values = measure(profile, setup, knobs, free, train, rates)
         points.append({"knobs": knobs, "values": values, "rms_gap": rms_gap(values, fitted)})
         return points[-1]["rms_gap"]
 
     started = time.time()
-    knobs = compass_search(error, stand_in.start, stand_in.steps, halvings)
-    values = measure(profile, setup, knobs, stand_in.targets, train)
-    return {"dataset": getattr(profile, setup).dataset, "knobs": knobs,
+    knobs = compass_search(error, start, stand_in.steps, halvings)
+    values = measure(profile, setup, knobs, stand_in.targets, train, rates)
+    return {"dataset": getattr(profile, setup).dataset, "knobs": knobs, "start": start, "ce_multipliers": rates,
+            "round": round_,
             "setup_fingerprint": getattr(profile, setup).fingerprint(), "search_fingerprint": stand_in.fingerprint(),
             "targets": [{**asdict(t), "ours": values[t.label]} for t in stand_in.targets],
             "rms_gap_fitted": rms_gap(values, fitted), "points": points, "commit": git_commit(),
@@ -313,30 +331,20 @@ def summary_line(profile: Profile, setup: str) -> str:
     worst = max(entry["targets"], key=lambda target: abs(target["ours"] - target["published"]))
     role = "fitted" if worst["fitted"] else "held out"
     return (f"stand-in {entry['dataset']} calibrated on CE alone ({', '.join(f'{k} {v:g}' for k, v in entry['knobs'].items())}): "
-            f"CE's fitted numbers at the grid's learning rate {entry['rms_gap_fitted']:.1f} points RMS from the "
-            f"paper's, largest gap {worst['ours'] - worst['published']:+.1f} ({worst['label']}, {role})")
+            f"CE's fitted numbers at {rate_text(calibrated_rates(entry, profile, setup))} {entry['rms_gap_fitted']:.1f} "
+            f"points RMS from the paper's, largest gap {worst['ours'] - worst['published']:+.1f} ({worst['label']}, {role})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    command = profile_steps.parse_command("python -m experiments.calibration", __doc__.split("\n\n")[0], argv)
-    if command is None:
-        return 2
-    profile, store, device = command
-    if not profile.calibrated_setups:
-        print(f"the {profile.name} profile has no stand-in to calibrate "
-              f"({'real data' if not profile.cifar.synthetic else 'it trains too little for its numbers to mean anything'})")
-        return 0
-    calibration = stored(profile.name) or {"profile": profile.name, "setups": {}}
-    for setup in profile.calibrated_setups:
-        if is_current(calibration["setups"].get(setup), profile, setup):
-            print(f"{setup}: calibrated, up to date ({calibration['setups'][setup]['knobs']})")
-            continue
-        print(f"{setup}: calibrating {getattr(profile, setup).dataset} on cross-entropy ...", flush=True)
-        calibration["setups"][setup] = calibrate(profile, setup, lambda config: run(config, store, device=device))
-        profile_steps.keep(CALIBRATED / f"{profile.name}.json", calibration)  # each setup kept as soon as it is done
-        print(table(calibration["setups"][setup]).to_string(), flush=True)
-    return 0
+def rate_text(rates: dict) -> str:
+    """CE's learning-rate multipliers as a reader sees them: "the grid's learning rate" or "x3 the grid's learning
+    rate" ("x1, x3" where its runs differ)."""
+    values = sorted(set(rates.values()))
+    return "the grid's learning rate" if set(values) <= {1.0} else \
+        f"{', '.join(f'x{m:g}' for m in values)} the grid's learning rate"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def keep(profile_name: str, setup: str, entry: dict) -> None:
+    """Store ``entry`` as ``setup``'s calibration in ``experiments/calibrated/<profile_name>.json``."""
+    calibration = stored(profile_name) or {"profile": profile_name, "setups": {}}
+    calibration["setups"][setup] = entry
+    profile_steps.keep(CALIBRATED / f"{profile_name}.json", calibration)

@@ -11,21 +11,20 @@ So a profile with ``lr_multipliers`` trains, on each setup, the first seed of ea
 each multiplier, and keeps the multiplier whose run reaches the best validation value of its selection metric (ties:
 the one nearest 1, the grid's own rate). Every loss is chosen the same way, cross-entropy included, on validation data only; the choice then
 applies to every run of that loss and metric on the setup, all seeds and noise levels (:mod:`experiments.grids`).
-Cross-entropy's difficulty was calibrated at multiplier 1 (:mod:`experiments.calibration`): where it chooses another,
-its tables show it at the chosen rate, so its calibration numbers are measured again there
-(:func:`cross_entropy_numbers`), and the verdicts quote both (:func:`summary_line`).
+Cross-entropy's difficulty is calibrated at a learning rate (:mod:`experiments.calibration`), and
+:mod:`experiments.fixed_point` calibrates again at the one CE chooses here until the two agree; CE's calibration
+numbers at the rate it chose (:func:`cross_entropy_numbers`) are stored with the choice, and a verdict quotes them
+where they differ from the calibration's (:func:`summary_line`).
 
-``python -m experiments.learning_rates PROFILE`` stores every run's validation value and the choices in
-``experiments/calibrated/<profile>_learning_rates.json``, with the fingerprint of the calibrated setup (read by
-:func:`experiments.profiles.with_learning_rates`); a setup whose fingerprint and multipliers match is not chosen
-again. Runs go through the results store, so the chosen runs are the tables' own.
+Every run's validation value and the choices are stored in ``experiments/calibrated/<profile>_learning_rates.json``
+with the fingerprint of the calibrated setup (read by :func:`experiments.profiles.with_learning_rates`). Runs go
+through the results store, so the chosen runs are the tables' own.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import pandas as pd
 from experiments import calibration, grids, profile_steps
 from experiments.profiles import CALIBRATED, Profile, untuned
 from experiments.provenance import git_commit
-from experiments.train import run, selection_value
+from experiments.train import selection_value
 
 #: the table each setup's learning rates are chosen on
 SELECTION_GRIDS = {"cifar": grids.label_noise, "plantnet": grids.plantnet, "imagenet_lt": grids.imagenet_lt,
@@ -89,12 +88,14 @@ def cross_entropy_numbers(profile: Profile, setup: str, scales: dict, train) -> 
     """Cross-entropy's calibration numbers (percent, :data:`experiments.calibration.STAND_INS`) on the calibrated
     stand-in at the learning rates it chose (``scales``), each with its multiplier: the first seed of the tables' own
     CE runs."""
-    targets = calibration.STAND_INS[setup].targets
-    chosen = lambda config: scales[grids.choice_key(config)]  # noqa: E731
-    values = calibration.measure(profile, setup, {}, targets,
-                                 lambda config: train(grids.scaled_lr(config, chosen(config))))
-    return {t.label: {"ours": values[t.label], "multiplier": chosen(calibration.ce_config(profile, setup, t, {}))}
-            for t in targets}
+    values = calibration.measure(profile, setup, {}, calibration.STAND_INS[setup].targets, train, scales)
+    return {label: {"ours": values[label], "multiplier": scales[key]}
+            for label, key in calibration.ce_keys(profile, setup).items()}
+
+
+def ce_rates(entry: dict, profile: Profile, setup: str) -> dict:
+    """The multipliers a stored choice gives the CE runs behind ``setup``'s calibration numbers, by choice key."""
+    return {key: entry["scales"][key] for key in set(calibration.ce_keys(profile, setup).values())}
 
 
 def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
@@ -105,26 +106,39 @@ def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
         and set(entry["scales"]) == {grids.choice_key(c.config) for c in base_cells(profile, setup)}
 
 
+def stored(profile_name: str) -> dict:
+    """The stored choices of a profile ({} if none): {"profile", "setups": {setup: entry}}."""
+    path = path_for(profile_name)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def current_entry(profile: Profile, setup: str) -> dict | None:
     """The stored choice of ``setup``, if it is the one the profile uses."""
-    path = path_for(profile.name)
-    entry = json.loads(path.read_text())["setups"].get(setup) if path.exists() else None
+    entry = stored(profile.name).get("setups", {}).get(setup)
     return entry if is_current(entry, profile, setup) else None
 
 
+def keep(profile_name: str, setup: str, entry: dict) -> None:
+    """Store ``entry`` as ``setup``'s choice in ``experiments/calibrated/<profile_name>_learning_rates.json``."""
+    choices = stored(profile_name) or {"profile": profile_name, "setups": {}}
+    choices["setups"][setup] = entry
+    profile_steps.keep(path_for(profile_name), choices)
+
+
 def cross_entropy_table(profile: Profile) -> pd.DataFrame:
-    """Per calibrated setup and CE number: the paper's, the calibration's (at the grid's learning rate) and the
-    tables' (at the rate CE chose, with its multiplier)."""
+    """Per calibrated setup and CE number: the paper's, the calibration's and the tables' (at the rate CE chose),
+    each with its learning-rate multiplier."""
     rows = []
     for setup in profile.calibrated_setups:
         fitted, chosen = calibration.current_entry(profile, setup), current_entry(profile, setup)
         if fitted is None or chosen is None:
             continue
+        rates, keys = calibration.calibrated_rates(fitted, profile, setup), calibration.ce_keys(profile, setup)
         for target in fitted["targets"]:
-            at_chosen = chosen["cross_entropy"][target["label"]]
+            at_chosen, calibrated_at = chosen["cross_entropy"][target["label"]], rates[keys[target["label"]]]
             rows.append({"data": fitted["dataset"], "CE number": target["label"],
                          "role": "fitted" if target["fitted"] else "held out", "paper (%)": target["published"],
-                         "calibration, grid's lr (%)": round(target["ours"], 1),
+                         "calibration (%)": round(target["ours"], 1), "calibrated at": f"x{calibrated_at:g}",
                          "tables, chosen lr (%)": round(at_chosen["ours"], 1),
                          "chosen": f"x{at_chosen['multiplier']:g}",
                          "gap at chosen lr (points)": round(at_chosen["ours"] - target["published"], 1)})
@@ -147,10 +161,11 @@ def fitted_gap_at_chosen_rate(fitted: dict, chosen: dict) -> tuple[float, str, f
 def summary_line(profile: Profile, setup: str) -> str:
     """What a verdict on ``setup``'s data says about its difficulty: the calibration's line
     (:func:`experiments.calibration.summary_line`), then CE's fitted numbers at the learning rates it chose for the
-    tables, where they were measured."""
+    tables where these are not the ones it was calibrated at (:mod:`experiments.fixed_point` not settled)."""
     line, chosen, fitted = (calibration.summary_line(profile, setup), current_entry(profile, setup),
                             calibration.current_entry(profile, setup))
-    if chosen is None or fitted is None:
+    if chosen is None or fitted is None or ce_rates(chosen, profile, setup) == calibration.calibrated_rates(
+            fitted, profile, setup):
         return line
     rms, worst, gap, multipliers = fitted_gap_at_chosen_rate(fitted, chosen)
     return (f"{line}; at the learning rate CE chose for the tables ({multipliers}): {rms:.1f} points RMS, largest gap "
@@ -168,7 +183,7 @@ def table(profile: Profile) -> pd.DataFrame:
         entry = current_entry(profile, setup)
         if entry is None:
             rows.append({"data": getattr(profile, setup).dataset, "loss, selected on": "",
-                         "chosen": "not chosen for this setup: run `make learning-rates`"})
+                         "chosen": "not chosen for this setup: run `make calibrate`"})
             continue
         rows += [{"data": entry["dataset"], "loss, selected on": c["choice"], "grid's lr": c["lr"],
                   **{f"val x{m:g}": _percent(c["validation"][f"{m:g}"]) for m in entry["multipliers"]},
@@ -179,30 +194,3 @@ def table(profile: Profile) -> pd.DataFrame:
 
 def _percent(value: float | None) -> float | str:
     return "diverged" if value is None else round(100 * value, 1)
-
-
-def main(argv: list[str] | None = None) -> int:
-    command = profile_steps.parse_command("python -m experiments.learning_rates", __doc__.split("\n\n")[0], argv)
-    if command is None:
-        return 2
-    profile, store, device = command
-    if len(profile.lr_multipliers) == 1:
-        print(f"the {profile.name} profile trains every loss at its grids' learning rates: nothing to choose")
-        return 0
-    path = path_for(profile.name)
-    stored = json.loads(path.read_text()) if path.exists() else {"profile": profile.name, "setups": {}}
-    for setup in profile.calibrated_setups:
-        if is_current(stored["setups"].get(setup), profile, setup):
-            print(f"{setup}: learning rates chosen, up to date ({stored['setups'][setup]['scales']})")
-            continue
-        print(f"{setup}: choosing each loss's learning rate on validation data ...", flush=True)
-        train = lambda config: run(config, store, device=device)  # noqa: E731
-        entry = choose(profile, setup, train)
-        stored["setups"][setup] = {**entry, "cross_entropy": cross_entropy_numbers(profile, setup, entry["scales"], train)}
-        profile_steps.keep(path, stored)  # each setup is kept as soon as it is done
-        print(json.dumps(stored["setups"][setup]["scales"], indent=1), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
-"""What the steps run once per profile before its notebooks (:mod:`experiments.calibration`,
-:mod:`experiments.learning_rates`) share: their command line and how they keep what they chose."""
+"""What the steps run once per profile before its notebooks (:mod:`experiments.fixed_point`: the calibration and the
+learning rates) share: their command line and how they keep what they chose."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ hyperparameters are the paper's at every profile; only the data, the model and t
 schedule is short (``lr_multipliers``) each loss's learning rate is chosen on validation data.
 
 A profile that judges training claims on synthetic stand-ins takes their difficulty knobs from
-``experiments/calibrated/<profile>.json``, written by :mod:`experiments.calibration` (cross-entropy alone fitted to the
-paper's cross-entropy numbers), and only for the very setup they were chosen for. A profile with a short schedule
+``experiments/calibrated/<profile>.json``, written by :mod:`experiments.fixed_point` (cross-entropy alone fitted to
+the paper's cross-entropy numbers, :mod:`experiments.calibration`), and only for the very setup they were chosen for. A profile with a short schedule
 takes each loss's learning rate, chosen on validation data, from ``experiments/calibrated/<profile>_learning_rates.json``
 (:mod:`experiments.learning_rates`), likewise only for the setup (difficulty included) it was chosen on.
 """
@@ -119,7 +119,7 @@ def calibrated(profile: Profile) -> Profile:
     if not profile.calibrated_setups or not path.exists():
         return profile
     stored = _stored_setups(path, f"the {profile.name} stand-ins keep their default difficulty; run "
-                                  f"`python -m experiments.calibration {profile.name}`")
+                                  f"`python -m experiments.fixed_point {profile.name}`")
     if stored is None:
         return profile
     changes = {}
@@ -129,7 +129,7 @@ def calibrated(profile: Profile) -> Profile:
             changes[name] = replace(setup, difficulty=entry["knobs"])
         else:
             warnings.warn(f"the {profile.name} profile's {name} setup has no calibration in {path} (changed since?): "
-                          f"its stand-in keeps the default difficulty; run `python -m experiments.calibration "
+                          f"its stand-in keeps the default difficulty; run `python -m experiments.fixed_point "
                           f"{profile.name}`", stacklevel=2)
     return with_learning_rates(replace(profile, **changes))
 
@@ -142,7 +142,7 @@ def with_learning_rates(profile: Profile) -> Profile:
         return profile
     path = CALIBRATED / f"{profile.name}_learning_rates.json"
     stored = _stored_setups(path, f"the {profile.name} profile's losses keep the grids' learning rates; run "
-                                  f"`python -m experiments.learning_rates {profile.name}`") if path.exists() else {}
+                                  f"`python -m experiments.fixed_point {profile.name}`") if path.exists() else {}
     if stored is None:
         return profile
     changes = {}
@@ -154,8 +154,15 @@ def with_learning_rates(profile: Profile) -> Profile:
         else:
             warnings.warn(f"the {profile.name} profile's {name} setup has no learning rates chosen for it in {path} "
                           f"(changed since?): its losses keep the grids' learning rates; run "
-                          f"`python -m experiments.learning_rates {profile.name}`", stacklevel=2)
+                          f"`python -m experiments.fixed_point {profile.name}`", stacklevel=2)
     return replace(profile, **changes)
+
+
+def recalibrated(profile: Profile) -> Profile:
+    """``profile`` with its stand-ins' knobs and learning rates read afresh from the stored files (:func:`calibrated`
+    of the profile without them): what a new process would use after :mod:`experiments.fixed_point` wrote them."""
+    bare = {name: replace(getattr(profile, name), difficulty={}, lr_scales={}) for name in profile.calibrated_setups}
+    return calibrated(replace(profile, **bare))
 
 
 def untuned(profile: Profile, setup: str) -> Profile:

@@ -1,0 +1,127 @@
+"""Each stand-in's difficulty and the learning rates chosen on it, alternated until cross-entropy's rate agrees.
+
+The difficulty is fitted with cross-entropy at a learning rate (:mod:`experiments.calibration`); each loss's learning
+rate, CE's included, is then chosen on the calibrated stand-in (:mod:`experiments.learning_rates`). Where CE chooses
+another rate than the one it was calibrated at, the tables show CE on data fitted for a rate they do not use. So each
+setup alternates: calibrate (first at the grid's rate, from the stand-in's start), choose, and while CE's choice for
+the runs behind its calibration numbers differs from the rates they were calibrated at, calibrate again at the chosen
+rates from the knobs found, and choose again: at most :data:`MAX_ROUNDS` calibrations. Where the rounds run out (the
+choice goes back and forth), the last calibration and the choice made on it are kept, and a verdict quotes CE's
+numbers at both rates (:func:`experiments.learning_rates.summary_line`).
+
+``python -m experiments.fixed_point PROFILE`` (``make calibrate``, run first by ``make paper-figures``) does what is
+left: a setup whose stored calibration and choice are current and agree (or that used its rounds) is not touched;
+each step is stored as soon as it is done, so an interrupted run resumes from the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from experiments import calibration, learning_rates, profile_steps
+from experiments.profiles import Profile, recalibrated
+from experiments.train import run
+
+MAX_ROUNDS = 3  #: calibrations of a setup at most: the grid's rate, then CE's choices
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a setup needs next: a calibration (at ``rates``, from ``start``, as round ``round_``) or a choice."""
+
+    action: str  #: "calibrate" or "choose"
+    rates: dict = field(default_factory=dict)
+    start: dict | None = None
+    round_: int = 1
+
+
+def next_step(profile: Profile, setup: str) -> Step | None:
+    """The step ``setup`` needs, from what is stored (``profile`` as :func:`experiments.profiles.recalibrated` reads
+    it); None when its calibration and choice agree on CE's rate or the rounds are used."""
+    fitted = calibration.current_entry(profile, setup)
+    if fitted is None:
+        return Step("calibrate")
+    if len(profile.lr_multipliers) == 1:
+        return None
+    chosen = learning_rates.current_entry(profile, setup)
+    if chosen is None:
+        return Step("choose")
+    wanted = learning_rates.ce_rates(chosen, profile, setup)
+    if wanted == calibration.calibrated_rates(fitted, profile, setup) or fitted.get("round", 1) >= MAX_ROUNDS:
+        return None
+    return Step("calibrate", wanted, fitted["knobs"], fitted.get("round", 1) + 1)
+
+
+def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flush=True)) -> Profile:
+    """Take ``setup``'s steps (:func:`next_step`) until none is left, storing each; ``train(config)`` gives a run's
+    record. Returns the profile as stored at the end."""
+    profile = recalibrated(profile)
+    while (step := next_step(profile, setup)) is not None:
+        dataset = getattr(profile, setup).dataset
+        if step.action == "calibrate":
+            say(f"{setup}: calibrating {dataset} on cross-entropy at {calibration.rate_text(step.rates)}"
+                f" (round {step.round_}) ...")
+            entry = calibration.calibrate(profile, setup, train, rates=step.rates, start=step.start,
+                                          round_=step.round_)
+            calibration.keep(profile.name, setup, entry)
+            say(calibration.table(entry).to_string())
+        else:
+            say(f"{setup}: choosing each loss's learning rate on validation data ({dataset}) ...")
+            entry = learning_rates.choose(profile, setup, train)
+            entry["cross_entropy"] = learning_rates.cross_entropy_numbers(profile, setup, entry["scales"], train)
+            learning_rates.keep(profile.name, setup, entry)
+            say(json.dumps(entry["scales"], indent=1))
+        profile = recalibrated(profile)
+    return profile
+
+
+def status(profile: Profile, setup: str) -> dict:
+    """Where ``setup`` stands: the round of its calibration, CE's rates there and as chosen, whether they agree."""
+    fitted, chosen = calibration.current_entry(profile, setup), learning_rates.current_entry(profile, setup)
+    calibrated_at = calibration.calibrated_rates(fitted, profile, setup) if fitted else None
+    chose = learning_rates.ce_rates(chosen, profile, setup) if chosen else None
+    if fitted is None:
+        state = "not calibrated: run `make calibrate`"
+    elif len(profile.lr_multipliers) == 1:
+        state = "calibrated at the grid's learning rate (this profile chooses none)"
+    elif chose is None:
+        state = "learning rates not chosen: run `make calibrate`"
+    elif chose == calibrated_at:
+        state = "settled: CE chose the learning rate it was calibrated at"
+    else:
+        state = f"not settled after {fitted.get('round', 1)} calibrations: CE chose another rate"
+    return {"data": getattr(profile, setup).dataset, "round": fitted.get("round", 1) if fitted else None,
+            "CE calibrated at": _rates(calibrated_at), "CE chose": _rates(chose), "state": state}
+
+
+def _rates(rates: dict | None) -> str:
+    return "" if rates is None else ", ".join(f"{key} x{m:g}" for key, m in sorted(rates.items()))
+
+
+def table(profile: Profile) -> pd.DataFrame:
+    """:func:`status` of every calibrated setup of ``profile``."""
+    return pd.DataFrame([status(profile, setup) for setup in profile.calibrated_setups],
+                        columns=["data", "round", "CE calibrated at", "CE chose", "state"]).set_index("data")
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = profile_steps.parse_command("python -m experiments.fixed_point", __doc__.split("\n\n")[0], argv)
+    if command is None:
+        return 2
+    profile, store, device = command
+    if not profile.calibrated_setups:
+        print(f"the {profile.name} profile has no stand-in to calibrate "
+              f"({'real data' if not profile.cifar.synthetic else 'it trains too little for its numbers to mean anything'})")
+        return 0
+    for setup in profile.calibrated_setups:
+        profile = settle(profile, setup, lambda config: run(config, store, device=device))
+        print(f"{setup}: {status(profile, setup)['state']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
