@@ -189,7 +189,8 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
     default: the grid's rate) from ``start`` (default: the stand-in's), then measure the held-out numbers at the chosen
     knobs: the entry stored for it (every evaluated point, the chosen knobs, the gaps, CE's multipliers, the round of
     :mod:`experiments.fixed_point`, the fingerprints)."""
-    stand_in, rates = STAND_INS[setup], {key: (rates or {}).get(key, 1.0) for key in ce_keys(profile, setup)}
+    stand_in = STAND_INS[setup]
+    rates = {key: (rates or {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
     start = dict(start or stand_in.start)
     fitted = [t for t in stand_in.targets if t.fitted]
     # held-out numbers read from the fitted numbers' own runs cost nothing: kept at every point (for why_unmatched)

@@ -1,0 +1,123 @@
+"""The calibration and the learning-rate choice alternated until CE's rate agrees: the steps taken, the rates each
+calibration trains at, the stop when the rounds are used, and a resumed run taking up where it stopped."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from experiments import calibration, fixed_point, learning_rates, profiles
+from experiments.profiles import QUICK
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # the setups not settled here keep their defaults
+
+
+@pytest.fixture
+def calibrations(tmp_path, monkeypatch) -> list[dict]:
+    """Stored choices and calibrations kept in ``tmp_path``; the rates and start of each calibration, in order."""
+    for module in (profiles, calibration, learning_rates):
+        monkeypatch.setattr(module, "CALIBRATED", tmp_path)
+    calls, calibrate = [], calibration.calibrate
+
+    def spy(profile, setup, train, **options):
+        calls.append(options)
+        return calibrate(profile, setup, train, **options)
+
+    monkeypatch.setattr(calibration, "calibrate", spy)
+    return calls
+
+
+class FakeTraining:
+    """Runs whose CE test accuracies follow the stand-in's knobs, and whose validation value peaks, for every loss, at
+    the learning-rate multiplier ``preferred(n)`` of the ``n``-th choice (counted by its CE runs at x0.3, which no
+    calibration trains)."""
+
+    def __init__(self, preferred):
+        self.preferred, self.choices, self.trained = preferred, 0, []
+
+    def __call__(self, config):
+        multiplier = round(config.lr / QUICK.cifar.lr, 6)
+        if config.loss == "cross_entropy" and multiplier == 0.3:
+            self.choices += 1
+        self.trained.append((config, multiplier, self.choices))
+        knobs = config.dataset_options
+        top1 = max(0.0, min(1.0, 1.2 - 0.25 * knobs["pixel_noise"] - 0.3 / knobs["class_contrast"])) - 0.03 * multiplier
+        top5 = max(0.0, min(1.0, 1.3 - 0.2 * knobs["pixel_noise"])) - 0.1 * knobs.get("noise", 0.0) - 0.03 * multiplier
+        best = self.preferred(self.choices)
+        val = 0.9 - 0.1 * abs(multiplier - best)
+        return {"config": config.to_dict(), "history": [{"val": {"top": {"5": val}}}],
+                "test": {"top": {"1": top1 - 0.2 * knobs.get("noise", 0.0), "5": top5}}}
+
+
+def _rates(calibrations: list[dict]) -> list[dict]:
+    return [call["rates"] for call in calibrations]
+
+
+def test_ce_calibrated_again_at_the_rate_it_chose_until_it_chooses_that_rate(calibrations):
+    training, said = FakeTraining(lambda n: 3.0), []
+    profile = fixed_point.settle(QUICK, "cifar", training, say=said.append)
+    assert _rates(calibrations) == [{}, {"cross_entropy top5": 3.0}]  # the grid's rate, then CE's choice: settled
+    assert training.choices == 2
+    fitted = calibration.current_entry(profile, "cifar")
+    assert fitted["round"] == 2 and fitted["ce_multipliers"] == {"cross_entropy top5": 3.0}
+    assert calibrations[1]["start"] == fitted["start"] != QUICK.cifar.difficulty  # where round 1 ended
+    noisy = {m for c, m, _ in training.trained if c.loss == "cross_entropy" and c.dataset_options.get("noise") == 0.4}
+    assert noisy == {1.0, 3.0}  # CE's calibration runs (the only ones with label noise) at each round's rate
+    assert profile.cifar.difficulty == fitted["knobs"] and profile.cifar.lr_scales["cross_entropy top5"] == 3.0
+    assert fixed_point.status(profile, "cifar")["state"].startswith("settled")
+    assert "at x3 the grid's learning rate" in calibration.summary_line(profile, "cifar")
+    assert learning_rates.summary_line(profile, "cifar") == calibration.summary_line(profile, "cifar")
+    chosen = learning_rates.current_entry(profile, "cifar")["cross_entropy"]  # the calibration's own runs again
+    assert {label: number["ours"] for label, number in chosen.items()} == {
+        t["label"]: t["ours"] for t in fitted["targets"]}
+    assert [line for line in said if "calibrating" in line][1].endswith("at x3 the grid's learning rate (round 2) ...")
+    assert fixed_point.next_step(profile, "cifar") is None  # a second run does nothing
+    assert fixed_point.settle(profile, "cifar", training) == profile and training.choices == 2
+
+
+def test_a_choice_that_keeps_moving_stops_after_the_last_round_and_the_verdicts_quote_both_rates(calibrations):
+    training = FakeTraining(lambda n: 3.0 if n % 2 else 10.0)
+    profile = fixed_point.settle(QUICK, "cifar", training, say=lambda line: None)
+    assert _rates(calibrations) == [{}, {"cross_entropy top5": 3.0}, {"cross_entropy top5": 10.0}]
+    assert [call["round_"] for call in calibrations] == [1, 2, 3]
+    assert training.choices == fixed_point.MAX_ROUNDS
+    status = fixed_point.status(profile, "cifar")
+    assert status["round"] == 3 and status["CE calibrated at"] == "cross_entropy top5 x10"
+    assert status["CE chose"] == "cross_entropy top5 x3" and status["state"].startswith("not settled after 3")
+    assert "at the learning rate CE chose for the tables (x3)" in learning_rates.summary_line(profile, "cifar")
+
+
+def test_an_interrupted_run_resumes_at_the_step_it_stopped_in(calibrations):
+    class Interrupted(Exception):
+        pass
+
+    training = FakeTraining(lambda n: 3.0)
+
+    def interrupted(config):
+        if training.choices:  # the first choice: the run is killed
+            raise Interrupted
+        return training(config)
+
+    with pytest.raises(Interrupted):
+        fixed_point.settle(QUICK, "cifar", interrupted, say=lambda line: None)
+    profile = profiles.recalibrated(QUICK)
+    assert fixed_point.next_step(profile, "cifar") == fixed_point.Step("choose")
+    fixed_point.settle(QUICK, "cifar", training, say=lambda line: None)
+    assert _rates(calibrations) == [{}, {"cross_entropy top5": 3.0}]  # round 1 was not searched again
+    assert training.choices == 3  # the interrupted choice, made again, then the one on round 2's knobs
+
+
+def test_a_profile_that_chooses_no_learning_rate_stops_after_the_first_calibration(calibrations):
+    profile = replace(QUICK, lr_multipliers=(1.0,))
+    training = FakeTraining(lambda n: 3.0)
+    settled = fixed_point.settle(profile, "cifar", training, say=lambda line: None)
+    assert training.choices == 0 and _rates(calibrations) == [{}]
+    assert fixed_point.status(settled, "cifar")["state"].startswith("calibrated at the grid's learning rate")
+
+
+def test_the_committed_quick_calibration_is_settled_or_says_why_not():
+    for setup in QUICK.calibrated_setups:
+        status = fixed_point.status(QUICK, setup)
+        assert status["state"].startswith(("settled", "not settled after 3")), (setup, status)
+        assert fixed_point.next_step(QUICK, setup) is None, f"{setup}: run `make calibrate`"
