@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from experiments import kernel_targets
-from experiments.calibration import TOLERANCE, unmatched
+from experiments.calibration import TOLERANCE, rate_text, unmatched
 from experiments.learning_rates import fitted_gap_at_chosen_rate
 from experiments.paper import CLAIMS
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, PROJECT_ROOT
@@ -75,12 +75,12 @@ def verdicts(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
 
 def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json",
                 lr_path: Path = CALIBRATED / f"{DEFAULT_PROFILE}_learning_rates.json") -> str:
-    """Each stand-in's chosen knobs and CE's numbers on it against the paper's, fitted and held out, at the grid's
-    learning rate and at the one CE chose for the tables; then the numbers not matched and why
+    """Each stand-in's chosen knobs and CE's numbers on it against the paper's, fitted and held out, at the learning
+    rate of the calibration and at the one CE chose for the tables; then the numbers not matched and why
     (:func:`experiments.calibration.unmatched`)."""
     if not path.exists():
         return f"*No calibration stored for the {DEFAULT_PROFILE} profile: run `make calibrate`.*"
-    lines = ["| stand-in | knobs | CE fitted: ours (paper) | CE held out: ours (paper) | RMS gap, fitted | "
+    lines = ["| stand-in | knobs | CE fitted: ours (paper) | CE held out: ours (paper) | RMS gap, fitted (CE's rate) | "
              "the same at CE's chosen learning rate |", "|---|---|---|---|---|---|"]
     setups = json.loads(path.read_text())["setups"]
     chosen = json.loads(lr_path.read_text())["setups"] if lr_path.exists() else {}
@@ -89,7 +89,8 @@ def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json",
                                    if t["fitted"] == role) or "none reported" for role in (True, False)}
         knobs = ", ".join(f"{k} {v:g}" for k, v in entry["knobs"].items())
         lines.append(f"| `{entry['dataset']}` | {knobs} | {numbers[True]} | {numbers[False]} | "
-                     f"{entry['rms_gap_fitted']:.1f} points | {_at_chosen_rate(entry, chosen.get(setup))} |")
+                     f"{entry['rms_gap_fitted']:.1f} points ({rate_text(entry.get('ce_multipliers', {}))}) | "
+                     f"{_at_chosen_rate(entry, chosen.get(setup))} |")
     misses = [f"- `{entry['dataset']}`, {row['CE number']} ({row['role']}, {row['gap (points)']:+.1f} points): "
               f"{row['why']}" for entry in setups.values() for row in unmatched(entry)]
     commits = ", ".join(sorted({short_commit(e["commit"]) for e in setups.values()}))

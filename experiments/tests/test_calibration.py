@@ -63,6 +63,26 @@ def test_calibration_fits_the_papers_ce_numbers_and_measures_the_held_out_ones_a
     chosen = [c for c in trained if c.dataset_options.get("noise") == 0.2]  # held out: measured once, at the choice
     assert len(chosen) == 1 and {k: chosen[0].dataset_options[k] for k in entry["knobs"]} == entry["knobs"]
     assert entry["setup_fingerprint"] == QUICK.cifar.fingerprint()
+    assert entry["ce_multipliers"] == {"cross_entropy top5": 1.0} and entry["round"] == 1
+    assert entry["start"] == calibration.STAND_INS["cifar"].start
+    assert {config.lr for config in trained} == {QUICK.cifar.lr}
+
+
+def test_a_later_round_trains_ce_at_the_rate_it_chose_from_the_knobs_found():
+    trained = []
+
+    def train(config):
+        trained.append(config)
+        return _knob_response(config)
+
+    start = {"pixel_noise": 1.2, "class_contrast": 0.9}
+    entry = calibration.calibrate(QUICK, "cifar", train, halvings=0, rates={"cross_entropy top5": 3.0}, start=start,
+                                  round_=2)
+    assert {config.lr for config in trained} == {3 * QUICK.cifar.lr}
+    assert {k: trained[0].dataset_options[k] for k in start} == start == entry["start"]
+    assert entry["ce_multipliers"] == {"cross_entropy top5": 3.0} and entry["round"] == 2
+    assert calibration.calibrated_rates(entry, QUICK, "cifar") == {"cross_entropy top5": 3.0}
+    assert calibration.calibrated_rates({}, QUICK, "cifar") == {"cross_entropy top5": 1.0}  # stored before rates were
 
 
 def test_calibration_trains_real_ce_runs_and_the_profile_takes_the_knobs_only_for_the_setup_they_fit(tmp_path, monkeypatch):

@@ -99,7 +99,7 @@ def test_choice_is_made_on_real_runs_and_the_profile_takes_it_only_for_the_setup
     shown = learning_rates.table(tuned)
     assert len(shown.loc["imagenet_like"]) == 6 and set(shown.loc["imagenet_like", "chosen"]) <= {"x1", "x3"}
     assert [c for c in shown.columns if c.startswith("val")] == ["val x1", "val x3"]
-    assert shown.loc["cifar100_like", "chosen"].str.contains("make learning-rates").all()
+    assert shown.loc["cifar100_like", "chosen"].str.contains("make calibrate").all()
     assert "chooses none" in learning_rates.table(SMOKE).iloc[0, 0]
     harder = replace(profile, imagenet=replace(profile.imagenet, difficulty={"pixel_noise": 3.0}))
     with pytest.warns(UserWarning, match="imagenet setup has no learning rates chosen"):
@@ -120,7 +120,7 @@ def test_the_committed_quick_choice_is_the_one_the_quick_profile_uses():
     stored = json.loads(learning_rates.path_for("quick").read_text())["setups"]
     for setup in QUICK.calibrated_setups:
         assert learning_rates.is_current(stored.get(setup), QUICK, setup), (
-            f"experiments/calibrated/quick_learning_rates.json is stale for {setup}: run `make learning-rates`")
+            f"experiments/calibrated/quick_learning_rates.json is stale for {setup}: run `make calibrate`")
         assert getattr(QUICK, setup).lr_scales == stored[setup]["scales"]
         for choice in stored[setup]["choices"]:
             values = {float(m): v for m, v in choice["validation"].items() if v is not None}
@@ -128,14 +128,17 @@ def test_the_committed_quick_choice_is_the_one_the_quick_profile_uses():
             assert choice["multiplier"] == min(best, key=lambda m: abs(math.log(m)))  # ties: the nearest 1
 
 
-def test_a_verdict_quotes_ce_s_difficulty_at_the_calibration_s_rate_and_at_the_one_it_chose(monkeypatch):
+def test_a_verdict_quotes_ce_s_difficulty_at_the_one_it_chose_where_it_was_calibrated_at_another(monkeypatch):
     monkeypatch.setattr(calibration, "summary_line", lambda profile, setup: "calibrated at x1")
     fitted = {"targets": [{**asdict(t), "ours": 0.0} for t in calibration.STAND_INS["imagenet"].targets]}
     monkeypatch.setattr(calibration, "current_entry", lambda profile, setup: fitted)
-    chosen = {"cross_entropy": {"top-1": {"ours": 74.24, "multiplier": 3.0},  # the paper's: 72.24 and 90.6
+    chosen = {"scales": {"cross_entropy top1": 3.0, "cross_entropy top5": 1.0},
+              "cross_entropy": {"top-1": {"ours": 74.24, "multiplier": 3.0},  # the paper's: 72.24 and 90.6
                                 "top-5 (selected on top-1)": {"ours": 90.6, "multiplier": 3.0}}}
     monkeypatch.setattr(learning_rates, "current_entry", lambda profile, setup: chosen)
     assert learning_rates.summary_line(QUICK, "imagenet") == (
         "calibrated at x1; at the learning rate CE chose for the tables (x3): 1.4 points RMS, largest gap +2.0 (top-1)")
+    fitted["ce_multipliers"] = {"cross_entropy top1": 3.0}  # calibrated at the rate it chose: one line says it all
+    assert learning_rates.summary_line(QUICK, "imagenet") == "calibrated at x1"
     monkeypatch.setattr(learning_rates, "current_entry", lambda profile, setup: None)
     assert learning_rates.summary_line(QUICK, "imagenet") == "calibrated at x1"
