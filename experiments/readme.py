@@ -292,7 +292,10 @@ def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE,
 
 def _rerun_line(figures: Path, rerun: Path) -> str:
     """How many of a rerun's table CSVs are byte for byte the committed figures' (those that differ named), and how
-    many of its verdicts have the committed status."""
+    many of its verdicts have the committed status; or that the committed figures are the rerun's own."""
+    if _same_files(figures / "manifests", rerun / "manifests"):
+        return ("- The committed figures are that run's own (same manifests): no second run to compare them with at "
+                "this commit")
     tables = sorted(path.name for path in rerun.glob("*.csv"))
     differ = [name for name in tables if not (figures / name).exists()
               or (figures / name).read_bytes() != (rerun / name).read_bytes()]
@@ -304,6 +307,13 @@ def _rerun_line(figures: Path, rerun: Path) -> str:
     return (f"- That run's tables against the committed figures: {len(tables) - len(differ)} of {len(tables)} CSVs "
             f"identical byte for byte{named('differ', differ)}; {len(claims) - len(changed)} of {len(claims)} "
             f"verdicts the same{named('changed', changed)}")
+
+
+def _same_files(one: Path, other: Path) -> bool:
+    """Whether two folders hold the same JSON files, byte for byte."""
+    files = sorted(path.name for path in one.glob("*.json"))
+    return files == sorted(path.name for path in other.glob("*.json")) and all(
+        (one / name).read_bytes() == (other / name).read_bytes() for name in files)
 
 
 def _manifests_line(what: str, directory: Path, shown: str) -> str:

@@ -98,6 +98,11 @@ def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_fr
                           "1 of 1 verdicts the same")
     (tmp_path / "claims" / "claim5.json").write_text(json.dumps({"status": "not reproduced"}))
     assert readme.figures_time(tmp_path, tmp_path / "empty").endswith("0 of 1 verdicts the same (changed: claim5.json)")
+    for name in ("a", "b"):  # the committed figures copied from the empty-store run: nothing to compare
+        (tmp_path / "empty" / "manifests" / f"{name}.json").write_bytes((tmp_path / "manifests" / f"{name}.json").read_bytes())
+    assert readme.figures_time(tmp_path, tmp_path / "empty").endswith("The committed figures are that run's own (same "
+                                                                      "manifests): no second run to compare them with "
+                                                                      "at this commit")
     (tmp_path / "quick").mkdir()
     (tmp_path / "quick" / "a.json").write_text(json.dumps({**common, "seconds": 40, "runs": {"trained": 0,
                                                                                             "from_store": 9}}))
@@ -135,7 +140,9 @@ def test_calibration_block_gives_ce_s_gap_at_the_calibration_s_rate_and_at_the_o
     (tmp_path / "lr.json").write_text(json.dumps({"setups": {"imagenet": {"cross_entropy": chosen}}}))
     row = next(line for line in readme.calibration(tmp_path / "quick.json", tmp_path / "lr.json").splitlines()
                if line.startswith("| `imagenet_like`"))
-    assert row.endswith("| 1.0 points | 1.4 points (x1, x3) |")
+    assert row.endswith("| 1.0 points (the grid's learning rate) | 1.4 points (x1, x3) |")
+    entry["ce_multipliers"] = {"cross_entropy top1": 3.0}
+    (tmp_path / "quick.json").write_text(json.dumps({"setups": {"imagenet": entry}}))
     row = next(line for line in readme.calibration(tmp_path / "quick.json", tmp_path / "none.json").splitlines()
                if line.startswith("| `imagenet_like`"))
-    assert row.endswith("| 1.0 points | not measured |")
+    assert row.endswith("| 1.0 points (x3 the grid's learning rate) | not measured |")
