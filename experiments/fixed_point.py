@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -59,7 +60,7 @@ def next_step(profile: Profile, setup: str) -> Step | None:
 def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flush=True)) -> Profile:
     """Take ``setup``'s steps (:func:`next_step`) until none is left, storing each; ``train(config)`` gives a run's
     record. Returns the profile as stored at the end."""
-    profile = recalibrated(profile)
+    profile = _reread(profile)
     while (step := next_step(profile, setup)) is not None:
         dataset = getattr(profile, setup).dataset
         if step.action == "calibrate":
@@ -75,8 +76,15 @@ def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flu
             entry["cross_entropy"] = learning_rates.cross_entropy_numbers(profile, setup, entry["scales"], train)
             learning_rates.keep(profile.name, setup, entry)
             say(json.dumps(entry["scales"], indent=1))
-        profile = recalibrated(profile)
+        profile = _reread(profile)
     return profile
+
+
+def _reread(profile: Profile) -> Profile:
+    """:func:`experiments.profiles.recalibrated`, without its warnings about steps this module is about to take."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return recalibrated(profile)
 
 
 def status(profile: Profile, setup: str) -> dict:
