@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import pandas as pd
 
@@ -222,10 +223,13 @@ def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
         and entry["search_fingerprint"] == STAND_INS[setup].fingerprint()
 
 
+def path_for(profile_name: str) -> Path:
+    return CALIBRATED / f"{profile_name}.json"
+
+
 def stored(profile_name: str) -> dict:
     """The stored calibration of a profile ({} if none): {"profile", "setups": {setup: entry}}."""
-    path = CALIBRATED / f"{profile_name}.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    return profile_steps.stored(path_for(profile_name))
 
 
 def table(entry: dict) -> pd.DataFrame:
@@ -342,10 +346,3 @@ def rate_text(rates: dict) -> str:
     values = sorted(set(rates.values()))
     return "the grid's learning rate" if set(values) <= {1.0} else \
         f"{', '.join(f'x{m:g}' for m in values)} the grid's learning rate"
-
-
-def keep(profile_name: str, setup: str, entry: dict) -> None:
-    """Store ``entry`` as ``setup``'s calibration in ``experiments/calibrated/<profile_name>.json``."""
-    calibration = stored(profile_name) or {"profile": profile_name, "setups": {}}
-    calibration["setups"][setup] = entry
-    profile_steps.keep(CALIBRATED / f"{profile_name}.json", calibration)

@@ -68,13 +68,13 @@ def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flu
                 f" (round {step.round_}) ...")
             entry = calibration.calibrate(profile, setup, train, rates=step.rates, start=step.start,
                                           round_=step.round_)
-            calibration.keep(profile.name, setup, entry)
+            profile_steps.keep(calibration.path_for(profile.name), profile.name, setup, entry)
             say(calibration.table(entry).to_string())
         else:
             say(f"{setup}: choosing each loss's learning rate on validation data ({dataset}) ...")
             entry = learning_rates.choose(profile, setup, train)
             entry["cross_entropy"] = learning_rates.cross_entropy_numbers(profile, setup, entry["scales"], train)
-            learning_rates.keep(profile.name, setup, entry)
+            profile_steps.keep(learning_rates.path_for(profile.name), profile.name, setup, entry)
             say(json.dumps(entry["scales"], indent=1))
         profile = _reread(profile)
     return profile

@@ -23,7 +23,6 @@ through the results store, so the chosen runs are the tables' own.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -108,21 +107,13 @@ def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
 
 def stored(profile_name: str) -> dict:
     """The stored choices of a profile ({} if none): {"profile", "setups": {setup: entry}}."""
-    path = path_for(profile_name)
-    return json.loads(path.read_text()) if path.exists() else {}
+    return profile_steps.stored(path_for(profile_name))
 
 
 def current_entry(profile: Profile, setup: str) -> dict | None:
     """The stored choice of ``setup``, if it is the one the profile uses."""
     entry = stored(profile.name).get("setups", {}).get(setup)
     return entry if is_current(entry, profile, setup) else None
-
-
-def keep(profile_name: str, setup: str, entry: dict) -> None:
-    """Store ``entry`` as ``setup``'s choice in ``experiments/calibrated/<profile_name>_learning_rates.json``."""
-    choices = stored(profile_name) or {"profile": profile_name, "setups": {}}
-    choices["setups"][setup] = entry
-    profile_steps.keep(path_for(profile_name), choices)
 
 
 def cross_entropy_table(profile: Profile) -> pd.DataFrame:

@@ -29,9 +29,17 @@ def parse_command(prog: str, description: str, argv: list[str] | None) -> tuple[
     return profile, ResultsStore(Path(args.store) if args.store else RESULTS / profile.name), args.device
 
 
-def keep(path: Path, stored: dict) -> None:
-    """Write ``stored`` to ``path`` as JSON in one step: an interrupted write leaves the previous file whole."""
+def stored(path: Path) -> dict:
+    """What a step stored for a profile in ``path`` ({} if nothing): {"profile", "setups": {setup: entry}}."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def keep(path: Path, profile_name: str, setup: str, entry: dict) -> None:
+    """Store ``entry`` as ``setup``'s in ``path``, as JSON written in one step: an interrupted write leaves the
+    previous file whole."""
+    kept = stored(path) or {"profile": profile_name, "setups": {}}
+    kept["setups"][setup] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
     tmp.replace(path)
