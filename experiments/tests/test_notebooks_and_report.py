@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from data_prep import MissingDataError
-from experiments import analytic, calibration, catalogue, grids, harness, latex, learning_rates, report
+from experiments import analytic, calibration, catalogue, fixed_point, grids, harness, latex, learning_rates, report
 from experiments.claims import Verdict
 from experiments import paths, provenance
 from experiments.paths import NOTEBOOKS
@@ -78,7 +78,8 @@ def test_a_training_verdict_says_how_hard_its_data_is_for_cross_entropy(tmp_path
     ctx.judge(Verdict.from_parts(3, [(True, "B has little impact")]))
     evidence = json.loads((tmp_path / "figures" / "claims" / "claim3.json").read_text())["evidence"]
     assert evidence[-1] == f"data: {learning_rates.summary_line(QUICK, 'cifar')}"
-    assert evidence[-1].startswith(f"data: {calibration.summary_line(QUICK, 'cifar')}; at the learning rate CE chose")
+    settled = fixed_point.status(QUICK, "cifar")["state"].startswith("settled")  # else both rates are quoted
+    assert (evidence[-1] == f"data: {calibration.summary_line(QUICK, 'cifar')}") == settled
 
 
 def test_a_smoke_run_writes_its_outputs_with_profile_commit_and_data(tmp_path):
