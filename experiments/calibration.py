@@ -146,6 +146,11 @@ def calibrated_rates(entry: dict, profile: Profile, setup: str) -> dict:
     return {key: entry.get("ce_multipliers", {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
 
 
+def round_of(entry: dict) -> int:
+    """The round of :mod:`experiments.fixed_point` a stored entry was made in (entries stored before rounds: 1)."""
+    return entry.get("round", 1)
+
+
 def measure(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None) -> dict:
     """Our CE number (percent) for each of ``targets`` at ``knobs`` and the learning-rate multipliers ``rates``
     (:func:`ce_config`); ``train(config)`` gives a run's record."""

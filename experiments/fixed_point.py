@@ -51,10 +51,10 @@ def next_step(profile: Profile, setup: str) -> Step | None:
     chosen = learning_rates.current_entry(profile, setup)
     if chosen is None:
         return Step("choose")
-    wanted = learning_rates.ce_rates(chosen, profile, setup)
-    if wanted == calibration.calibrated_rates(fitted, profile, setup) or fitted.get("round", 1) >= MAX_ROUNDS:
+    if learning_rates.agrees(chosen, fitted, profile, setup) or calibration.round_of(fitted) >= MAX_ROUNDS:
         return None
-    return Step("calibrate", wanted, fitted["knobs"], fitted.get("round", 1) + 1)
+    return Step("calibrate", learning_rates.ce_rates(chosen, profile, setup), fitted["knobs"],
+                calibration.round_of(fitted) + 1)
 
 
 def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flush=True)) -> Profile:
@@ -90,20 +90,19 @@ def _reread(profile: Profile) -> Profile:
 def status(profile: Profile, setup: str) -> dict:
     """Where ``setup`` stands: the round of its calibration, CE's rates there and as chosen, whether they agree."""
     fitted, chosen = calibration.current_entry(profile, setup), learning_rates.current_entry(profile, setup)
-    calibrated_at = calibration.calibrated_rates(fitted, profile, setup) if fitted else None
-    chose = learning_rates.ce_rates(chosen, profile, setup) if chosen else None
     if fitted is None:
         state = "not calibrated: run `make calibrate`"
     elif len(profile.lr_multipliers) == 1:
         state = "calibrated at the grid's learning rate (this profile chooses none)"
-    elif chose is None:
+    elif chosen is None:
         state = "learning rates not chosen: run `make calibrate`"
-    elif chose == calibrated_at:
+    elif learning_rates.agrees(chosen, fitted, profile, setup):
         state = "settled: CE chose the learning rate it was calibrated at"
     else:
-        state = f"not settled after {fitted.get('round', 1)} calibrations: CE chose another rate"
-    return {"data": getattr(profile, setup).dataset, "round": fitted.get("round", 1) if fitted else None,
-            "CE calibrated at": _rates(calibrated_at), "CE chose": _rates(chose), "state": state}
+        state = f"not settled after {calibration.round_of(fitted)} calibrations: CE chose another rate"
+    return {"data": getattr(profile, setup).dataset, "round": calibration.round_of(fitted) if fitted else None,
+            "CE calibrated at": _rates(calibration.calibrated_rates(fitted, profile, setup) if fitted else None),
+            "CE chose": _rates(learning_rates.ce_rates(chosen, profile, setup) if chosen else None), "state": state}
 
 
 def _rates(rates: dict | None) -> str:

@@ -97,6 +97,12 @@ def ce_rates(entry: dict, profile: Profile, setup: str) -> dict:
     return {key: entry["scales"][key] for key in set(calibration.ce_keys(profile, setup).values())}
 
 
+def agrees(chosen: dict, fitted: dict, profile: Profile, setup: str) -> bool:
+    """Whether CE chose (``chosen``: a stored entry of this module) the learning rates its stored calibration
+    (``fitted``) was made at: :mod:`experiments.fixed_point` has settled."""
+    return ce_rates(chosen, profile, setup) == calibration.calibrated_rates(fitted, profile, setup)
+
+
 def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
     """Whether a stored entry was chosen for this setup (its difficulty included), these multipliers and the choice
     keys its table has now, with CE's numbers at the chosen rates."""
@@ -155,8 +161,7 @@ def summary_line(profile: Profile, setup: str) -> str:
     tables where these are not the ones it was calibrated at (:mod:`experiments.fixed_point` not settled)."""
     line, chosen, fitted = (calibration.summary_line(profile, setup), current_entry(profile, setup),
                             calibration.current_entry(profile, setup))
-    if chosen is None or fitted is None or ce_rates(chosen, profile, setup) == calibration.calibrated_rates(
-            fitted, profile, setup):
+    if chosen is None or fitted is None or agrees(chosen, fitted, profile, setup):
         return line
     rms, worst, gap, multipliers = fitted_gap_at_chosen_rate(fitted, chosen)
     return (f"{line}; at the learning rate CE chose for the tables ({multipliers}): {rms:.1f} points RMS, largest gap "

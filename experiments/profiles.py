@@ -10,9 +10,10 @@ schedule is short (``lr_multipliers``) each loss's learning rate is chosen on va
 
 A profile that judges training claims on synthetic stand-ins takes their difficulty knobs from
 ``experiments/calibrated/<profile>.json``, written by :mod:`experiments.fixed_point` (cross-entropy alone fitted to
-the paper's cross-entropy numbers, :mod:`experiments.calibration`), and only for the very setup they were chosen for. A profile with a short schedule
-takes each loss's learning rate, chosen on validation data, from ``experiments/calibrated/<profile>_learning_rates.json``
-(:mod:`experiments.learning_rates`), likewise only for the setup (difficulty included) it was chosen on.
+the paper's cross-entropy numbers, :mod:`experiments.calibration`), and only for the very setup they were chosen
+for. A profile with a short schedule takes each loss's learning rate, chosen on validation data, from
+``experiments/calibrated/<profile>_learning_rates.json`` (:mod:`experiments.learning_rates`), likewise only for the
+setup (difficulty included) it was chosen on.
 """
 
 from __future__ import annotations
