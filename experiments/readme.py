@@ -344,6 +344,20 @@ def label_noise_fit(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     return path.read_text().strip()
 
 
+def label_noise_capacity(results: Path = BENCHMARK_RESULTS) -> str:
+    """The capacity probe of the CIFAR-100 stand-in's label noise (:mod:`experiments.label_noise_capacity`), with
+    the devices, commits and torch versions of its runs."""
+    from experiments.label_noise_capacity import markdown, path_for
+
+    path = path_for(DEFAULT_PROFILE, results)
+    rows = _rows(path)
+    if not rows:
+        return (f"*No `{path.name}` in `benchmarks/results/`: run "
+                f"`python -m experiments.label_noise_capacity {DEFAULT_PROFILE}`.*")
+    made = "; ".join(sorted({f"{r['device']}, torch {r['torch']}, commit {short_commit(r['commit'])}" for r in rows}))
+    return f"{markdown(rows)}\n\n*{DEFAULT_PROFILE} profile, the tables' first seed; runs on {made} (`{path.name}`).*"
+
+
 #: Each generated block of the README and what writes it.
 BLOCKS: dict[str, Callable[[], str]] = {
     "verdicts": verdicts,
@@ -355,6 +369,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "profile-time": profile_time,
     "figures-time": figures_time,
     "label-noise-fit": label_noise_fit,
+    "label-noise-capacity": label_noise_capacity,
     "learning-rates": learning_rates,
 }
 
