@@ -12,14 +12,15 @@ from experiments.store import ResultsStore
 from experiments.train import run
 
 
-def test_the_probe_starts_from_the_tables_ce_runs_at_their_chosen_rate():
-    configs = label_noise_capacity.table_configs(QUICK)
-    table = [c.config for c in grids.label_noise(QUICK) if c.labels["loss"] == "cross_entropy"
+@pytest.mark.parametrize("loss", ["cross_entropy", *label_noise_capacity.COMPARED])
+def test_the_probe_starts_from_the_tables_runs_at_their_chosen_rate(loss):
+    configs = label_noise_capacity.table_configs(QUICK, loss)
+    table = [c.config for c in grids.label_noise(QUICK) if c.labels["loss"] == loss
              and c.labels["seed"] == QUICK.cifar.seeds[0]]
-    assert sorted(configs) == [0, NOISE]
+    assert sorted(configs) == [0, NOISE] and {config.loss for config in configs.values()} == {loss}
     assert all(config in table for config in configs.values())
     assert configs[NOISE].dataset_options["noise"] == NOISE and "noise" not in configs[0].dataset_options
-    assert configs[0].lr == pytest.approx(QUICK.cifar.lr * QUICK.cifar.lr_scales.get("cross_entropy top5", 1.0))
+    assert configs[0].lr == pytest.approx(QUICK.cifar.lr * QUICK.cifar.lr_scales.get(f"{loss} top5", 1.0))
 
 
 def test_a_variant_scales_the_schedule_and_the_width_and_nothing_else():
@@ -35,14 +36,16 @@ def test_a_variant_scales_the_schedule_and_the_width_and_nothing_else():
 @pytest.fixture(scope="module")
 def smoke_rows(tmp_path_factory) -> list[dict]:
     store = ResultsStore(tmp_path_factory.mktemp("store"))
-    return label_noise_capacity.measure(SMOKE, lambda config: run(config, store),
-                                        (Variant("as is", 1, 1), Variant("longer", 2, 1)))
+    train = lambda config: run(config, store)  # noqa: E731
+    return (label_noise_capacity.measure(SMOKE, train, (Variant("as is", 1, 1), Variant("longer", 2, 1)))
+            + label_noise_capacity.measure(SMOKE, train, (Variant("longer", 2, 1),), "smooth_hinge"))
 
 
 def test_rows_come_from_trainings_at_both_noise_levels(smoke_rows):
-    assert [(r["variant"], r["p"]) for r in smoke_rows] == [("as is", 0), ("as is", NOISE), ("longer", 0),
-                                                            ("longer", NOISE)]
-    assert [r["epochs"] for r in smoke_rows] == [SMOKE.cifar.epochs] * 2 + [2 * SMOKE.cifar.epochs] * 2
+    assert [(r["loss"], r["variant"], r["p"]) for r in smoke_rows] == [
+        ("cross_entropy", "as is", 0), ("cross_entropy", "as is", NOISE), ("cross_entropy", "longer", 0),
+        ("cross_entropy", "longer", NOISE), ("smooth_hinge", "longer", 0), ("smooth_hinge", "longer", NOISE)]
+    assert [r["epochs"] for r in smoke_rows] == [SMOKE.cifar.epochs] * 2 + [2 * SMOKE.cifar.epochs] * 4
     for r in smoke_rows:
         assert 0 <= float(r["top1"]) <= float(r["top5"]) <= 100 and r["device"].startswith("cpu")
     clean, noisy = smoke_rows[:2]
@@ -52,10 +55,13 @@ def test_rows_come_from_trainings_at_both_noise_levels(smoke_rows):
 
 def test_readme_block_reads_the_csv_with_the_drops_and_the_provenance(smoke_rows, tmp_path):
     assert "run `python -m experiments.label_noise_capacity quick`" in readme.label_noise_capacity(tmp_path)
-    rows = [{**r, "top1": top1, "top5": top5}
-            for r, top1, top5 in zip(smoke_rows, ("50.0", "40.5", "60.0", "45.0"), ("80.0", "77.0", "90.0", "70.0"))]
+    rows = [{**r, "top1": top1, "top5": top5} for r, top1, top5 in
+            zip(smoke_rows, ("50.0", "40.5", "60.0", "45.0", "30.0", "29.0"), ("80.0", "77.0", "90.0", "70.0", "85.0", "84.0"))]
     label_noise_capacity.write(rows, label_noise_capacity.path_for("quick", tmp_path))
     text = readme.label_noise_capacity(tmp_path)
     assert "| as is |" in text and "50.0 -> 40.5 (-9.5)" in text and "80.0 -> 77.0 (-3.0)" in text
     assert "60.0 -> 45.0 (-15.0)" in text and "(drop; paper -14.8)" in text and "(drop; paper -10.6)" in text
+    assert "| longer: loss |" in text and "| as is: loss |" not in text
+    assert "| smooth_hinge | 85.0 -> 84.0 (-1.0) | 93.3 -> 87.4 (-5.9) | 30.0 -> 29.0 (-1.0) |" in text
+    assert "| cross_entropy | 90.0 -> 70.0 (-20.0) | 94.2 -> 83.6 (-10.6) |" in text
     assert f"commit {smoke_rows[0]['commit'][:10]}" in text and "label_noise_capacity_quick.csv" in text
