@@ -115,17 +115,6 @@ def peak_extra_bytes(call: Callable[[], object], device: torch.device, script: s
     return (_status_kb("VmHWM") - before) * 1024.0
 
 
-def write_csv(rows: list[dict], fields: list[str], out: Path) -> None:
-    """Write ``rows`` atomically: a killed run leaves the last complete CSV."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    with tmp.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(out)
-
-
 def append_csv_row(row: dict, fields: list[str], out: Path) -> None:
     """Append one row (with a header if the file is new): a finished measurement survives an interrupted run."""
     new = not out.exists()

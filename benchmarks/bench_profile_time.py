@@ -23,11 +23,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _measure import write_csv  # noqa: E402
-
 from experiments.models import build_model  # noqa: E402
 from experiments.profiles import SETUPS, get_profile  # noqa: E402
 from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
+from experiments.store import write_csv  # noqa: E402
 from experiments.grids import NOTEBOOK_GRIDS  # noqa: E402
 from experiments.workload import CALIBRATION_POINT, CHOICE, profile_work, stand_in_size  # noqa: E402
 

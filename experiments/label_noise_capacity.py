@@ -21,7 +21,6 @@ versions; the README's ``label-noise-capacity`` block is generated from it (:mod
 
 from __future__ import annotations
 
-import csv
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from experiments import grids, paper, profile_steps
 from experiments.config import RunConfig
 from experiments.paths import BENCHMARK_RESULTS
 from experiments.profiles import Profile
+from experiments.store import write_csv
 from experiments.train import run
 
 NOISE = 0.4  #: the paper's strongest label noise (Tables 4 and 7), against p = 0
@@ -92,16 +92,6 @@ def path_for(profile_name: str, results: Path = BENCHMARK_RESULTS) -> Path:
     return results / f"label_noise_capacity_{profile_name}.csv"
 
 
-def write(rows: list[dict], path: Path) -> None:
-    """``rows`` as CSV in ``path``, written in one step: an interrupted write leaves the previous file whole."""
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
-
-
 def _pair(rows: list[dict], loss: str, variant: str) -> tuple[dict, dict]:
     """The rows of ``loss`` and ``variant`` at p = 0 and at :data:`NOISE`."""
     return tuple(next(r for r in rows if (r["loss"], r["variant"]) == (loss, variant) and float(r["p"]) == p)
@@ -153,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in variants:
             rows += measure(profile, train, (variant,), loss)
             print(f"{loss}, {variant.name}: done", flush=True)
-    write(rows, path_for(profile.name))
+    write_csv(rows, FIELDS, path_for(profile.name))
     print(markdown(rows))
     return 0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from experiments.paths import RESULTS
 from experiments.profiles import Profile, get_profile
-from experiments.store import ResultsStore
+from experiments.store import ResultsStore, atomic_write
 
 
 def parse_command(prog: str, description: str, argv: list[str] | None) -> tuple[Profile, ResultsStore, str] | None:
@@ -39,7 +39,4 @@ def keep(path: Path, profile_name: str, setup: str, entry: dict) -> None:
     previous file whole."""
     kept = stored(path) or {"profile": profile_name, "setups": {}}
     kept["setups"][setup] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n"))

@@ -9,6 +9,7 @@ damaged last checkpoint costs one epoch; a damaged record means the run is train
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import warnings
@@ -21,11 +22,24 @@ class DamagedStoreWarning(UserWarning):
     """A file of the results store could not be read; it was set aside and the run goes on without it."""
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """``write(tmp)`` to a temporary file beside ``path``, then renamed onto it: an interrupted write leaves the
+    previous file whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     write(tmp)
     tmp.replace(path)
+
+
+def write_csv(rows: list[dict], fields: list[str], path: Path) -> None:
+    """``rows`` as CSV with the columns ``fields`` (others ignored), written by :func:`atomic_write`."""
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+
+    atomic_write(path, write)
 
 
 def _set_aside(path: Path, error: Exception, consequence: str) -> None:
@@ -59,7 +73,7 @@ class ResultsStore:
         return self._read_record(path, "the run will be trained again")
 
     def save_record(self, key: str, record: dict) -> None:
-        _atomic_write(self.record_path(key), lambda tmp: tmp.write_text(json.dumps(record, indent=1, sort_keys=True)))
+        atomic_write(self.record_path(key), lambda tmp: tmp.write_text(json.dumps(record, indent=1, sort_keys=True)))
         self.checkpoint_path(key).unlink(missing_ok=True)
         self.previous_checkpoint_path(key).unlink(missing_ok=True)
 
@@ -68,7 +82,7 @@ class ResultsStore:
         current = self.checkpoint_path(key)
         if current.exists():
             current.replace(self.previous_checkpoint_path(key))
-        _atomic_write(current, lambda tmp: torch.save(state, tmp))
+        atomic_write(current, lambda tmp: torch.save(state, tmp))
 
     def load_checkpoint(self, key: str) -> dict | None:
         """The last readable checkpoint (the last epoch's, else the previous one), or None to start afresh."""

@@ -8,7 +8,7 @@ import pytest
 from experiments import grids, label_noise_capacity, readme
 from experiments.label_noise_capacity import NOISE, Variant
 from experiments.profiles import QUICK, SMOKE
-from experiments.store import ResultsStore
+from experiments.store import ResultsStore, write_csv
 from experiments.train import run
 
 
@@ -57,7 +57,7 @@ def test_readme_block_reads_the_csv_with_the_drops_and_the_provenance(smoke_rows
     assert "run `python -m experiments.label_noise_capacity quick`" in readme.label_noise_capacity(tmp_path)
     rows = [{**r, "top1": top1, "top5": top5} for r, top1, top5 in
             zip(smoke_rows, ("50.0", "40.5", "60.0", "45.0", "30.0", "29.0"), ("80.0", "77.0", "90.0", "70.0", "85.0", "84.0"))]
-    label_noise_capacity.write(rows, label_noise_capacity.path_for("quick", tmp_path))
+    write_csv(rows, label_noise_capacity.FIELDS, label_noise_capacity.path_for("quick", tmp_path))
     text = readme.label_noise_capacity(tmp_path)
     assert "| as is |" in text and "50.0 -> 40.5 (-9.5)" in text and "80.0 -> 77.0 (-3.0)" in text
     assert "60.0 -> 45.0 (-15.0)" in text and "(drop; paper -14.8)" in text and "(drop; paper -10.6)" in text
