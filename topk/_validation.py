@@ -184,6 +184,8 @@ def choose_backend(backend: object, s: torch.Tensor, rank: int, epsilon: float) 
     if not s.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"backend='triton' needs CUDA scores, got scores on {s.device} "
                          "(set TRITON_INTERPRET=1 to run the kernel in Triton's interpreter)")
+    if not s.is_cuda and (problem := fused.interpreter_problem()):
+        raise RuntimeError(problem)
     if rank > fused.MAX_K:
         raise ValueError(f"backend='triton' handles at most rank {fused.MAX_K}, got rank {rank} "
                          "(k + 1 for the hinge losses)")

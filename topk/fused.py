@@ -75,6 +75,23 @@ def available() -> bool:
 
 
 @functools.cache
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run the kernels here, or None. Triton 3.6's interpreter hands a kernel's scalar
+    arguments over as one-element arrays and converts them back with ``int()``, which NumPy 2.4 refuses (``TypeError:
+    only 0-dimensional arrays can be converted to Python scalars``; measured with torch 2.11, Triton 3.6: every kernel
+    test fails with NumPy 2.4.6 and passes with 2.3.5; Triton 3.8 runs with NumPy 2.4)."""
+    import numpy
+    import triton
+
+    version = lambda text: tuple(int(part) for part in text.split(".")[:2])  # noqa: E731
+    if version(triton.__version__) <= (3, 6) and version(numpy.__version__) >= (2, 4):
+        return (f"Triton {triton.__version__}'s interpreter cannot run the kernels with NumPy {numpy.__version__} "
+                "(it converts one-element arrays to scalars, which NumPy 2.4 refuses): install numpy<2.4, or a newer "
+                "Triton")
+    return None
+
+
+@functools.cache
 def _kernel():
     """The jitted kernel, imported on first use, so that ``TRITON_INTERPRET`` is read when it is needed."""
     from topk._fused_kernel import perturbed_kth_largest

@@ -274,6 +274,30 @@ def test_triton_backend_on_cpu_without_the_interpreter_is_refused(monkeypatch):
         losses.noised_hinge(torch.randn(4, 10), torch.zeros(4, dtype=torch.long), 2, 0.5, 3, backend="triton")
 
 
+@pytest.mark.parametrize("triton_version, numpy_version, refused", [
+    ("3.6.0", "2.4.6", True), ("3.6.0", "2.3.5", False), ("3.8.0", "2.4.6", False)])
+def test_the_interpreter_is_refused_with_the_numpy_it_cannot_run_with(monkeypatch, triton_version, numpy_version,
+                                                                     refused):
+    import numpy
+    import triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(triton, "__version__", triton_version)
+    monkeypatch.setattr(numpy, "__version__", numpy_version)
+    fused.interpreter_problem.cache_clear()
+    try:
+        s, y = torch.randn(4, 10), torch.zeros(4, dtype=torch.long)
+        if refused:
+            with pytest.raises(RuntimeError, match=f"Triton {triton_version}'s interpreter .* NumPy {numpy_version}"
+                                                   ".*numpy<2.4"):
+                losses.noised_hinge(s, y, 2, 0.5, 3, backend="triton")
+        else:
+            assert fused.interpreter_problem() is None
+    finally:
+        monkeypatch.undo()
+        fused.interpreter_problem.cache_clear()
+
+
 def test_in_kernel_noise_never_exceeds_z_max(kernel_device):
     """``tl.randn`` clamps its Box-Muller uniform at 1e-7, so ``|Z| <= Z_MAX = sqrt(2 ln 1e7)``: the fact the exact
     pruning rests on. Checked on 4,096 draws, whose largest |Z| is about 3.9."""
