@@ -22,9 +22,15 @@ Every generator takes the six difficulty knobs of :class:`ImageModel` as keyword
   ``class_contrast`` times ``exp(contrast_spread g)``, ``g`` standard normal): some species are easier to tell apart
   than others, so accuracy grows with a class's training images less abruptly than when all are alike (0: all alike).
 
+The CIFAR-100 stand-in takes a seventh, ``superclass_mixing``: the share of its classes whose superclass is not their
+visual group (:func:`mixed_superclasses`). Superclass label noise redraws a label within its superclass; with no
+mixing, among classes that share one pattern, which a model's top 5 holds whatever label it learnt among them.
+CIFAR-100's superclasses are groups of meaning whose classes need not look alike (0: superclasses are the visual
+groups). It changes the superclasses only, never an image.
+
 :mod:`experiments.calibration` chooses ``pixel_noise`` and ``class_contrast`` (and ``ambiguity`` for the ImageNet
-stand-ins, ``contrast_spread`` for the long-tailed ones) per stand-in so that cross-entropy's results match the
-paper's; the defaults below are the uncalibrated starting point.
+stand-ins, ``contrast_spread`` for the long-tailed ones, ``superclass_mixing`` for the CIFAR-100 one) per stand-in so
+that cross-entropy's results match the paper's; the defaults below are the uncalibrated starting point.
 """
 
 from __future__ import annotations
@@ -208,31 +214,50 @@ def _difficulty(defaults: dict, knobs: dict) -> dict:
     return difficulty
 
 
+def mixed_superclasses(group_of_class: torch.Tensor, mixing: float, seed: int) -> torch.Tensor:
+    """Each class's superclass: its visual group in ``group_of_class``, but for a share ``mixing`` of the classes,
+    drawn at random, whose superclasses are permuted among themselves (a class may draw its own back, so slightly
+    fewer move). Superclass sizes are kept. The draws have their own stream, from ``seed``."""
+    if not (isinstance(mixing, (int, float)) and not isinstance(mixing, bool) and 0 <= mixing <= 1):
+        raise ValueError(f"difficulty knob 'superclass_mixing' is a share of the classes: it should be a number in "
+                         f"[0, 1], got {mixing!r}")
+    generator = torch.Generator().manual_seed(seed)
+    moved = torch.randperm(len(group_of_class), generator=generator)[:round(mixing * len(group_of_class))]
+    superclass = group_of_class.clone()
+    superclass[moved] = group_of_class[moved][torch.randperm(len(moved), generator=generator)]
+    return superclass
+
+
 def cifar100_like(per_class_train: int = 450, per_class_val: int = 50, per_class_test: int = 100, *,
                   n_superclasses: int = 20, classes_per_superclass: int = 5, image_size: int = 32, seed: int = 0,
-                  noise: float = 0.0, noise_seed: int = 0, augment: bool = True, **difficulty) -> Splits:
-    """A CIFAR-100-shaped stand-in: 100 classes in 20 superclasses of 5 confusable classes, 32x32x3 images,
-    balanced, split like the paper's 45,000 / 5,000 / 10,000 at full size (450 / 50 / 100 per class).
-    ``noise`` is the real loader's superclass label noise, on the training labels only; ``difficulty``: the knobs of
-    the module docstring."""
+                  noise: float = 0.0, noise_seed: int = 0, augment: bool = True, superclass_mixing: float = 0.0,
+                  **difficulty) -> Splits:
+    """A CIFAR-100-shaped stand-in: 100 classes in 20 superclasses of 5 classes, 32x32x3 images, balanced, split like
+    the paper's 45,000 / 5,000 / 10,000 at full size (450 / 50 / 100 per class). The superclasses are the visual groups
+    of confusable classes but for a share ``superclass_mixing`` of the classes (:func:`mixed_superclasses`).
+    ``noise`` is the real loader's superclass label noise, on the training labels only; ``difficulty``: the other
+    knobs of the module docstring."""
     n_classes = n_superclasses * classes_per_superclass
     group_of_class = torch.arange(n_classes) // classes_per_superclass
+    superclass = mixed_superclasses(group_of_class, superclass_mixing, seed + 3)
     generator = torch.Generator().manual_seed(seed + 1)
     parts = [torch.arange(n_classes).repeat_interleave(n) for n in (per_class_train, per_class_val, per_class_test)]
     parts = [p[torch.randperm(len(p), generator=generator)] for p in parts]
     description = (f"synthetic CIFAR-100-like: {n_classes} classes in {n_superclasses} superclasses, "
                    f"{per_class_train}/{per_class_val}/{per_class_test} images per class, {image_size}px, seed {seed}")
+    if superclass_mixing > 0:
+        description += f", {superclass_mixing:.0%} of the classes mixed across superclasses"
     splits = _make_splits("cifar100_like", description, parts, group_of_class, image_size, seed,
                           _difficulty(CIFAR_DIFFICULTY, difficulty), augment)
     if noise > 0:
         clean = splits.train.labels
-        noisy = superclass_label_noise(clean, group_of_class[clean], noise, noise_seed)
+        noisy = superclass_label_noise(clean, superclass[clean], noise, noise_seed)
         splits.train.labels = noisy
         splits.class_counts = class_counts(noisy, n_classes)
         flip_rate = (noisy != clean).float().mean().item()
         splits.description += f", label noise p = {noise} (realised flip rate {flip_rate:.3f})"
         splits.info.update(noise=noise, flip_rate=flip_rate, clean_train_labels=clean)
-    splits.info["coarse_of_fine"] = group_of_class
+    splits.info.update(coarse_of_fine=superclass, superclass_mixing=superclass_mixing)
     return splits
 
 

@@ -4,7 +4,7 @@ CE is the baseline the paper reports on every dataset and not the method under t
 nothing about the other losses: they are then judged on data as hard for CE as the real data. For each setup, the
 CE runs of the tables that report the fitted numbers (:mod:`experiments.grids`, first seed) are trained at candidate
 ``pixel_noise`` and ``class_contrast`` (and ``ambiguity`` on the ImageNet stand-ins, ``contrast_spread`` on the
-long-tailed ones: :mod:`data_prep.synthetic`) chosen by a compass search that minimises the root mean square gap,
+long-tailed ones, ``superclass_mixing`` on the CIFAR-100 one: :mod:`data_prep.synthetic`) chosen by a compass search that minimises the root mean square gap,
 in points, to the paper's CE numbers marked ``fitted``; held-out numbers, which show how faithful the stand-in is
 beyond the fit, are measured at the chosen knobs, and at every point when the fitted numbers' runs give them. Where a
 number stays unmatched, :func:`unmatched` says why from the points searched.
@@ -36,7 +36,10 @@ from experiments.provenance import git_commit
 #: how far (points) a CE number may be from the paper's and still count as matched: fitted, held out
 TOLERANCE = {True: 2.0, False: 5.0}
 #: where the search stops a knob: no pixel noise or no class pattern is not a stand-in of real data; no ambiguity is
-SMALLEST_KNOB = {"pixel_noise": 0.05, "class_contrast": 0.05, "ambiguity": 0.0, "contrast_spread": 0.0}
+SMALLEST_KNOB = {"pixel_noise": 0.05, "class_contrast": 0.05, "ambiguity": 0.0, "contrast_spread": 0.0,
+                 "superclass_mixing": 0.0}
+#: the knobs that are shares, and stop at 1
+LARGEST_KNOB = {"ambiguity": 1.0, "superclass_mixing": 1.0}
 MOVES_PER_STEP = 8  #: the search moves at most this many times at one step size
 
 
@@ -80,7 +83,12 @@ def _cifar_targets() -> tuple[Target, ...]:
                  for p in (0.0, 0.4, 0.2) for k, table in ((1, paper.TABLE_7), (5, paper.TABLE_4)))
 
 
-BROAD = {"pixel_noise": 0.4, "class_contrast": 0.4}
+#: CIFAR-100's superclass noise: with superclasses that are the visual groups, CE's top-5 lost 1 to 5 points at
+#: p = 0.4 over the whole search, the paper's 10.6, and top-1 at most 12.5, the paper's 14.8 (``superclass_mixing``,
+#: searched as well). Its start, 0.3, is from a few CE runs tried by hand at the knobs chosen without it, with
+#: another draw of the mixed classes (2026-11-24, x3 the grid's rate: mixing 0.1, 0.2, 0.5, 0.75 and 1 moved top-1 at
+#: p = 0.4 from 63.9 to 62.4, 61.2, 57.4, 51.7, 56.6 and top-5 from 89.8 to 88.8, 88.0, 84.7, 82.8, 84.5).
+MIXED = {"pixel_noise": 0.4, "class_contrast": 0.4, "superclass_mixing": 0.2}
 #: ImageNet's groups of 10 look-alikes: top-1 turns on a narrow range of class contrast, so its steps are finer.
 #: Their errors are not all confusions within a group (which top-5 recovers): ``ambiguity``, images showing another
 #: class than their label's (ImageNet's multi-object images and label errors), is searched as well.
@@ -92,7 +100,8 @@ FINE_CONTRAST = {"pixel_noise": 0.4, "class_contrast": 0.1, "ambiguity": 0.08}
 SPREAD = {"pixel_noise": 0.4, "class_contrast": 0.1, "contrast_spread": 0.4}
 
 STAND_INS = {
-    "cifar": StandIn(grids.label_noise, _cifar_targets(), {"pixel_noise": 2.8, "class_contrast": 1.0}, BROAD),
+    "cifar": StandIn(grids.label_noise, _cifar_targets(),
+                     {"pixel_noise": 2.8, "class_contrast": 1.0, "superclass_mixing": 0.3}, MIXED),
     "plantnet": StandIn(grids.plantnet, (
         Target("macro top-1", paper.TABLE_5[1]["cross_entropy"][0], (("K", 1),), ("macro_top", "1")),
         *(Target(f"macro top-1, {group}-shot", paper.TABLE_5[1]["cross_entropy"][2][i], (("K", 1),),
@@ -179,7 +188,8 @@ def compass_search(error: Callable[[dict], float], start: dict, steps: dict, hal
     centre, best, steps = dict(start), error(start), dict(steps)
     for _ in range(halvings + 1):
         for _ in range(MOVES_PER_STEP):
-            neighbours = [{**centre, knob: round(max(SMALLEST_KNOB[knob], centre[knob] + sign * steps[knob]), 4)}
+            neighbours = [{**centre, knob: round(min(LARGEST_KNOB.get(knob, math.inf),
+                                                     max(SMALLEST_KNOB[knob], centre[knob] + sign * steps[knob])), 4)}
                           for knob in centre for sign in (-1, 1)]
             scored = min(((error(n), i, n) for i, n in enumerate(neighbours) if n != centre), default=None)
             if scored is None or scored[0] >= best:

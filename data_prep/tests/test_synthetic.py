@@ -37,6 +37,26 @@ def test_cifar100_like_label_noise_stays_within_superclasses_and_only_touches_tr
     assert torch.equal(noisy.info["clean_train_labels"], clean.train.labels) and "clean_train_labels" not in clean.info
 
 
+def test_superclass_mixing_moves_noise_across_visual_groups_and_leaves_the_images_alone():
+    plain, mixed = (synthetic.cifar100_like(8, 2, 3, noise=0.5, superclass_mixing=m) for m in (0.0, 0.4))
+    assert torch.equal(plain.train.images, mixed.train.images) and torch.equal(plain.test.labels, mixed.test.labels)
+    visual, superclass = plain.info["coarse_of_fine"], mixed.info["coarse_of_fine"]
+    assert torch.equal(visual, torch.arange(100) // 5)
+    assert torch.bincount(superclass).tolist() == [5] * 20  # sizes kept
+    moved = int((superclass != visual).sum())
+    assert 25 <= moved <= 40  # 40 classes permuted among themselves, a few drawing their own group back
+    # the noise now redraws within the mixed superclasses, so some flipped labels leave their visual group
+    clean, noisy = mixed.info["clean_train_labels"], mixed.train.labels
+    assert torch.equal(superclass[noisy], superclass[clean]) and bool((visual[noisy] != visual[clean]).any())
+    assert "40% of the classes mixed" in mixed.description and "mixed" not in plain.description
+
+
+@pytest.mark.parametrize("mixing", [-0.1, 1.5, "0.2", True])
+def test_superclass_mixing_out_of_range_is_refused_by_name(mixing):
+    with pytest.raises(ValueError, match=r"superclass_mixing.*\[0, 1\]"):
+        synthetic.cifar100_like(2, 1, 1, superclass_mixing=mixing)
+
+
 def test_imagenet_like_is_balanced_with_look_alike_groups():
     splits = synthetic.imagenet_like(6, 2, 2, n_classes=50, group_size=5)
     assert splits.num_classes == 50 and splits.class_counts.tolist() == [6] * 50

@@ -17,18 +17,22 @@ from experiments.store import ResultsStore
 from experiments.train import run
 
 
-def test_compass_search_finds_the_minimum_to_its_last_step_and_keeps_each_knob_above_its_floor():
+def test_compass_search_finds_the_minimum_to_its_last_step_and_keeps_each_knob_within_its_bounds():
     seen = []
 
     def bowl(knobs):
         seen.append(dict(knobs))
-        return (knobs["pixel_noise"] - 2.3) ** 2 + (knobs["class_contrast"] - 0.05) ** 2 + (knobs["ambiguity"] + 1) ** 2
+        return ((knobs["pixel_noise"] - 2.3) ** 2 + (knobs["class_contrast"] - 0.05) ** 2 + (knobs["ambiguity"] + 1) ** 2
+                + (knobs["superclass_mixing"] - 3) ** 2)
 
-    chosen = calibration.compass_search(bowl, {"pixel_noise": 1.0, "class_contrast": 1.0, "ambiguity": 0.1},
-                                          {"pixel_noise": 0.4, "class_contrast": 0.4, "ambiguity": 0.08}, halvings=2)
+    chosen = calibration.compass_search(
+        bowl, {"pixel_noise": 1.0, "class_contrast": 1.0, "ambiguity": 0.1, "superclass_mixing": 0.7},
+        {"pixel_noise": 0.4, "class_contrast": 0.4, "ambiguity": 0.08, "superclass_mixing": 0.2}, halvings=2)
     assert abs(chosen["pixel_noise"] - 2.3) <= 0.1 and abs(chosen["class_contrast"] - 0.05) <= 0.1
     assert chosen["ambiguity"] == 0.0  # the bowl's minimum (-1) lies below the floor: the search stops at it
+    assert chosen["superclass_mixing"] == 1.0  # and its minimum (3) above a share's ceiling: stopped there
     assert all(min(k[knob] for k in seen) >= calibration.SMALLEST_KNOB[knob] for knob in chosen)
+    assert all(max(k[knob] for k in seen) <= calibration.LARGEST_KNOB[knob] for knob in calibration.LARGEST_KNOB)
 
 
 def test_rms_gap_is_in_points_and_infinite_when_a_number_is_undefined():
