@@ -35,6 +35,7 @@ interpreter (``TRITON_INTERPRET=1`` set before the first call), which is how its
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 from dataclasses import dataclass
 
@@ -64,17 +65,17 @@ BUFFER_ELEMENTS = 512
 MIN_CHUNK = 2048
 
 
-@functools.cache
+#: Whether Triton is installed, found without importing it (a module constant: Dynamo reads it when it traces a loss,
+#: where it would warn about a cached function on every compile).
+_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def available() -> bool:
-    """Whether Triton can be imported (it ships with the Linux x86-64 wheels of PyTorch)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether Triton is installed (it ships with the Linux x86-64 wheels of PyTorch)."""
+    return _INSTALLED
 
 
-@functools.cache
+@torch.compiler.assume_constant_result  # called, not traced, when Dynamo meets it
 def interpreter_problem() -> str | None:
     """Why Triton's interpreter cannot run the kernels here, or None. Triton 3.6's interpreter hands a kernel's scalar
     arguments over as one-element arrays and converts them back with ``int()``, which NumPy 2.4 refuses (``TypeError:

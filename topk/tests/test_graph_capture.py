@@ -4,6 +4,7 @@ and, on a GPU, CUDA-graph replays that draw fresh noise."""
 
 import contextlib
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -257,6 +258,22 @@ def test_an_out_of_range_label_fails_loudly_when_compiled():
     compiled(s, y)
     with pytest.raises(RuntimeError, match=r"'y' should hold class indices in \[0, 11\]"):
         compiled(s, torch.full((BATCH,), L))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("make_loss", [lambda backend: losses.NoisedHinge(2, 0.5, N_SAMPLES, backend=backend),
+                                       lambda backend: losses.SmoothHinge(3, 1.0, backend=backend)],
+                         ids=["noised_hinge", "smooth_hinge"])
+def test_the_kernel_backends_compile_without_a_dynamo_warning(make_loss, kernel_device):
+    """Choosing the Triton kernel inside a compiled region (the default ``auto`` on CUDA) warns nothing: the backend
+    checks are constants to Dynamo, not cached functions it traces through (it warns about those on every compile)."""
+    torch._dynamo.reset()
+    loss = make_loss("auto" if kernel_device.type == "cuda" else "triton")
+    s, y = (t.to(kernel_device) for t in _scores_and_labels())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.compile(loss, fullgraph=True, backend="aot_eager")(s.requires_grad_(), y).backward()
+    assert [str(w.message) for w in caught if "_dynamo" in w.filename] == []
     torch._dynamo.reset()
 
 
