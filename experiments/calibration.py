@@ -129,10 +129,12 @@ STAND_INS = {
 }
 
 
-def ce_config(profile: Profile, setup: str, target: Target, knobs: dict, rates: dict | None = None):
-    """The config of the CE run behind ``target`` (the setup's first seed) with the difficulty ``knobs``, at the grid's
-    learning rate times its multiplier in ``rates`` (by :func:`experiments.grids.choice_key`; absent: 1)."""
-    seed = getattr(profile, setup).seeds[0]
+def ce_config(profile: Profile, setup: str, target: Target, knobs: dict, rates: dict | None = None,
+              seed: int | None = None):
+    """The config of the CE run behind ``target`` (the setup's ``seed``, by default its first) with the difficulty
+    ``knobs``, at the grid's learning rate times its multiplier in ``rates`` (by :func:`experiments.grids.choice_key`;
+    absent: 1)."""
+    seed = getattr(profile, setup).seeds[0] if seed is None else seed
     cells = [c for c in STAND_INS[setup].grid(untuned(profile, setup)) if c.labels["loss"] == "cross_entropy"
              and c.labels["seed"] == seed and all(c.labels[k] == v for k, v in target.cell)]
     if len(cells) != 1:
@@ -160,13 +162,14 @@ def round_of(entry: dict) -> int:
     return entry.get("round", 1)
 
 
-def measure(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None) -> dict:
-    """Our CE number (percent) for each of ``targets`` at ``knobs`` and the learning-rate multipliers ``rates``
-    (:func:`ce_config`); ``train(config)`` gives a run's record."""
+def measure(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None,
+            seed: int | None = None) -> dict:
+    """Our CE number (percent) for each of ``targets`` at ``knobs``, the learning-rate multipliers ``rates`` and
+    ``seed`` (:func:`ce_config`); ``train(config)`` gives a run's record."""
     records = {}
     for target in targets:
         if target.cell not in records:
-            records[target.cell] = train(ce_config(profile, setup, target, knobs, rates))
+            records[target.cell] = train(ce_config(profile, setup, target, knobs, rates, seed))
     values = {}
     for target in targets:
         value = records[target.cell]["test"]

@@ -24,6 +24,7 @@ import torch
 from data_prep import MissingDataError
 from experiments import learning_rates
 from experiments.claims import Verdict
+from experiments.config import RunConfig
 from experiments.grids import Cell
 from experiments.paths import FIGURES, RESULTS
 from experiments.profiles import SETUPS, Profile, get_profile
@@ -76,16 +77,13 @@ class Context:
         whose loss became NaN is a row with ``status = "diverged"`` and no metrics, not a failed notebook."""
         rows = []
         for i, cell in enumerate(cells, 1):
-            tick = time.perf_counter()
-            cached = self.store.record_path(cell.config.key()).exists()
+            tick, trained_before = time.perf_counter(), self.runs["trained"]
             try:
-                record = run(cell.config, self.store, device=self.device, data_root=self._root(cell),
-                             num_workers=self.workers, compile_mode=self.compile_mode)
-                row = flatten(record)
+                row = flatten(self.record(cell.config, self._root(cell)))
             except FloatingPointError as error:
                 row = {"status": "diverged", "error": str(error)}
             rows.append({**cell.labels, **row})
-            self.runs["from_store" if cached else "trained"] += 1
+            cached = self.runs["trained"] == trained_before
             if progress:
                 how = "from the store" if cached else f"trained in {time.perf_counter() - tick:.1f} s"
                 print(f"[{i}/{len(cells)}] {cell.config.loss} {cell.labels}: {row['status']}, {how}", flush=True)
@@ -93,6 +91,16 @@ class Context:
         self.data = sorted(set(self.data) | set(frame.get("data", pd.Series(dtype=str)).dropna()))
         self._write_manifest()
         return frame
+
+    def record(self, config: RunConfig, data_root: Path | None = None) -> dict:
+        """One run's record, trained or read back from the store and counted in the manifest either way (``data_root``:
+        the real dataset's folder, None on a synthetic stand-in)."""
+        cached = self.store.record_path(config.key()).exists()
+        try:
+            return run(config, self.store, device=self.device, data_root=data_root, num_workers=self.workers,
+                       compile_mode=self.compile_mode)
+        finally:
+            self.runs["from_store" if cached else "trained"] += 1
 
     def _root(self, cell: Cell) -> Path | None:
         if cell.setup.synthetic:

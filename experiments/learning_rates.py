@@ -143,6 +143,30 @@ def cross_entropy_table(profile: Profile) -> pd.DataFrame:
         {"CE numbers": [f"no learning rate chosen on a calibrated stand-in at the {profile.name} profile"]})
 
 
+def cross_entropy_seeds_table(profile: Profile, train) -> pd.DataFrame:
+    """Per calibrated setup and CE number: the tables' own CE runs at every seed of the profile (the calibrated
+    stand-in, the rate CE chose; ``train(config)`` gives a run's record), their mean and range, and the mean's gap to
+    the paper's. The calibration fits the first seed alone: this shows how far the seed moves what it fitted."""
+    rows = []
+    for setup in profile.calibrated_setups:
+        fitted, chosen = calibration.current_entry(profile, setup), current_entry(profile, setup)
+        if fitted is None or chosen is None:
+            continue
+        targets = calibration.STAND_INS[setup].targets
+        by_seed = [calibration.measure(profile, setup, {}, targets, train, chosen["scales"], seed)
+                   for seed in getattr(profile, setup).seeds]
+        for target in targets:
+            values = [numbers[target.label] for numbers in by_seed]
+            mean = sum(values) / len(values)
+            rows.append({"data": fitted["dataset"], "CE number": target.label,
+                         "role": "fitted" if target.fitted else "held out", "paper (%)": target.published,
+                         "each seed (%)": ", ".join(f"{value:.1f}" for value in values), "mean (%)": round(mean, 1),
+                         "seeds' range (points)": round(max(values) - min(values), 1),
+                         "gap of the mean (points)": round(mean - target.published, 1)})
+    return pd.DataFrame(rows).set_index(["data", "CE number"]) if rows else pd.DataFrame(
+        {"CE numbers": [f"no learning rate chosen on a calibrated stand-in at the {profile.name} profile"]})
+
+
 def fitted_gap_at_chosen_rate(fitted: dict, chosen: dict) -> tuple[float, str, float, str]:
     """CE's fitted numbers at the learning rates it chose (``chosen``: a stored entry of this module) against the
     paper's (``fitted``: the setup's stored calibration): the RMS gap in points, the number furthest from the paper's

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import re
 import sys
@@ -38,6 +39,8 @@ SMOOTH_HEADLINE = {"batch": "128", "n_classes": "1000", "k": "5"}
 GPU_CSVS = ("training_step.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
 #: The table, in ``figures/<profile>/``, of the label noise fitted by each loss (notebook ``table4_table7_label_noise``).
 LABEL_NOISE_FIT = "table7_label_noise_fit"
+#: The table of CE's calibration numbers in the tables' runs, every seed (notebook ``calibration_stand_ins``).
+CALIBRATION_SEEDS = "calibration_seeds"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -335,10 +338,9 @@ def _manifests_line(what: str, directory: Path, shown: str) -> str:
             f"commit {commits}; `{shown}`)")
 
 
-def label_noise_fit(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
-    """How much of the CIFAR-100 stand-in's label noise each loss's selected model fits: the table of the Tables 4 and
-    7 notebook, with its title and stamp."""
-    path = figures / f"{LABEL_NOISE_FIT}.md"
+def figure_table(name: str, figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
+    """The table ``name`` a notebook wrote in ``figures/<profile>/``, with its title and stamp."""
+    path = figures / f"{name}.md"
     if not path.exists():
         return f"*No `{path.name}` in `figures/{DEFAULT_PROFILE}/`: run `make paper-figures`.*"
     return path.read_text().strip()
@@ -368,7 +370,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "gpu-results": gpu_results,
     "profile-time": profile_time,
     "figures-time": figures_time,
-    "label-noise-fit": label_noise_fit,
+    "label-noise-fit": functools.partial(figure_table, LABEL_NOISE_FIT),
+    "calibration-seeds": functools.partial(figure_table, CALIBRATION_SEEDS),
     "label-noise-capacity": label_noise_capacity,
     "learning-rates": learning_rates,
 }

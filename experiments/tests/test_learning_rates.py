@@ -142,3 +142,25 @@ def test_a_verdict_quotes_ce_s_difficulty_at_the_one_it_chose_where_it_was_calib
     assert learning_rates.summary_line(QUICK, "imagenet") == "calibrated at x1"
     monkeypatch.setattr(learning_rates, "current_entry", lambda profile, setup: None)
     assert learning_rates.summary_line(QUICK, "imagenet") == "calibrated at x1"
+
+
+def test_the_seeds_table_reads_the_tables_own_ce_runs_at_every_seed(monkeypatch):
+    fitted = {"dataset": "imagenet_like",
+              "targets": [{**asdict(t), "ours": 0.0} for t in calibration.STAND_INS["imagenet"].targets]}
+    chosen = {"scales": QUICK.imagenet.lr_scales}
+    monkeypatch.setattr(calibration, "current_entry", lambda profile, setup: fitted if setup == "imagenet" else None)
+    monkeypatch.setattr(learning_rates, "current_entry", lambda profile, setup: chosen)
+    trained = []
+
+    def train(config):  # a fake run whose test top-1 and top-5 are set by its seed
+        trained.append(config.key())
+        return {"test": {"top": {"1": 0.5 + 0.1 * config.seed, "5": 0.8 + 0.05 * config.seed}}}
+
+    shown = learning_rates.cross_entropy_seeds_table(QUICK, train).loc["imagenet_like"]
+    tables_runs = {cell.config.key() for cell in grids.imagenet(QUICK) if cell.labels["loss"] == "cross_entropy"
+                   and cell.labels["K"] == 1}
+    assert set(trained) == tables_runs and len(tables_runs) == len(QUICK.imagenet.seeds) == 2
+    assert shown.loc["top-1", "each seed (%)"] == "50.0, 60.0" and shown.loc["top-1", "mean (%)"] == 55.0
+    assert shown.loc["top-1", "seeds' range (points)"] == 10.0
+    assert shown.loc["top-1", "gap of the mean (points)"] == round(55.0 - shown.loc["top-1", "paper (%)"], 1)
+    assert shown.loc["top-5 (selected on top-1)", "each seed (%)"] == "80.0, 85.0"

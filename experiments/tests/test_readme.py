@@ -112,11 +112,11 @@ def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_fr
     assert "runs not counted in 1 of them" in readme.figures_time(tmp_path, tmp_path / "empty")
 
 
-def test_label_noise_fit_block_is_the_notebooks_table_with_its_stamp(tmp_path):
-    assert "run `make paper-figures`" in readme.label_noise_fit(tmp_path)
+def test_a_figure_table_block_is_the_notebooks_table_with_its_stamp(tmp_path):
+    assert "run `make paper-figures`" in readme.figure_table(readme.LABEL_NOISE_FIT, tmp_path)
     table = "**Flipped training labels**\n\n| loss | p=0.1 noisy label |\n|---|---|\n| CE | 7.4 ± 0.3 |\n\n*quick profile*\n"
     (tmp_path / f"{readme.LABEL_NOISE_FIT}.md").write_text(table)
-    assert readme.label_noise_fit(tmp_path) == table.strip()
+    assert readme.figure_table(readme.LABEL_NOISE_FIT, tmp_path) == table.strip()
 
 
 def test_a_readme_without_a_block_is_a_clear_error():
