@@ -135,3 +135,11 @@ def test_dispatch_benchmark_prints_each_path_through_the_operators_and_direct():
     for path in ("fused kernel", "PyTorch path", "CPU kernel"):
         assert re.search(rf"^{path}: through the operators \d+ us, direct \d+ us, operators / direct x\d", run.stdout,
                          re.M), run.stdout
+
+
+def test_ddp_noise_benchmark_prints_a_variance_ratio_per_logit_scale():
+    run = _run("bench_ddp_noise.py", "--processes", "2", "--repeats", "3")
+    ratios = re.findall(r"^2 processes, logits ([\d.]+) x N\(0, 1\), .*: variance with shared noise / independent "
+                        r"x(\d+\.\d\d)$", run.stdout, re.M)
+    assert [scale for scale, _ in ratios] == ["0.05", "1", "5"], run.stdout
+    assert all(float(ratio) > 0 for _, ratio in ratios)

@@ -17,10 +17,11 @@ from experiments import config as config_module
 from experiments.config import RunConfig
 from experiments.store import ResultsStore
 from experiments.harness import flatten
-from experiments.train import flipped_label_fit, run
+from experiments.train import flipped_label_fit, reseed_process, run
 from experiments.store import DamagedStoreWarning
 from experiments.__main__ import main as experiments_main
 from experiments.models import build_model, parameter_count
+from topk.losses import noised_hinge
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(dataset="cifar100_like", dataset_options={"per_class_train": 4, "per_class_val": 1, "per_class_test": 1},
@@ -317,6 +318,19 @@ def test_a_missing_real_dataset_names_the_data_prep_command(tmp_path, capsys):
     path.write_text(json.dumps(config.to_dict()))
     assert experiments_main([str(path), "--store", str(tmp_path), "--data-root", str(tmp_path / "none")]) == 1
     assert "python -m data_prep cifar100 --root" in capsys.readouterr().err
+
+
+def test_ddp_processes_draw_their_own_loss_noise_and_draw_it_again_on_a_rerun():
+    """Under DDP every process starts from the run's seed; reseeded per epoch and rank, the noised loss of the same
+    scores differs between processes and is the same for one process and epoch, as on a resumed run."""
+    scores, labels = torch.randn(4, 20, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 3, 7, 19])
+
+    def loss_on(rank: int, epoch: int = 2) -> float:
+        reseed_process(seed=5, epoch=epoch, rank=rank)
+        return noised_hinge(scores, labels, k=3, epsilon=1.0, n_samples=2).item()
+
+    first, second, again, next_epoch = loss_on(0), loss_on(1), loss_on(0), loss_on(0, epoch=3)
+    assert first == again and len({first, second, next_epoch}) == 3
 
 
 @pytest.mark.parametrize("compile_mode", COMPILE)
