@@ -44,19 +44,33 @@ def main(argv: list[str] | None = None) -> int:
         if device == "cuda":
             device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
             torch.cuda.set_device(device)
+    store, interrupted = ResultsStore(args.store), False
     try:
-        record = run(config, ResultsStore(args.store), device=device, data_root=args.data_root,
-                     num_workers=args.workers, compile_mode=args.compile, progress=args.progress)
+        record = run(config, store, device=device, data_root=args.data_root, num_workers=args.workers,
+                     compile_mode=args.compile, progress=args.progress)
     except MissingDataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        interrupted = True
+        print(f"interrupted: {_progress_kept(store, config)}; the same command resumes it", file=sys.stderr)
+        return 130
     finally:
         if distributed:
-            dist.barrier()
+            if not interrupted:  # the other processes may be interrupted too: no collective after an interrupt
+                dist.barrier()
             dist.destroy_process_group()
     if not distributed or int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({"key": record["key"], "selected_epoch": record["selected_epoch"], "test": record["test"]["top"]}))
     return 0
+
+
+def _progress_kept(store: ResultsStore, config: RunConfig) -> str:
+    """What an interrupted run keeps: the epochs of its last checkpoint, written after every epoch."""
+    checkpoint = store.load_checkpoint(config.key())
+    epochs = checkpoint["state"]["epoch"] if checkpoint is not None else 0
+    return (f"run {config.key()} keeps {epochs} of its {config.epochs} epochs (its checkpoint in "
+            f"{store.root / 'checkpoints'})")
 
 
 if __name__ == "__main__":

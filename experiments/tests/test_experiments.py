@@ -320,6 +320,24 @@ def test_a_missing_real_dataset_names_the_data_prep_command(tmp_path, capsys):
     assert "python -m data_prep cifar100 --root" in capsys.readouterr().err
 
 
+def test_an_interrupted_command_says_what_it_kept_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):
+    config = RunConfig(**TINY)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config.to_dict()))
+    arguments = [str(path), "--store", str(tmp_path / "store")]
+
+    def interrupted_after_one_epoch(config, store, **options):
+        run(config, store, stop_after_epochs=1, **options)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("experiments.__main__.run", interrupted_after_one_epoch)
+    assert experiments_main(arguments) == 130
+    assert f"interrupted: run {config.key()} keeps 1 of its 3 epochs" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert experiments_main(arguments) == 0
+    assert len(ResultsStore(tmp_path / "store").finished(config.key())["history"]) == 3
+
+
 def test_ddp_processes_draw_their_own_loss_noise_and_draw_it_again_on_a_rerun():
     """Under DDP every process starts from the run's seed; reseeded per epoch and rank, the noised loss of the same
     scores differs between processes and is the same for one process and epoch, as on a resumed run."""
