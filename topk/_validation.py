@@ -11,7 +11,6 @@ assertion (:func:`check_labels`), so a training step never waits for the device 
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 
@@ -47,7 +46,7 @@ def check_real(value: object, name: str, low: float | None = None, strict: bool 
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"'{name}' should be a real number, got {value!r} ({type(value).__name__})")
     value = float(value)
-    if not math.isfinite(value):
+    if not value - value == 0:  # inf and nan; not math.isfinite, which Dynamo cannot trace on a symbolic float
         raise ValueError(f"'{name}' should be finite, got {value}")
     if low is not None and (value <= low if strict else value < low):
         raise ValueError(f"'{name}' should be {'>' if strict else '>='} {low}, got {value}")

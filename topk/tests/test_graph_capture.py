@@ -159,6 +159,43 @@ def test_a_training_step_compiles_as_one_graph_and_matches_eager(name, compiler)
     torch._dynamo.reset()
 
 
+def _dynamic_batches_match_eager(loss, device=torch.device("cpu")):
+    """``loss`` compiled with ``dynamic=True`` (symbolic shapes, and its float hyperparameters symbolic too) gives the
+    eager loss and gradient over batches of 6, 5 and 9 rows from the same seed, compiled once."""
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager", dynamic=True)
+    generator = torch.Generator().manual_seed(4)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for batch in (6, 5, 9):
+            s = torch.randn(batch, L, generator=generator).to(device)
+            y = torch.randint(0, L, (batch,), generator=generator).to(device)
+            results = []
+            for function in (loss, compiled):
+                scores = s.clone().requires_grad_()
+                torch.manual_seed(3)
+                value = function(scores, y)
+                grad = torch.autograd.grad(value, scores)[0] if value.requires_grad else None
+                results.append((value.detach(), grad))
+            for graph, eager in zip(results[1], results[0]):
+                torch.testing.assert_close(graph, eager, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_1))
+def test_every_loss_compiles_with_dynamic_shapes_and_matches_eager(name):
+    """``torch.compile(dynamic=True)``, as for batches of varying size: no graph break (a check of a float
+    hyperparameter with ``math.isfinite`` broke the graph of 7 losses), no recompilation, eager's values."""
+    torch._dynamo.reset()
+    _dynamic_batches_match_eager(build_loss(name, **TABLE_1[name]))
+
+
+@pytest.mark.parametrize("make_loss", [lambda: losses.NoisedHinge(2, 0.5, N_SAMPLES, backend="triton"),
+                                       lambda: losses.SmoothHinge(3, 1.0, backend="triton")],
+                         ids=["noised_hinge", "smooth_hinge"])
+def test_the_kernel_backends_compile_with_dynamic_shapes(make_loss, kernel_device):
+    torch._dynamo.reset()
+    _dynamic_batches_match_eager(make_loss(), kernel_device)
+
+
 def test_compiled_noised_loss_draws_the_eager_noise_from_the_same_seed():
     """With the noise drawn inside the compiled graph (``torch.randn`` on the default generator), the same seed gives
     eager's loss (inductor keeps PyTorch's random stream with ``fallback_random``)."""
