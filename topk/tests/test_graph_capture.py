@@ -343,7 +343,8 @@ def test_no_loss_synchronises_with_the_device(name):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cuda_graph_replays_draw_fresh_noise(backend):
     """A captured noised loss draws new noise at every replay (the seed or the noise comes from the default CUDA
-    generator, registered with the graph), and the same generator state gives the same loss."""
+    generator, registered with the graph), and the same generator state gives the same loss, whether restored or
+    seeded between replays (as ``experiments.train.reseed_process`` seeds each DDP process at every epoch)."""
     s, y = (t.cuda() for t in _scores_and_labels())
     loss = losses.NoisedHinge(2, 0.5, N_SAMPLES, reduction="none", backend=backend)
     stream = torch.cuda.Stream()
@@ -364,6 +365,12 @@ def test_cuda_graph_replays_draw_fresh_noise(backend):
     torch.cuda.set_rng_state(state)
     graph.replay()
     assert torch.equal(captured, again)
+    seeded = []
+    for seed in (7, 7, 8):
+        torch.manual_seed(seed)
+        graph.replay()
+        seeded.append(captured.clone())
+    assert torch.equal(seeded[0], seeded[1]) and not torch.equal(seeded[0], seeded[2])
 
 
 @cuda_only
