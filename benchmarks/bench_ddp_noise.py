@@ -27,8 +27,8 @@ def process_gradient(scores: torch.Tensor, labels: torch.Tensor, seed: int) -> t
 def variance_ratio(scale: float, processes: int, repeats: int) -> float:
     """Total variance of the processes' mean gradient, shared seeds / independent seeds, at logits ``scale`` N(0, 1)."""
     data = torch.Generator().manual_seed(0)
-    batches = [(scale * torch.randn(BATCH, CLASSES, generator=data), torch.randint(0, CLASSES, (BATCH,), generator=data))
-               for _ in range(processes)]
+    batches = [(scale * torch.randn(BATCH, CLASSES, generator=data),
+                torch.randint(0, CLASSES, (BATCH,), generator=data)) for _ in range(processes)]
 
     def mean_gradient(seeds: list[int]) -> torch.Tensor:
         return sum(process_gradient(s, y, seed) for (s, y), seed in zip(batches, seeds)) / processes

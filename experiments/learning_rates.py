@@ -122,6 +122,13 @@ def current_entry(profile: Profile, setup: str) -> dict | None:
     return entry if is_current(entry, profile, setup) else None
 
 
+def _ce_frame(rows: list[dict], profile: Profile) -> pd.DataFrame:
+    """Rows per (data, CE number), or one row saying that no setup of ``profile`` has both its stand-in calibrated and
+    CE's learning rate chosen on it."""
+    return pd.DataFrame(rows).set_index(["data", "CE number"]) if rows else pd.DataFrame(
+        {"CE numbers": [f"no learning rate chosen on a calibrated stand-in at the {profile.name} profile"]})
+
+
 def cross_entropy_table(profile: Profile) -> pd.DataFrame:
     """Per calibrated setup and CE number: the paper's, the calibration's and the tables' (at the rate CE chose),
     each with its learning-rate multiplier."""
@@ -139,8 +146,7 @@ def cross_entropy_table(profile: Profile) -> pd.DataFrame:
                          "tables, chosen lr (%)": round(at_chosen["ours"], 1),
                          "chosen": f"x{at_chosen['multiplier']:g}",
                          "gap at chosen lr (points)": round(at_chosen["ours"] - target["published"], 1)})
-    return pd.DataFrame(rows).set_index(["data", "CE number"]) if rows else pd.DataFrame(
-        {"CE numbers": [f"no learning rate chosen on a calibrated stand-in at the {profile.name} profile"]})
+    return _ce_frame(rows, profile)
 
 
 def cross_entropy_seeds_table(profile: Profile, train) -> pd.DataFrame:
@@ -163,8 +169,7 @@ def cross_entropy_seeds_table(profile: Profile, train) -> pd.DataFrame:
                          "each seed (%)": ", ".join(f"{value:.1f}" for value in values), "mean (%)": round(mean, 1),
                          "seeds' range (points)": round(max(values) - min(values), 1),
                          "gap of the mean (points)": round(mean - target.published, 1)})
-    return pd.DataFrame(rows).set_index(["data", "CE number"]) if rows else pd.DataFrame(
-        {"CE numbers": [f"no learning rate chosen on a calibrated stand-in at the {profile.name} profile"]})
+    return _ce_frame(rows, profile)
 
 
 def fitted_gap_at_chosen_rate(fitted: dict, chosen: dict) -> tuple[float, str, float, str]:

@@ -159,6 +159,12 @@ def test_a_training_step_compiles_as_one_graph_and_matches_eager(name, compiler)
     torch._dynamo.reset()
 
 
+#: The losses with a Triton kernel, built for a backend.
+KERNEL_LOSSES = pytest.mark.parametrize(
+    "make_loss", [lambda backend: losses.NoisedHinge(2, 0.5, N_SAMPLES, backend=backend),
+                  lambda backend: losses.SmoothHinge(3, 1.0, backend=backend)], ids=["noised_hinge", "smooth_hinge"])
+
+
 def _dynamic_batches_match_eager(loss, device=torch.device("cpu")):
     """``loss`` compiled with ``dynamic=True`` (symbolic shapes, and its float hyperparameters symbolic too) gives the
     eager loss and gradient over batches of 6, 5 and 9 rows from the same seed, compiled once."""
@@ -188,12 +194,10 @@ def test_every_loss_compiles_with_dynamic_shapes_and_matches_eager(name):
     _dynamic_batches_match_eager(build_loss(name, **TABLE_1[name]))
 
 
-@pytest.mark.parametrize("make_loss", [lambda: losses.NoisedHinge(2, 0.5, N_SAMPLES, backend="triton"),
-                                       lambda: losses.SmoothHinge(3, 1.0, backend="triton")],
-                         ids=["noised_hinge", "smooth_hinge"])
+@KERNEL_LOSSES
 def test_the_kernel_backends_compile_with_dynamic_shapes(make_loss, kernel_device):
     torch._dynamo.reset()
-    _dynamic_batches_match_eager(make_loss(), kernel_device)
+    _dynamic_batches_match_eager(make_loss("triton"), kernel_device)
 
 
 def test_compiled_noised_loss_draws_the_eager_noise_from_the_same_seed():
@@ -298,9 +302,7 @@ def test_an_out_of_range_label_fails_loudly_when_compiled():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("make_loss", [lambda backend: losses.NoisedHinge(2, 0.5, N_SAMPLES, backend=backend),
-                                       lambda backend: losses.SmoothHinge(3, 1.0, backend=backend)],
-                         ids=["noised_hinge", "smooth_hinge"])
+@KERNEL_LOSSES
 def test_the_kernel_backends_compile_without_a_dynamo_warning(make_loss, kernel_device):
     """Choosing the Triton kernel inside a compiled region (the default ``auto`` on CUDA) warns nothing: the backend
     checks are constants to Dynamo, not cached functions it traces through (it warns about those on every compile)."""
