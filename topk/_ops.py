@@ -16,8 +16,11 @@ mean of the selected one-hots (and, for the noised hinge, minus ``e_y``: Eq. 12)
 
 Each has a fake (meta) implementation, and the three forward operators a registered autograd formula, so that
 ``torch.compile`` traces a loss as one graph (an operator is one opaque node: no graph break) and CUDA graphs
-capture it. The operators are deterministic given their inputs; the randomness (the noise or the seed) is
-drawn by the caller from the device's generator, so a captured graph draws fresh noise at every replay.
+capture it. A backward run with ``create_graph=True`` computes the gradient in differentiable PyTorch operations
+instead (the scatter, linear in the incoming gradient and constant in the scores; the smoothed hinge through the
+log-sum-exps of :mod:`topk.elementary_symmetric`'s tree), so that it can be differentiated again. The operators are
+deterministic given their inputs; the randomness (the noise or the seed) is drawn by the caller from the device's
+generator, so a captured graph draws fresh noise at every replay.
 
 With ``labels`` the forward operators return ``mean_b top(s + eps Z_b) - s_y``, the term of the hinge (Eq. 10,
 13), and the backward subtracts ``grad`` at ``y``: the loss's whole gradient is written in one pass.
@@ -171,6 +174,8 @@ def _scatter_gradient(ctx, grad_value, grad_positions, backward=perturbed_top_ba
     if grad_value is None:  # nothing flows back through the value (gradients are not materialised)
         return (None,) * ctx.n_inputs
     positions, labels = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: the scatter in autograd's view (linear in grad, 0 in the scores)
+        backward = _perturbed_top_backward
     grad_scores = backward(grad_value, positions, labels, ctx.n_classes)
     return (grad_scores,) + (None,) * (ctx.n_inputs - 1)
 
@@ -246,6 +251,9 @@ def _save_prefix(ctx, inputs, output):
 
 def _esp_gradient(ctx, grad_pair, *unused, backward=log_esp_pair_backward):
     x, prefix, complement, pair = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: autograd through the same pair on the tree, exact to any order
+        tree_pair = elementary_symmetric.log_elementary_symmetric(x, ctx.k)[..., ctx.k - 1:]
+        return torch.autograd.grad(tree_pair, x, grad_pair, create_graph=True)[0], None
     return backward(x, prefix, complement, pair, grad_pair, ctx.k), None
 
 
@@ -287,7 +295,7 @@ def _(scores, labels, prefix, complement, pair, aux, grad_loss, k, tau):
 
 
 def _save_hinge(ctx, inputs, output):
-    scores, labels, ctx.k, ctx.tau, _ = inputs
+    scores, labels, ctx.k, ctx.tau, ctx.alpha = inputs
     ctx.save_for_backward(scores, labels, *output[1:])
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)  # no zero gradients made for the saved outputs (the prefix is [rows, n, block])
@@ -295,6 +303,11 @@ def _save_hinge(ctx, inputs, output):
 
 def _hinge_gradient(ctx, grad_loss, *unused, backward=smooth_hinge_rows_backward):
     scores, labels, prefix, complement, pair, aux = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: autograd through the same loss on the tree, exact to any order
+        from topk.losses.functional import _smooth_hinge_tree
+
+        tree_loss = _smooth_hinge_tree(scores, labels, ctx.k, ctx.tau, ctx.alpha)
+        return torch.autograd.grad(tree_loss, scores, grad_loss, create_graph=True)[0], None, None, None, None
     return backward(scores, labels, prefix, complement, pair, aux, grad_loss, ctx.k, ctx.tau), None, None, None, None
 
 

@@ -14,7 +14,9 @@ Coefficients are stored degree-major, ``[degree + 1, M]`` with ``M`` = rows x po
 log-sum-exp reduces over the outermost dimension of long contiguous vectors. The gradient of a level is
 ``dc_m / da_i = w_{m,i}``, the softmax weight of the term ``a_i + b_{m-i}`` in ``c_m``: the forward pass
 keeps these weights, so the backward pass is multiply-adds only (no ``exp``), and as exact as autograd
-through the log-sum-exps, which ``backward="autograd"`` uses instead (slower; kept to measure against).
+through the log-sum-exps, which ``backward="autograd"`` uses instead (slower; kept to measure against). A
+backward that must itself be differentiable (``create_graph=True``) is autograd's through the log-sum-exps, from
+the factors each level keeps besides its weights (a third more memory than the weights alone).
 
 The loss needs only ``sigma_{k-1}`` and ``sigma_k``: :func:`log_elementary_symmetric_pair` gives them, on this
 tree or (``backend="triton"``) on Triton kernels that walk each row once, cut in chunks of about ``2 sqrt(n)``
@@ -235,7 +237,9 @@ def _log_product(a: torch.Tensor, b: torch.Tensor, product_degree: int, absent: 
 
 
 class _LogProduct(torch.autograd.Function):
-    """:func:`_log_product` whose backward reuses the softmax weights of the forward pass."""
+    """:func:`_log_product` whose backward reuses the softmax weights of the forward pass. A backward that must be
+    differentiable itself (``create_graph=True``) is autograd's through :func:`_log_product` instead, from the saved
+    factors: exact to any order."""
 
     @staticmethod
     def forward(ctx, a, b, product_degree, absent):
@@ -245,13 +249,18 @@ class _LogProduct(torch.autograd.Function):
         weights = terms.sub_(largest).clamp_min_(_negligible_log(terms.dtype)).exp_()
         total = weights.sum(dim=0)
         weights /= total
-        ctx.save_for_backward(weights)
+        ctx.save_for_backward(weights, a, b)
+        ctx.product_degree, ctx.absent = product_degree, absent
         return largest + total.log_()
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        (weights,) = ctx.saved_tensors
+        weights, a, b = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            factors = [f for f, needed in zip((a, b), ctx.needs_input_grad) if needed]
+            grads = iter(torch.autograd.grad(_log_product(a, b, ctx.product_degree, ctx.absent), factors, grad,
+                                             create_graph=True))
+            return *(next(grads) if needed else None for needed in ctx.needs_input_grad[:2]), None, None
         degree, product_degree = weights.shape[0] - 1, weights.shape[1] - 1
         weighted = weights * grad  # [d + 1, d' + 1, M]: d c_m / d terms[t, m] times the incoming gradient
         grad_a = weighted.sum(dim=1).flip(0)

@@ -177,7 +177,8 @@ def smooth_hinge(
     to which it converges as ``tau -> 0`` (their Prop. 2). ``k = 1`` uses the log-sum-exp form
     ``tau * logsumexp_j((s_j + alpha 1{j != y} - s_y) / tau)``; ``(k, tau, alpha) = (1, 1, 0)`` is cross-entropy.
     Needs ``k + 1 <= L``. Computed in log space: finite in float32 for any ``tau > 0`` (float16 and bfloat16
-    scores are computed in float32). The gradient is exact (autograd through the recursion); ``dL/ds_y = -sigmoid(z) / k``.
+    scores are computed in float32). The gradient is exact, ``dL/ds_y = -sigmoid(z) / k``, and can be differentiated
+    again (``create_graph=True``: the Hessian through the log-sum-exps of the tree, whatever the backend).
 
     ``hard_switch=True`` reproduces the reference code (github oval-group/smooth-topk): samples whose gap
     ``top_k(s) - top_{k+1}(s)`` is at least ``k tau ln(1000)`` get the hard loss instead. The loss is then
