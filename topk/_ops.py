@@ -325,14 +325,18 @@ class _Autograd(NamedTuple):
 
 class _EagerCall(torch.autograd.Function):
     """An operator's implementation and autograd formula called directly: the operator's computation without its
-    dispatch (the custom operator's Python wrappers cost about 0.1 ms of host time per forward and backward)."""
+    dispatch (the custom operator's Python wrappers cost about 0.1 ms of host time per forward and backward). Its
+    context is set apart from the forward, so that ``torch.func.grad`` takes it."""
 
     @staticmethod
-    def forward(ctx, autograd: _Autograd, *args):
-        output = autograd.implementation(*args)
+    def forward(autograd: _Autograd, *args):
+        return autograd.implementation(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        autograd, *args = inputs
         autograd.setup_context(ctx, args, output)
         ctx.autograd = autograd
-        return output
 
     @staticmethod
     def backward(ctx, *grads):

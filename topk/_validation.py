@@ -76,7 +76,12 @@ def check_labels(y: object, s: torch.Tensor, name: str = "y") -> torch.Tensor:
     expected = f"'{name}' should hold class indices in [0, {highest}]"
     try:
         torch._assert_async((y.clamp(0, highest) == y).all(), expected)
-    except RuntimeError:  # raised here only on a CPU, in eager mode, where reading the labels costs nothing
+    except RuntimeError:  # raised here only on a CPU, in eager mode (reading the labels costs nothing), or by vmap
+        if torch._C._functorch.is_functorch_wrapped_tensor(y):
+            raise NotImplementedError(
+                "topk's losses do not run under torch.func.vmap (neither the label check nor the custom operators "
+                "have a batching rule); per-sample losses come from reduction='none', and their gradients in the "
+                "scores row by row from one backward") from None
         raise ValueError(f"{expected}, got {y[(y < 0) | (y > highest)][0].item()}") from None
     return y
 

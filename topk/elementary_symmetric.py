@@ -60,7 +60,7 @@ def log_elementary_symmetric(x: torch.Tensor, k: int, *, backward: str = "saved_
     if k == 0:
         return x.new_zeros(*batch_shape, 1)
     absent = absent_log(x.dtype)
-    multiply = _LogProduct.apply if backward == "saved_weights" else _log_product
+    multiply = (lambda *args: _LogProduct.apply(*args)[0]) if backward == "saved_weights" else _log_product
     rows = batch_shape.numel()
     # One polynomial 1 + e_i X per entry, degree-major: [..., n] -> [2, N, P = n].
     polys = torch.stack([torch.zeros_like(x), x.clamp_min(absent)]).reshape(2, rows, n)
@@ -242,19 +242,26 @@ class _LogProduct(torch.autograd.Function):
     factors: exact to any order."""
 
     @staticmethod
-    def forward(ctx, a, b, product_degree, absent):
+    def forward(a, b, product_degree, absent):
         terms = _pair_terms(a, b, product_degree, absent)  # [d + 1, d' + 1, M]
         largest = terms.amax(dim=0)
         # exp is many times slower where it underflows: floor the exponents where the weight is negligible anyway.
         weights = terms.sub_(largest).clamp_min_(_negligible_log(terms.dtype)).exp_()
         total = weights.sum(dim=0)
         weights /= total
-        ctx.save_for_backward(weights, a, b)
-        ctx.product_degree, ctx.absent = product_degree, absent
-        return largest + total.log_()
+        return largest + total.log_(), weights
 
     @staticmethod
-    def backward(ctx, grad):
+    def setup_context(ctx, inputs, output):  # apart from the forward, for torch.func's transforms
+        a, b, ctx.product_degree, ctx.absent = inputs
+        ctx.save_for_backward(output[1], a, b)
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        if grad is None:  # the product's gradient is not materialised where nothing flows back through it
+            return None, None, None, None
         weights, a, b = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True
             factors = [f for f, needed in zip((a, b), ctx.needs_input_grad) if needed]

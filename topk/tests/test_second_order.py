@@ -85,3 +85,32 @@ def test_a_meta_learnt_example_weight_receives_its_gradient(backend, kernel_devi
     penalty_gradient = torch.autograd.grad(gradient.square().sum(), weights)[0]
     per_example = (gradient.detach() / weights.detach().unsqueeze(-1)).square().sum(-1)
     torch.testing.assert_close(penalty_gradient, 2 * weights.detach() * per_example)
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_torch_func_grad_equals_autograd(name):
+    """``torch.func.grad`` takes every loss (its autograd functions set their context apart from the forward)."""
+    s, y = _scores_and_labels()
+    loss = build_loss(name, **TABLE_1[name])
+    torch.manual_seed(2)
+    expected = torch.autograd.grad(loss(s, y), s)[0]
+    torch.manual_seed(2)
+    torch.testing.assert_close(torch.func.grad(lambda scores: loss(scores, y))(s.detach()), expected)
+
+
+def test_nested_torch_func_grad_equals_autograds_second_order():
+    """The gradient of a gradient penalty, by ``torch.func.grad`` twice and by autograd (checked above)."""
+    s, y = _scores_and_labels(batch=2, n_classes=7)
+    loss = losses.SmoothHinge(3, 0.5)
+    gradient = torch.autograd.grad(loss(s, y), s, create_graph=True)[0]
+    expected = torch.autograd.grad(gradient.square().sum(), s)[0]
+    penalty = lambda scores: torch.func.grad(lambda inner: loss(inner, y))(scores).square().sum()  # noqa: E731
+    torch.testing.assert_close(torch.func.grad(penalty)(s.detach()), expected)
+    assert expected.abs().max() > 1e-3
+
+
+def test_vmap_is_refused_with_what_to_do_instead():
+    s, y = _scores_and_labels()
+    loss = losses.NoisedHinge(2, 0.5, 4)
+    with pytest.raises(NotImplementedError, match="torch.func.vmap .* reduction='none'"):
+        torch.func.vmap(torch.func.grad(lambda scores, label: loss(scores[None], label[None])))(s.detach(), y)
