@@ -10,6 +10,7 @@ the subsets that contain ``y`` (Berrada et al., 2018, Eq. 8).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -93,6 +94,13 @@ def build_loss(name: str, class_counts: Sequence[int] | torch.Tensor | None = No
             raise ValueError(f"the loss {name!r} makes its per-class margins from the training set: give "
                              "class_counts=, the number of training examples of each class")
         parameters["class_counts"] = class_counts
+    signature = inspect.signature(spec.constructor)
+    try:
+        signature.bind(**parameters)
+    except TypeError as error:  # a missing or unknown parameter, named with the loss's own
+        named = [p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in signature.parameters.values()
+                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        raise TypeError(f"build_loss({name!r}, ...): {error}; its parameters are {', '.join(named)}") from None
     return spec.constructor(**parameters)
 
 

@@ -173,6 +173,14 @@ def test_build_loss_errors_name_the_choices():
         build_loss("hinge")
 
 
+def test_build_loss_names_a_missing_parameter_and_the_losss_parameters():
+    with pytest.raises(TypeError, match=r"build_loss\('noised_balanced', ...\): missing .*'n_samples'.* "
+                                        r"parameters are k, epsilon, n_samples, margins=1.0"):
+        build_loss("noised_balanced", k=5, epsilon=0.2)
+    with pytest.raises(TypeError, match=r"build_loss\('ldam', ...\): missing .*'max_margin'"):
+        build_loss("ldam", class_counts=[3, 2, 1])
+
+
 def test_cosine_classifier_scores_are_bounded_by_the_scale_and_scale_invariant():
     head = CosineClassifier(8, 5, scale=40.0)
     x = torch.randn(16, 8)
