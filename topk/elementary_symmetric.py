@@ -263,11 +263,9 @@ class _LogProduct(torch.autograd.Function):
         if grad is None:  # the product's gradient is not materialised where nothing flows back through it
             return None, None, None, None
         weights, a, b = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True
-            factors = [f for f, needed in zip((a, b), ctx.needs_input_grad) if needed]
-            grads = iter(torch.autograd.grad(_log_product(a, b, ctx.product_degree, ctx.absent), factors, grad,
-                                             create_graph=True))
-            return *(next(grads) if needed else None for needed in ctx.needs_input_grad[:2]), None, None
+        if torch.is_grad_enabled():  # create_graph=True; a and b are halves of one tensor: both need a gradient
+            product = _log_product(a, b, ctx.product_degree, ctx.absent)
+            return *torch.autograd.grad(product, (a, b), grad, create_graph=True), None, None
         degree, product_degree = weights.shape[0] - 1, weights.shape[1] - 1
         weighted = weights * grad  # [d + 1, d' + 1, M]: d c_m / d terms[t, m] times the incoming gradient
         grad_a = weighted.sum(dim=1).flip(0)
