@@ -251,9 +251,9 @@ def _save_prefix(ctx, inputs, output):
 
 def _esp_gradient(ctx, grad_pair, *unused, backward=log_esp_pair_backward):
     x, prefix, complement, pair = ctx.saved_tensors
-    if torch.is_grad_enabled():  # create_graph=True: autograd through the same pair on the tree, exact to any order
-        tree_pair = elementary_symmetric.log_elementary_symmetric(x, ctx.k)[..., ctx.k - 1:]
-        return torch.autograd.grad(tree_pair, x, grad_pair, create_graph=True)[0], None
+    if torch.is_grad_enabled():  # create_graph=True, or under torch.func: through the same pair on the tree
+        tree_pair = lambda x: elementary_symmetric.log_elementary_symmetric(x, ctx.k)[..., ctx.k - 1:]  # noqa: E731
+        return torch.func.vjp(tree_pair, x)[1](grad_pair)[0], None
     return backward(x, prefix, complement, pair, grad_pair, ctx.k), None
 
 
@@ -303,11 +303,11 @@ def _save_hinge(ctx, inputs, output):
 
 def _hinge_gradient(ctx, grad_loss, *unused, backward=smooth_hinge_rows_backward):
     scores, labels, prefix, complement, pair, aux = ctx.saved_tensors
-    if torch.is_grad_enabled():  # create_graph=True: autograd through the same loss on the tree, exact to any order
+    if torch.is_grad_enabled():  # create_graph=True, or under torch.func: through the same loss on the tree
         from topk.losses.functional import _smooth_hinge_tree
 
-        tree_loss = _smooth_hinge_tree(scores, labels, ctx.k, ctx.tau, ctx.alpha)
-        return torch.autograd.grad(tree_loss, scores, grad_loss, create_graph=True)[0], None, None, None, None
+        tree_loss = lambda scores: _smooth_hinge_tree(scores, labels, ctx.k, ctx.tau, ctx.alpha)  # noqa: E731
+        return torch.func.vjp(tree_loss, scores)[1](grad_loss)[0], None, None, None, None
     return backward(scores, labels, prefix, complement, pair, aux, grad_loss, ctx.k, ctx.tau), None, None, None, None
 
 
@@ -315,8 +315,9 @@ smooth_hinge_rows.register_autograd(_hinge_gradient, setup_context=_save_hinge)
 
 
 class _Autograd(NamedTuple):
-    """An operator's implementation, its autograd formula and its backward operator's implementation."""
+    """An operator, its implementation, its autograd formula and its backward operator's implementation."""
 
+    operator: Callable
     implementation: Callable
     setup_context: Callable
     gradient: Callable
@@ -340,17 +341,26 @@ class _EagerCall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        if _transformed(grads):  # under torch.func: the backward operator, which has a batching rule
+            return (None, *ctx.autograd.gradient(ctx, *grads))
         return (None, *ctx.autograd.gradient(ctx, *grads, backward=ctx.autograd.backward))
 
+    @staticmethod
+    def vmap(info, in_dims, autograd, *args):
+        """``torch.func.vmap``: the operator's batching rule (:mod:`topk._batching`)."""
+        from topk._batching import RULES
 
-_EAGER = {
-    perturbed_top: _Autograd(_perturbed_top, _save_positions, _scatter_gradient, _perturbed_top_backward),
-    pruned_perturbed_top: _Autograd(_pruned_perturbed_top, _save_positions, _scatter_gradient, _perturbed_top_backward),
-    fused_perturbed_top: _Autograd(_fused_perturbed_top, _save_positions, _fused_gradient,
-                                   _fused_perturbed_top_backward),
-    log_esp_pair: _Autograd(_log_esp_pair, _save_prefix, _esp_gradient, _log_esp_pair_backward),
-    smooth_hinge_rows: _Autograd(_smooth_hinge_rows, _save_hinge, _hinge_gradient, _smooth_hinge_rows_backward),
-}
+        return RULES[autograd.operator](info, in_dims[1:], *args)
+
+
+_EAGER = {entry.operator: entry for entry in (
+    _Autograd(perturbed_top, _perturbed_top, _save_positions, _scatter_gradient, _perturbed_top_backward),
+    _Autograd(pruned_perturbed_top, _pruned_perturbed_top, _save_positions, _scatter_gradient, _perturbed_top_backward),
+    _Autograd(fused_perturbed_top, _fused_perturbed_top, _save_positions, _fused_gradient,
+              _fused_perturbed_top_backward),
+    _Autograd(log_esp_pair, _log_esp_pair, _save_prefix, _esp_gradient, _log_esp_pair_backward),
+    _Autograd(smooth_hinge_rows, _smooth_hinge_rows, _save_hinge, _hinge_gradient, _smooth_hinge_rows_backward),
+)}
 
 
 _through_operators = False
@@ -374,3 +384,12 @@ def call(operator, *args):
     if _through_operators or torch.compiler.is_compiling():
         return operator(*args)
     return _EagerCall.apply(_EAGER[operator], *args)
+
+
+def _transformed(args) -> bool:
+    """Whether a tensor among ``args`` is wrapped by a ``torch.func`` transform (vmap needs the operators' batching
+    rules, :mod:`topk._batching`)."""
+    return any(isinstance(arg, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(arg) for arg in args)
+
+
+from topk import _batching  # noqa: E402, F401  (registers the batching rules of the operators above)

@@ -74,16 +74,20 @@ def check_labels(y: object, s: torch.Tensor, name: str = "y") -> torch.Tensor:
     y = y.long()
     highest = s.shape[-1] - 1
     expected = f"'{name}' should hold class indices in [0, {highest}]"
+    values = _unwrapped(y)
     try:
-        torch._assert_async((y.clamp(0, highest) == y).all(), expected)
-    except RuntimeError:  # raised here only on a CPU, in eager mode (reading the labels costs nothing), or by vmap
-        if torch._C._functorch.is_functorch_wrapped_tensor(y):
-            raise NotImplementedError(
-                "topk's losses do not run under torch.func.vmap (neither the label check nor the custom operators "
-                "have a batching rule); per-sample losses come from reduction='none', and their gradients in the "
-                "scores row by row from one backward") from None
-        raise ValueError(f"{expected}, got {y[(y < 0) | (y > highest)][0].item()}") from None
+        torch._assert_async((values.clamp(0, highest) == values).all(), expected)
+    except RuntimeError:  # raised here only on a CPU, in eager mode (reading the labels costs nothing)
+        raise ValueError(f"{expected}, got {values[(values < 0) | (values > highest)][0].item()}") from None
     return y
+
+
+def _unwrapped(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` out of its ``torch.func`` wrappers (in eager mode; a compiled graph has none): under vmap, every
+    element's values in one tensor, which the assertion can read (it has no batching rule)."""
+    while not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(tensor):
+        tensor = torch._C._functorch.get_unwrapped(tensor)
+    return tensor
 
 
 def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:

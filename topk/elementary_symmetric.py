@@ -239,7 +239,9 @@ def _log_product(a: torch.Tensor, b: torch.Tensor, product_degree: int, absent: 
 class _LogProduct(torch.autograd.Function):
     """:func:`_log_product` whose backward reuses the softmax weights of the forward pass. A backward that must be
     differentiable itself (``create_graph=True``) is autograd's through :func:`_log_product` instead, from the saved
-    factors: exact to any order."""
+    factors: exact to any order. Its forward and backward are PyTorch operations, which ``torch.func.vmap`` batches."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(a, b, product_degree, absent):
@@ -263,9 +265,9 @@ class _LogProduct(torch.autograd.Function):
         if grad is None:  # the product's gradient is not materialised where nothing flows back through it
             return None, None, None, None
         weights, a, b = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True; a and b are halves of one tensor: both need a gradient
-            product = _log_product(a, b, ctx.product_degree, ctx.absent)
-            return *torch.autograd.grad(product, (a, b), grad, create_graph=True), None, None
+        if torch.is_grad_enabled():  # create_graph=True, or under torch.func: a differentiable vector-Jacobian product
+            product = lambda a, b: _log_product(a, b, ctx.product_degree, ctx.absent)  # noqa: E731
+            return *torch.func.vjp(product, a, b)[1](grad), None, None
         degree, product_degree = weights.shape[0] - 1, weights.shape[1] - 1
         weighted = weights * grad  # [d + 1, d' + 1, M]: d c_m / d terms[t, m] times the incoming gradient
         grad_a = weighted.sum(dim=1).flip(0)

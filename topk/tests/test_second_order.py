@@ -105,10 +105,3 @@ def test_nested_torch_func_grad_equals_autograds_second_order():
     penalty = lambda scores: torch.func.grad(lambda inner: loss(inner, y))(scores).square().sum()  # noqa: E731
     torch.testing.assert_close(torch.func.grad(penalty)(s.detach()), expected)
     assert expected.abs().max() > 1e-3
-
-
-def test_vmap_is_refused_with_what_to_do_instead():
-    s, y = _scores_and_labels()
-    loss = losses.NoisedHinge(2, 0.5, 4)
-    with pytest.raises(NotImplementedError, match="torch.func.vmap .* reduction='none'"):
-        torch.func.vmap(torch.func.grad(lambda scores, label: loss(scores[None], label[None])))(s.detach(), y)
