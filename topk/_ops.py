@@ -162,9 +162,15 @@ def _perturbed_top_backward_fake(grad, positions, labels, n_classes):
     return grad.new_empty((*grad.shape, n_classes))
 
 
+def _save(ctx, *tensors):
+    """What both the backward and the forward-mode formula read."""
+    ctx.save_for_backward(*tensors)
+    ctx.save_for_forward(*tensors)
+
+
 def _save_positions(ctx, inputs, output):
     scores, labels = inputs[0], inputs[-1]
-    ctx.save_for_backward(output[1], labels)
+    _save(ctx, output[1], labels)
     ctx.set_materialize_grads(False)  # no zeros made for the positions' gradient, which is never read
     ctx.n_classes = scores.shape[-1]
     ctx.n_inputs = len(inputs)
@@ -205,6 +211,19 @@ for _operator in (perturbed_top, pruned_perturbed_top):
 fused_perturbed_top.register_autograd(_fused_gradient, setup_context=_save_positions)
 
 
+def _top_tangent(ctx, tangent_scores, *unused):
+    """Forward mode: the tangent of the estimate is the mean of the tangent's entries at the saved positions, minus its
+    entry at the label (the gradient of Prop. 3.3 and Eq. 12 applied to the tangent); the positions have none."""
+    if tangent_scores is None:
+        return None, None
+    positions, labels = ctx.saved_tensors
+    flat_positions = positions.movedim(0, -2).flatten(-2).long()  # [B, ..., r] -> [..., B * r]
+    tangent = tangent_scores.gather(-1, flat_positions).sum(-1) / positions.shape[0]
+    if labels is not None:
+        tangent = tangent - tangent_scores.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return tangent, None
+
+
 def _log_esp_pair(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(log sigma_{k-1}, log sigma_k)`` of ``exp(x)`` for each row of ``x`` (``[rows, n]`` -> ``[rows, 2]``), and what
     the backward reads (not differentiable): the prefix products ``[rows, n, block]`` and the chunks' complements
@@ -243,7 +262,7 @@ def _(x, prefix, complement, pair, grad_pair, k):
 
 
 def _save_prefix(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], output[1], output[2], output[0])
+    _save(ctx, inputs[0], output[1], output[2], output[0])
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.set_materialize_grads(False)
     ctx.k = inputs[1]
@@ -258,6 +277,16 @@ def _esp_gradient(ctx, grad_pair, *unused, backward=log_esp_pair_backward):
 
 
 log_esp_pair.register_autograd(_esp_gradient, setup_context=_save_prefix)
+
+
+def _esp_tangent(ctx, tangent_x, *unused):
+    """Forward mode: each of the pair's tangents is its gradient (one backward launch each) dotted with ``x``'s."""
+    if tangent_x is None:
+        return None, None, None
+    x, prefix, complement, pair = ctx.saved_tensors
+    unit = torch.eye(2, dtype=pair.dtype, device=pair.device)
+    gradients = [log_esp_pair_backward(x, prefix, complement, pair, unit[j].expand_as(pair), ctx.k) for j in (0, 1)]
+    return torch.stack([(gradient * tangent_x).sum(-1) for gradient in gradients], -1), None, None
 
 
 def _smooth_hinge_rows(scores: Tensor, labels: Tensor, k: int, tau: float,
@@ -296,7 +325,7 @@ def _(scores, labels, prefix, complement, pair, aux, grad_loss, k, tau):
 
 def _save_hinge(ctx, inputs, output):
     scores, labels, ctx.k, ctx.tau, ctx.alpha = inputs
-    ctx.save_for_backward(scores, labels, *output[1:])
+    _save(ctx, scores, labels, *output[1:])
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)  # no zero gradients made for the saved outputs (the prefix is [rows, n, block])
 
@@ -314,14 +343,26 @@ def _hinge_gradient(ctx, grad_loss, *unused, backward=smooth_hinge_rows_backward
 smooth_hinge_rows.register_autograd(_hinge_gradient, setup_context=_save_hinge)
 
 
+def _hinge_tangent(ctx, tangent_scores, *unused):
+    """Forward mode: the loss's gradient (one backward launch) dotted with the scores' tangent."""
+    if tangent_scores is None:
+        return (None,) * 5
+    scores, labels, prefix, complement, pair, aux = ctx.saved_tensors
+    gradient = smooth_hinge_rows_backward(scores, labels, prefix, complement, pair, aux,
+                                          scores.new_ones(scores.shape[0]), ctx.k, ctx.tau)
+    return (gradient * tangent_scores).sum(-1), None, None, None, None
+
+
 class _Autograd(NamedTuple):
-    """An operator, its implementation, its autograd formula and its backward operator's implementation."""
+    """An operator, its implementation, its autograd formula, its backward operator's implementation and its
+    forward-mode formula."""
 
     operator: Callable
     implementation: Callable
     setup_context: Callable
     gradient: Callable
     backward: Callable
+    tangent: Callable
 
 
 class _EagerCall(torch.autograd.Function):
@@ -346,6 +387,11 @@ class _EagerCall(torch.autograd.Function):
         return (None, *ctx.autograd.gradient(ctx, *grads, backward=ctx.autograd.backward))
 
     @staticmethod
+    def jvp(ctx, _, *tangents):
+        """Forward mode (``torch.func.jvp``, ``jacfwd``, ``hessian``), from the tensors saved for the backward."""
+        return ctx.autograd.tangent(ctx, *tangents)
+
+    @staticmethod
     def vmap(info, in_dims, autograd, *args):
         """``torch.func.vmap``: the operator's batching rule (:mod:`topk._batching`)."""
         from topk._batching import RULES
@@ -354,12 +400,14 @@ class _EagerCall(torch.autograd.Function):
 
 
 _EAGER = {entry.operator: entry for entry in (
-    _Autograd(perturbed_top, _perturbed_top, _save_positions, _scatter_gradient, _perturbed_top_backward),
-    _Autograd(pruned_perturbed_top, _pruned_perturbed_top, _save_positions, _scatter_gradient, _perturbed_top_backward),
+    _Autograd(perturbed_top, _perturbed_top, _save_positions, _scatter_gradient, _perturbed_top_backward, _top_tangent),
+    _Autograd(pruned_perturbed_top, _pruned_perturbed_top, _save_positions, _scatter_gradient, _perturbed_top_backward,
+              _top_tangent),
     _Autograd(fused_perturbed_top, _fused_perturbed_top, _save_positions, _fused_gradient,
-              _fused_perturbed_top_backward),
-    _Autograd(log_esp_pair, _log_esp_pair, _save_prefix, _esp_gradient, _log_esp_pair_backward),
-    _Autograd(smooth_hinge_rows, _smooth_hinge_rows, _save_hinge, _hinge_gradient, _smooth_hinge_rows_backward),
+              _fused_perturbed_top_backward, _top_tangent),
+    _Autograd(log_esp_pair, _log_esp_pair, _save_prefix, _esp_gradient, _log_esp_pair_backward, _esp_tangent),
+    _Autograd(smooth_hinge_rows, _smooth_hinge_rows, _save_hinge, _hinge_gradient, _smooth_hinge_rows_backward,
+              _hinge_tangent),
 )}
 
 

@@ -60,7 +60,8 @@ def log_elementary_symmetric(x: torch.Tensor, k: int, *, backward: str = "saved_
     if k == 0:
         return x.new_zeros(*batch_shape, 1)
     absent = absent_log(x.dtype)
-    multiply = (lambda *args: _LogProduct.apply(*args)[0]) if backward == "saved_weights" else _log_product
+    saved_weights = _LogProduct if torch.compiler.is_compiling() else _LogProductWithTangent
+    multiply = (lambda *args: saved_weights.apply(*args)[0]) if backward == "saved_weights" else _log_product
     rows = batch_shape.numel()
     # One polynomial 1 + e_i X per entry, degree-major: [..., n] -> [2, N, P = n].
     polys = torch.stack([torch.zeros_like(x), x.clamp_min(absent)]).reshape(2, rows, n)
@@ -275,3 +276,22 @@ class _LogProduct(torch.autograd.Function):
         for t in range(degree + 1):  # terms[t, m] reads row t + m of the padded b
             grad_padded[t:t + product_degree + 1] += weighted[t]
         return grad_a, grad_padded[degree:2 * degree + 1], None, None
+
+
+class _LogProductWithTangent(_LogProduct):
+    """:class:`_LogProduct` with its forward-mode formula (``torch.func.jvp``, ``jacfwd``), for eager mode: Dynamo
+    traces no autograd function that defines one."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _LogProduct.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(output[1], *inputs[:2])
+
+    @staticmethod
+    def jvp(ctx, tangent_a, tangent_b, *unused):
+        """Forward mode: the tangent of ``logsumexp_t terms[t, m]`` is the softmax-weighted sum of the terms' tangents,
+        and ``terms`` is linear in ``(a, b)`` up to the absent coefficients' constant."""
+        weights, a, b = ctx.saved_tensors
+        tangent_a = torch.zeros_like(a) if tangent_a is None else tangent_a
+        tangent_b = torch.zeros_like(b) if tangent_b is None else tangent_b
+        return (weights * _pair_terms(tangent_a, tangent_b, ctx.product_degree, 0.0)).sum(0), None

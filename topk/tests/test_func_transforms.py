@@ -1,4 +1,5 @@
-"""``torch.func.vmap`` over every loss: the batching rules of the custom operators (:mod:`topk._batching`).
+"""``torch.func``'s transforms over every loss: ``vmap`` (the batching rules of :mod:`topk._batching`), ``jacrev``, and
+forward mode (``jvp``, ``jacfwd``, Hessians by forward over reverse).
 
 The reference for a vmapped call is the same function called on each element in turn. With ``randomness="same"``
 every element draws the noise that one call draws from the same seed, so the noised losses are compared exactly as
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import topk
-from topk import losses
+from topk import elementary_symmetric, losses
 from topk.losses import build_loss
 from topk.tests.test_graph_capture import KERNEL_LOSSES, TABLE_1
 
@@ -60,6 +61,17 @@ def test_per_sample_gradients_by_vmap_of_grad_equal_autograds(name):
     per_sample = _vmapped(torch.func.grad(sample_loss), weights.detach(), features, y, in_dims=(None, 0, 0))
     torch.testing.assert_close(per_sample, expected)
     assert per_sample.abs().amax((1, 2)).min() > 0  # every sample has a gradient: the comparison is not of zeros
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_an_ensemble_by_vmap_over_stacked_weights_equals_each_member_alone(name):
+    """Three linear models' weights stacked and vmapped over, on one shared batch (its labels are not vmapped)."""
+    s, y = _data(elements=1, rows=5)
+    features, labels = s[0, :, :6], y[0]
+    members = torch.randn(3, 6, 12, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    loss = build_loss(name, **TABLE_1[name], reduction="none")
+    member_loss = lambda w: loss(features @ w, labels)  # noqa: E731
+    torch.testing.assert_close(_vmapped(member_loss, members), _element_by_element(member_loss, members))
 
 
 @pytest.mark.parametrize("name", DIFFERENTIABLE)
@@ -121,7 +133,7 @@ def test_vmaps_default_randomness_refuses_to_draw_the_noise():
 @pytest.mark.parametrize("noise_dim", [0, None], ids=["noise-per-element", "noise-shared"])
 @pytest.mark.parametrize("operator", [topk.smooth_top_k, topk.smooth_top_sum_k])
 def test_explicit_noise_is_used_as_given_under_vmap(operator, noise_dim):
-    """Explicit noise vmapped with the scores, or shared by every element (``in_dims=None``): the PyTorch path's rule."""
+    """Explicit noise vmapped with the scores, or shared by every element (``in_dims=None``): the PyTorch path."""
     s, _ = _data()
     noise = torch.randn(4, 5, *s.shape[1:], generator=torch.Generator().manual_seed(3), dtype=s.dtype)
     shared = noise[0]
@@ -136,3 +148,58 @@ def test_an_out_of_range_label_under_vmap_is_named():
     y[2, 1] = 12
     with pytest.raises(ValueError, match=r"\[0, 11\], got 12"):
         torch.func.vmap(losses.CalibratedHinge(2))(s, y)
+
+
+def _jvp_against_autograd(function, s):
+    """The forward-mode derivative of ``function`` (per-row values) at ``s`` along a tangent, and the row gradients
+    dotted with that tangent, both from the same seed."""
+    tangent = torch.randn(s.shape, generator=torch.Generator().manual_seed(2), dtype=s.dtype).to(s.device)
+    torch.manual_seed(SEED)
+    _, forward = torch.func.jvp(function, (s,), (tangent,))
+    torch.manual_seed(SEED)
+    scores = s.clone().requires_grad_()
+    return forward, (torch.autograd.grad(function(scores).sum(), scores)[0] * tangent).sum(-1)
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_forward_mode_is_the_gradient_dotted_with_the_tangent(name):
+    s, y = _data(elements=1, rows=3)
+    loss = build_loss(name, **TABLE_1[name], reduction="none")
+    torch.testing.assert_close(*_jvp_against_autograd(lambda scores: loss(scores, y[0]), s[0]))
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_forward_over_reverse_hessian_equals_reverse_over_reverse(name):
+    """``jacfwd(jacrev(f))``, ``torch.func.hessian``'s recipe (with the noise drawn once: ``randomness="same"``)."""
+    s, y = _data(elements=1, rows=2, n_classes=7)
+    loss = build_loss(name, **{**TABLE_1[name], **({"class_counts": list(range(1, 8))} if "class_counts" in
+                                                  TABLE_1[name] else {})})
+    total = lambda scores: loss(scores, y[0])  # noqa: E731
+    torch.manual_seed(SEED)
+    forward_over_reverse = torch.func.jacfwd(torch.func.jacrev(total), randomness="same")(s[0])
+    torch.manual_seed(SEED)
+    torch.testing.assert_close(forward_over_reverse, torch.func.jacrev(torch.func.jacrev(total))(s[0]))
+
+
+@KERNEL_LOSSES
+def test_kernel_backends_in_forward_mode(make_loss, kernel_device):
+    s, y = _data(kernel_device, elements=1, rows=3)
+    loss = make_loss("triton")
+    loss.reduction = "none"
+    torch.testing.assert_close(*_jvp_against_autograd(lambda scores: loss(scores, y[0]), s[0]))
+    total = lambda scores: loss(scores, y[0]).sum()  # noqa: E731
+    torch.manual_seed(SEED)
+    forward_over_reverse = torch.func.jacfwd(torch.func.jacrev(total), randomness="same")(s[0])
+    torch.manual_seed(SEED)
+    torch.testing.assert_close(forward_over_reverse, torch.func.jacrev(torch.func.jacrev(total))(s[0]))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_elementary_symmetric_pair_in_forward_mode(backend, kernel_device):
+    device = kernel_device if backend == "triton" else torch.device("cpu")
+    x = torch.randn(3, 9, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(device)
+    pair = lambda rows: elementary_symmetric.log_elementary_symmetric_pair(rows, 4, backend=backend)  # noqa: E731
+    tangent = torch.randn_like(x)
+    _, forward = torch.func.jvp(pair, (x,), (tangent,))
+    reverse = torch.func.jacrev(pair)(x)  # [3, 2, 3, 9]
+    torch.testing.assert_close(forward, torch.einsum("ijkl,kl->ij", reverse, tangent))
