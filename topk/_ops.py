@@ -18,7 +18,9 @@ Each has a fake (meta) implementation, and the three forward operators a registe
 ``torch.compile`` traces a loss as one graph (an operator is one opaque node: no graph break) and CUDA graphs
 capture it. A backward run with ``create_graph=True`` computes the gradient in differentiable PyTorch operations
 instead (the scatter, linear in the incoming gradient and constant in the scores; the smoothed hinge through the
-log-sum-exps of :mod:`topk.elementary_symmetric`'s tree), so that it can be differentiated again. The operators are
+log-sum-exps of :mod:`topk.elementary_symmetric`'s tree), so that it can be differentiated again. In eager mode the
+forward operators also have forward-mode formulas, and every operator a batching rule (:mod:`topk._batching`), so
+that ``torch.func``'s transforms (``grad``, ``vmap``, ``jacrev``, ``jvp``, ``jacfwd``) take them. The operators are
 deterministic given their inputs; the randomness (the noise or the seed) is drawn by the caller from the device's
 generator, so a captured graph draws fresh noise at every replay.
 
@@ -141,11 +143,16 @@ def _(scores, seed, noise, k, epsilon, n_samples, labels):
     return scores.new_empty(scores.shape[:-1]), scores.new_empty(positions_shape, dtype=torch.int32)
 
 
+def _flat_positions(positions: Tensor) -> Tensor:
+    """The saved positions of every sample side by side on the last dimension: ``[B, ..., r]`` -> ``[..., B * r]``."""
+    return positions.movedim(0, -2).flatten(-2).long()
+
+
 def _perturbed_top_backward(grad: Tensor, positions: Tensor, labels: Optional[Tensor], n_classes: int) -> Tensor:
     """``grad`` times the estimator's gradient: ``grad / B`` added at every saved position (Prop. 3.3), and
     ``-grad`` at the label when given (Eq. 12). ``grad``: ``(...)``, positions ``(B, ..., r)``; returns ``(..., L)``."""
     n_samples = positions.shape[0]
-    flat_positions = positions.movedim(0, -2).flatten(-2).long()  # [B, ..., r] -> [..., B * r]
+    flat_positions = _flat_positions(positions)
     weight = (grad / n_samples).unsqueeze(-1).expand(flat_positions.shape)
     grad_scores = grad.new_zeros((*grad.shape, n_classes)).scatter_add_(-1, flat_positions, weight)
     if labels is not None:
@@ -217,8 +224,7 @@ def _top_tangent(ctx, tangent_scores, *unused):
     if tangent_scores is None:
         return None, None
     positions, labels = ctx.saved_tensors
-    flat_positions = positions.movedim(0, -2).flatten(-2).long()  # [B, ..., r] -> [..., B * r]
-    tangent = tangent_scores.gather(-1, flat_positions).sum(-1) / positions.shape[0]
+    tangent = tangent_scores.gather(-1, _flat_positions(positions)).sum(-1) / positions.shape[0]
     if labels is not None:
         tangent = tangent - tangent_scores.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     return tangent, None
@@ -368,7 +374,8 @@ class _Autograd(NamedTuple):
 class _EagerCall(torch.autograd.Function):
     """An operator's implementation and autograd formula called directly: the operator's computation without its
     dispatch (the custom operator's Python wrappers cost about 0.1 ms of host time per forward and backward). Its
-    context is set apart from the forward, so that ``torch.func.grad`` takes it."""
+    context is set apart from the forward and it has a forward-mode formula and a batching rule, so that ``torch.func``
+    takes it."""
 
     @staticmethod
     def forward(autograd: _Autograd, *args):

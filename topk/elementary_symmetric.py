@@ -239,8 +239,8 @@ def _log_product(a: torch.Tensor, b: torch.Tensor, product_degree: int, absent: 
 
 class _LogProduct(torch.autograd.Function):
     """:func:`_log_product` whose backward reuses the softmax weights of the forward pass. A backward that must be
-    differentiable itself (``create_graph=True``) is autograd's through :func:`_log_product` instead, from the saved
-    factors: exact to any order. Its forward and backward are PyTorch operations, which ``torch.func.vmap`` batches."""
+    differentiable itself (``create_graph=True``, or under ``torch.func``) is the vector-Jacobian product of
+    :func:`_log_product` instead, from the saved factors: exact to any order. Its forward and backward are PyTorch operations, which ``torch.func.vmap`` batches."""
 
     generate_vmap_rule = True
 
