@@ -11,6 +11,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 from hypothesis import HealthCheck, settings
 
+from topk.tests.optional import require
+
 # `ci` (used by `make test`): derandomized, so a run is reproducible; `dev`: more examples.
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -27,7 +29,9 @@ def device(request):
 
 @pytest.fixture(scope="module")
 def kernel_device():
-    """Where the Triton kernels run: CUDA when present, else the CPU under Triton's interpreter (set above)."""
+    """Where the Triton kernels run: CUDA when present, else the CPU under Triton's interpreter (set above). Skipped
+    without Triton (PyTorch's CPU-only wheels have none), except under TOPK_REQUIRE_OPTIONAL=1."""
+    require("triton")
     if torch.cuda.is_available():
         return torch.device("cuda")
     if os.environ.get("TRITON_INTERPRET") != "1":

@@ -110,10 +110,10 @@ def test_kernel_backends_under_vmap_of_grad_equal_each_element_alone(make_loss, 
 
 
 @pytest.mark.parametrize("backend", ["torch", "kernel"])
-def test_randomness_different_draws_noise_apart_and_same_shares_it(backend, kernel_device):
+def test_randomness_different_draws_noise_apart_and_same_shares_it(backend, request):
     """Four copies of one batch: with ``"same"`` they see one noise and agree; with ``"different"`` each draws its own,
     and the per-element gradients, each a mean of one-hots minus ``e_y`` (Eq. 12), still sum to 0 over the classes."""
-    device = kernel_device if backend == "kernel" else torch.device("cpu")
+    device = request.getfixturevalue("kernel_device") if backend == "kernel" else torch.device("cpu")
     s, y = _data(device, elements=1, rows=3)
     s, y = s.expand(4, -1, -1), y.expand(4, -1)
     loss = losses.NoisedHinge(2, 2.0, 3, margins=10.0, backend="triton" if backend == "kernel" else "torch")

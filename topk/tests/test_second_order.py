@@ -70,11 +70,11 @@ def test_smoothed_operators_are_twice_differentiable(operator):
 
 
 @pytest.mark.parametrize("backend", ["torch", "kernel"])
-def test_a_meta_learnt_example_weight_receives_its_gradient(backend, kernel_device):
+def test_a_meta_learnt_example_weight_receives_its_gradient(backend, request):
     """Per-example weights ``w`` of a noised loss, differentiated through the loss's gradient: d/dw_i of
     ``||d (sum_i w_i loss_i) / ds||^2`` is ``2 w_i ||d loss_i / ds_i||^2`` (row i of the gradient depends on w_i
     alone). On the fused kernel this gradient was treated as a constant (no graph), silently."""
-    device = kernel_device if backend == "kernel" else torch.device("cpu")
+    device = request.getfixturevalue("kernel_device") if backend == "kernel" else torch.device("cpu")
     s, y = _scores_and_labels(device, batch=4)
     weights = torch.tensor([0.5, 1.0, 2.0, 3.0], dtype=torch.float64, device=device, requires_grad=True)
     loss = losses.NoisedHinge(2, 0.5, 4, backend="triton" if backend == "kernel" else "torch", reduction="none",
