@@ -189,6 +189,7 @@ def flatten(record: dict) -> dict:
     test = record["test"]
     row.update({f"test_top{k}": 100 * v for k, v in test["top"].items()})
     row.update({f"test_macro_top{k}": 100 * v for k, v in test["macro_top"].items()})
+    row.update({f"test_crowded_top{k}": n for k, n in test.get("crowded_classes", {}).items()})
     for group, values in test["macro_top_by_group"].items():
         row[f"classes_{group}"] = values["n_classes"]
         row.update({f"test_macro_top{k}_{group}": 100 * v for k, v in values.items() if k != "n_classes"})

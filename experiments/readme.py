@@ -39,6 +39,8 @@ SMOOTH_HEADLINE = {"batch": "128", "n_classes": "1000", "k": "5"}
 GPU_CSVS = ("training_step.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
 #: The table, in ``figures/<profile>/``, of the label noise fitted by each loss (notebook ``table4_table7_label_noise``).
 LABEL_NOISE_FIT = "table7_label_noise_fit"
+#: The table of the classes crowding the test top Ks under label noise (notebook ``table4_table7_label_noise``).
+CROWDED_CLASSES = "table4_crowded_classes"
 #: The table of CE's calibration numbers in the tables' runs, every seed (notebook ``calibration_stand_ins``).
 CALIBRATION_SEEDS = "calibration_seeds"
 
@@ -371,6 +373,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "profile-time": profile_time,
     "figures-time": figures_time,
     "label-noise-fit": functools.partial(figure_table, LABEL_NOISE_FIT),
+    "crowded-classes": functools.partial(figure_table, CROWDED_CLASSES),
     "calibration-seeds": functools.partial(figure_table, CALIBRATION_SEEDS),
     "label-noise-capacity": label_noise_capacity,
     "learning-rates": learning_rates,

@@ -132,6 +132,23 @@ def label_noise_fit_table(runs: pd.DataFrame, losses, noise_levels) -> pd.DataFr
     return table
 
 
+def crowded_classes_table(runs: pd.DataFrame, losses, noise_levels, ks=(1, 5)) -> pd.DataFrame:
+    """For each loss and label noise p (``(key, label)`` pairs), the number of classes in the top K of more than half
+    the test images (:meth:`topk.metrics.TopKCoverage.crowded_classes`), each seed's in seed order; "-" for runs
+    stored before it was recorded. On 100 balanced classes a model that ranks by the image holds each class in about
+    K % of the top Ks: a crowded class is in them whatever the image."""
+    def seeds(loss, p, k) -> str:
+        rows = select(runs, loss=loss, p=p).sort_values("seed")
+        values = rows.get(f"test_crowded_top{k}", pd.Series(dtype=float))
+        return " / ".join("-" if pd.isna(v) else str(int(v)) for v in values) or "-"
+
+    table = pd.DataFrame({(p_label, f"top-{k}"): [seeds(loss, p, k) for loss, _ in losses]
+                          for p, p_label in noise_levels for k in ks},
+                         index=pd.Index([label for _, label in losses], name="crowded classes, per seed"))
+    table.columns.names = ["label noise", ""]
+    return table
+
+
 def _mean_text(values) -> str:
     mean = mean_interval(values if values is not None else [])[0]
     return f"{mean:.1f}" if math.isfinite(mean) else "-"

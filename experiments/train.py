@@ -36,7 +36,7 @@ from experiments.models import build_model, parameter_count
 from experiments.provenance import device_name, git_commit, versions
 from experiments.store import ResultsStore
 from topk.losses import build_loss
-from topk.metrics import MacroTopKAccuracy, TopKAccuracy
+from topk.metrics import MacroTopKAccuracy, TopKAccuracy, TopKCoverage
 
 
 #: ``torch.compile`` modes of the training step (``reduce-overhead``: CUDA graphs).
@@ -147,8 +147,10 @@ def _tracking_state(state: dict, config: RunConfig) -> dict:
 
 
 def _tested(model: nn.Module, splits, test_batches, config: RunConfig, device: torch.device) -> dict:
-    """A selected model's test metrics and, on noisy labels, how much of the noise it fits."""
-    tested = {"test": evaluate(model, test_batches, config.eval_ks, splits.class_counts, config.batch_size)}
+    """A selected model's test metrics (with the classes crowding most top Ks) and, on noisy labels, how much of the
+    noise it fits."""
+    tested = {"test": evaluate(model, test_batches, config.eval_ks, splits.class_counts, config.batch_size,
+                               coverage=True)}
     if (clean_labels := splits.info.get("clean_train_labels")) is not None:
         tested["label_noise_fit"] = flipped_label_fit(model, splits.train, clean_labels, device, config.batch_size)
     return tested
@@ -263,19 +265,26 @@ def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> t
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, split, ks, train_class_counts, batch_size: int = 256) -> dict:
+def evaluate(model: nn.Module, split, ks, train_class_counts, batch_size: int = 256, *, coverage: bool = False) -> dict:
     """Top-K and macro-average top-K for every K in ``ks``, the latter also per few/medium/many-shot group, over the
-    batches of ``split`` (:func:`experiments.batches.batches`)."""
+    batches of ``split`` (:func:`experiments.batches.batches`); with ``coverage``, also the number of classes in the
+    top K of more than half the images (:meth:`topk.metrics.TopKCoverage.crowded_classes`)."""
     model.eval()
-    top, macro = TopKAccuracy(ks), MacroTopKAccuracy(ks, len(train_class_counts))
+    num_classes = len(train_class_counts)
+    top, macro, covered = TopKAccuracy(ks), MacroTopKAccuracy(ks, num_classes), TopKCoverage(ks, num_classes)
     for images, labels in split.in_order(batch_size):
         scores = _evaluation_scores(model, images)
         top.update(scores, labels)
         macro.update(scores, labels)
+        if coverage:
+            covered.update(scores)
     groups = {name: {str(k): v for k, v in values.items()} for name, values in macro.compute_by_group(train_class_counts).items()}
-    return {"top": {str(k): v for k, v in top.compute().items()},
-            "macro_top": {k: v for k, v in groups.pop("all").items() if k != "n_classes"},
-            "macro_top_by_group": groups}
+    result = {"top": {str(k): v for k, v in top.compute().items()},
+              "macro_top": {k: v for k, v in groups.pop("all").items() if k != "n_classes"},
+              "macro_top_by_group": groups}
+    if coverage:
+        result["crowded_classes"] = {str(k): n for k, n in covered.crowded_classes().items()}
+    return result
 
 
 @torch.no_grad()

@@ -4,6 +4,8 @@
 - :class:`MacroTopKAccuracy`: top-K accuracy per class, then averaged over classes; also restricted to the
   few-shot (< 20 training images), medium-shot (20 to 100) and many-shot (> 100) classes, the groups of
   Garcin et al. (ICML 2022, Tables 5 and 6).
+- :class:`TopKCoverage`: the share of inputs whose top K holds each class, and the classes crowding most top Ks
+  (a top-K hinge loss can leave K - 1 classes in every input's top K: it only penalises the (K+1)-th).
 - :class:`AverageKThreshold` and :class:`AverageKAccuracy`: average-K accuracy, the threshold set on the
   validation softmax probabilities as in Garcin's thesis (2023, ch. 5, Algorithm 1) and reused on test.
 
@@ -28,6 +30,7 @@ __all__ = [
     "shot_groups",
     "TopKAccuracy",
     "MacroTopKAccuracy",
+    "TopKCoverage",
     "AverageKThreshold",
     "AverageKAccuracy",
     "SHOT_GROUP_BOUNDS",
@@ -205,6 +208,73 @@ class MacroTopKAccuracy(_DeviceSums):
         if groups["few"].numel() != self.num_classes:
             raise ValueError(f"'train_class_counts' should have {self.num_classes} entries, got {groups['few'].numel()}")
         return {"all": self.compute(), **{name: self._average(mask) for name, mask in groups.items()}}
+
+
+def _membership(scores: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
+    """Each class's top-K credit in each row, shape ``(batch, L, len(ks))``: the tie rule of this module applied to
+    every class, ``clamp((K - g) / (t + 1), 0, 1)`` with ``g`` classes scoring strictly higher and ``t`` others tied.
+    A row's credits sum to K."""
+    ascending = scores.sort(1).values
+    not_above = torch.searchsorted(ascending, scores, right=True)  # L - g
+    below = torch.searchsorted(ascending, scores)  # L - g - (t + 1)
+    higher = (scores.shape[1] - not_above).to(torch.float64).unsqueeze(2)
+    tied = (not_above - below).to(torch.float64).unsqueeze(2)
+    k = torch.tensor(ks, dtype=torch.float64, device=scores.device)
+    return ((k - higher) / tied).clamp(0.0, 1.0)
+
+
+class TopKCoverage(_DeviceSums):
+    """The share of inputs whose top K holds each class, for several K at once (ties: the module's rule).
+
+    A classifier of balanced classes holds each class in about K / L of the top Ks. A top-K hinge loss penalises
+    only the (K+1)-th score, so it can settle on K - 1 classes that sit in every input's top K, leaving one place
+    to the true class: :meth:`crowded_classes` counts the classes in the top K of more than a given share of the
+    inputs.
+
+    >>> metric = TopKCoverage(ks=(1, 2), num_classes=3)
+    >>> metric.update(torch.tensor([[0.9, 0.5, 0.1], [0.8, 0.1, 0.7]]))
+    >>> metric.compute()[2].tolist()
+    [1.0, 0.5, 0.5]
+    >>> metric.crowded_classes(share=0.5)
+    {1: 1, 2: 1}
+    """
+
+    def __init__(self, ks: Sequence[int], num_classes: int):
+        self.ks = _check_ks(ks)
+        self.num_classes = check_int(num_classes, "num_classes", 1)
+        if max(self.ks) > self.num_classes:
+            raise ValueError(f"'ks' should not exceed 'num_classes' {self.num_classes}, got {max(self.ks)}")
+        self.reset()
+
+    def reset(self) -> None:
+        self._credit = torch.zeros(self.num_classes, len(self.ks), dtype=torch.float64)
+        self._count, self._nan = 0, None
+
+    def _to_device(self, device: torch.device) -> None:
+        self._credit = self._credit.to(device)
+
+    def update(self, scores: torch.Tensor) -> None:
+        _check_score_shape(scores)
+        if scores.shape[1] != self.num_classes:
+            raise ValueError(f"'scores' should have {self.num_classes} classes, got shape {tuple(scores.shape)}")
+        self._accumulate(scores)
+        self._credit += _membership(scores, self.ks).sum(0)
+        self._count += scores.shape[0]
+
+    def compute(self) -> dict[int, torch.Tensor]:
+        """For each K, the share of the inputs whose top K holds each class: a float64 CPU tensor of ``num_classes``
+        entries that sum to K."""
+        if self._count == 0:
+            raise RuntimeError("TopKCoverage.compute() called before any update()")
+        self._check_seen()
+        shares = (self._credit / self._count).cpu()
+        return {k: shares[:, i] for i, k in enumerate(self.ks)}
+
+    def crowded_classes(self, share: float = 0.5) -> dict[int, int]:
+        """For each K, how many classes are in the top K of more than ``share`` of the inputs."""
+        if not 0 <= check_real(share, "share", 0.0) < 1:
+            raise ValueError(f"'share' should be in [0, 1), got {share}")
+        return {k: int((shares > share).sum()) for k, shares in self.compute().items()}
 
 
 def _probabilities(scores: torch.Tensor, from_logits: bool) -> torch.Tensor:

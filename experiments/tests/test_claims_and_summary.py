@@ -42,6 +42,16 @@ def test_label_noise_fit_table_shows_each_loss_fit_per_p_and_a_dash_for_runs_sto
     assert table.loc["Hinge", ("p=0.4", "noisy label")] == "-"
 
 
+def test_crowded_classes_table_shows_each_seed_in_order_and_a_dash_for_runs_stored_before_it():
+    runs = pd.DataFrame([{"loss": "hinge", "p": 0.4, "seed": s, "status": "done", "test_crowded_top1": c1,
+                          "test_crowded_top5": c5} for s, c1, c5 in ((1, 0, 0), (0, 1, 4))]
+                        + [{"loss": "ce", "p": 0.4, "seed": 0, "status": "done"}])
+    table = summary.crowded_classes_table(runs, [("ce", "CE"), ("hinge", "Hinge")], [(0.4, "p=0.4")])
+    assert table.loc["Hinge", ("p=0.4", "top-5")] == "4 / 0"
+    assert table.loc["Hinge", ("p=0.4", "top-1")] == "1 / 0"
+    assert table.loc["CE", ("p=0.4", "top-5")] == "-"
+
+
 def test_an_interval_wider_than_the_scale_shows_the_seeds_range_instead():
     runs = pd.DataFrame([{"p": 0, "status": "done", "acc": a} for a in (13.0, 83.0)] +
                         [{"p": 1, "status": "done", "acc": a} for a in (95.0, 96.0)])

@@ -135,6 +135,18 @@ def test_a_run_on_noisy_labels_records_how_much_of_the_noise_it_fits_and_tables_
     assert "label_noise_fit" not in run(RunConfig(**TINY), ResultsStore(tmp_path))  # no noise, nothing to fit
 
 
+def test_a_run_records_the_classes_crowding_the_test_top_ks(tmp_path):
+    """The test evaluation counts, for each K evaluated, the classes in the top K of more than half the test images;
+    the validation history does not (one pass more per run, not per epoch)."""
+    record = run(RunConfig(**TINY), ResultsStore(tmp_path))
+    crowded = record["test"]["crowded_classes"]
+    assert set(crowded) == {str(k) for k in RunConfig(**TINY).eval_ks}
+    assert all(0 <= n < 2 * int(k) for k, n in crowded.items())  # shares sum to K, so fewer than 2K exceed 1/2
+    assert all("crowded_classes" not in epoch["val"] for epoch in record["history"])
+    row = flatten(record)
+    assert all(row[f"test_crowded_top{k}"] == n for k, n in crowded.items())
+
+
 COMPILE = [None, pytest.param("default", marks=pytest.mark.skipif(
     shutil.which("g++") is None and shutil.which("c++") is None, reason="inductor on a CPU needs a C++ compiler"))]
 

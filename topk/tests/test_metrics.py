@@ -12,6 +12,7 @@ from topk.metrics import (
     AverageKThreshold,
     MacroTopKAccuracy,
     TopKAccuracy,
+    TopKCoverage,
     shot_groups,
     topk_credit,
 )
@@ -33,6 +34,42 @@ def test_tie_rule_is_the_expected_accuracy_under_random_tie_breaking(n_classes, 
                 ranking = sorted(range(n_classes), key=lambda j: (-scores[row, j].item(), tie_order.index(j)))
                 hits += labels[row].item() in ranking[:k]
             assert credit[row, column].item() == pytest.approx(hits / len(orders))
+
+
+@given(st.integers(1, 5), st.integers(0, 2**31 - 1))
+def test_coverage_is_the_expected_top_k_membership_under_random_tie_breaking(n_classes, seed):
+    """Brute force, as for the accuracy: each class's share of the rows whose top K holds it, averaged over every
+    ordering of the classes used to break ties; streamed over two batches."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, 3, (4, n_classes), generator=g).double()  # many ties
+    ks = list(range(1, n_classes + 1))
+    metric = TopKCoverage(ks, n_classes)
+    metric.update(scores[:1])
+    metric.update(scores[1:])
+    orders = list(itertools.permutations(range(n_classes)))
+    for k, shares in metric.compute().items():
+        expected = torch.zeros(n_classes, dtype=torch.float64)
+        for row in scores:
+            for tie_order in orders:
+                ranking = sorted(range(n_classes), key=lambda j: (-row[j].item(), tie_order.index(j)))
+                expected[ranking[:k]] += 1 / (len(orders) * len(scores))
+        torch.testing.assert_close(shares, expected)
+        assert shares.sum().item() == pytest.approx(k)
+
+
+def test_crowded_classes_counts_the_classes_in_most_top_ks():
+    """Four classes above every other in each row (a top-5 hinge's degenerate solution) are the four crowded classes
+    at K = 5 and one of them at K = 1; scores without such classes have none."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(200, 100, generator=g)
+    healthy = TopKCoverage((1, 5), 100)
+    healthy.update(scores)
+    assert healthy.crowded_classes() == {1: 0, 5: 0}
+    scores[:, [3, 17, 42, 64]] += 20 * torch.arange(1.0, 5.0)  # class 64 the highest everywhere
+    crowded = TopKCoverage((1, 5), 100)
+    crowded.update(scores)
+    assert crowded.crowded_classes() == {1: 1, 5: 4}
+    assert crowded.compute()[1][64].item() == 1.0
 
 
 def test_constant_scores_get_chance_level():
@@ -104,6 +141,13 @@ def _nan_seen_at_compute(metric):
     metric.compute()
 
 
+def _coverage_nan_seen_at_compute():
+    metric = TopKCoverage((1,), 2)
+    metric.update(torch.tensor([[0.5, 0.0]]))
+    metric.update(torch.tensor([[float("nan"), 0.0]]))
+    metric.compute()
+
+
 @pytest.mark.parametrize("make", [
     lambda: _nan_seen_at_compute(TopKAccuracy((1,))),
     lambda: _nan_seen_at_compute(MacroTopKAccuracy((1,), 2)),
@@ -111,6 +155,10 @@ def _nan_seen_at_compute(metric):
     lambda: TopKAccuracy((1,)).update(torch.zeros(1, 2), torch.tensor([2])),
     lambda: TopKAccuracy(()),
     lambda: AverageKThreshold(0),
+    lambda: _coverage_nan_seen_at_compute(),
+    lambda: TopKCoverage((3,), 2),
+    lambda: TopKCoverage((1,), 3).update(torch.zeros(1, 2)),
+    lambda: TopKCoverage((1,), 2).crowded_classes(1.0),
 ])
 def test_metrics_reject_bad_input(make):
     with pytest.raises((ValueError, TypeError)):
@@ -122,11 +170,12 @@ def test_metric_updates_read_nothing_on_the_host():
     (one read happens in ``compute``, once per evaluation)."""
     from topk.tests.test_graph_capture import DispatchTrace
 
-    top, macro = TopKAccuracy((1, 5)), MacroTopKAccuracy((1, 5), 10)
+    top, macro, coverage = TopKAccuracy((1, 5)), MacroTopKAccuracy((1, 5), 10), TopKCoverage((1, 5), 10)
     scores, labels = torch.randn(16, 10), torch.randint(0, 10, (16,))
     with DispatchTrace() as trace:
         top.update(scores, labels)
         macro.update(scores, labels)
+        coverage.update(scores)
     assert trace.ops and trace.host_reads() == []
     assert top.compute()[5] == float((scores.topk(5).indices == labels[:, None]).any(1).double().mean())
 
