@@ -362,6 +362,22 @@ def label_noise_capacity(results: Path = BENCHMARK_RESULTS) -> str:
     return f"{markdown(rows)}\n\n*{DEFAULT_PROFILE} profile, the tables' first seed; runs on {made} (`{path.name}`).*"
 
 
+def label_noise_crowding(results: Path = BENCHMARK_RESULTS) -> str:
+    """The crowding probe of the noised loss under label noise (:mod:`experiments.label_noise_crowding`), with the
+    devices, commits and torch versions of its runs."""
+    from experiments.label_noise_crowding import markdown, path_for
+
+    path = path_for(DEFAULT_PROFILE, results)
+    rows = _rows(path)
+    if not rows:
+        return (f"*No `{path.name}` in `benchmarks/results/`: run "
+                f"`python -m experiments.label_noise_crowding {DEFAULT_PROFILE}`.*")
+    made = "; ".join(sorted({f"{r['device']}, torch {r['torch']}, commit {short_commit(r['commit'])}" for r in rows}))
+    seeds = len({r["seed"] for r in rows})
+    return (f"{markdown(rows)}\n\n*{DEFAULT_PROFILE} profile, the tables' runs ({seeds} seeds) and the same runs at other "
+            f"eps; runs on {made} (`{path.name}`).*")
+
+
 #: Each generated block of the README and what writes it.
 BLOCKS: dict[str, Callable[[], str]] = {
     "verdicts": verdicts,
@@ -376,6 +392,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "crowded-classes": functools.partial(figure_table, CROWDED_CLASSES),
     "calibration-seeds": functools.partial(figure_table, CALIBRATION_SEEDS),
     "label-noise-capacity": label_noise_capacity,
+    "label-noise-crowding": label_noise_crowding,
     "learning-rates": learning_rates,
 }
 
