@@ -92,7 +92,7 @@ def test_a_run_records_metrics_timings_and_provenance_and_is_never_recomputed(tm
     assert record["history"][2]["lr"] == pytest.approx(0.005)  # divided by 10 at the milestone
     # The noised loss's gradient has at most B + 1 = 4 non-zero coordinates per sample (Fig. 2), and some.
     assert all(0 < h["grad_nonzero"] <= 4 for h in record["history"])
-    assert set(record["test"]) == {"top", "macro_top", "macro_top_by_group"}
+    assert set(record["test"]) == {"top", "macro_top", "macro_top_by_group", "crowded_classes"}
     assert 0 <= record["test"]["top"]["5"] <= 1 and record["data"]["synthetic"]
     assert record["provenance"]["git_commit"] and record["provenance"]["torch"] == torch.__version__
     assert not store.checkpoint_path(config.key()).exists()
