@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
+import importlib
 import json
 import re
 import sys
@@ -348,34 +349,27 @@ def figure_table(name: str, figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     return path.read_text().strip()
 
 
-def label_noise_capacity(results: Path = BENCHMARK_RESULTS) -> str:
-    """The capacity probe of the CIFAR-100 stand-in's label noise (:mod:`experiments.label_noise_capacity`), with
-    the devices, commits and torch versions of its runs."""
-    from experiments.label_noise_capacity import markdown, path_for
-
-    path = path_for(DEFAULT_PROFILE, results)
+def _probe(module_name: str, runs: Callable[[list[dict]], str], results: Path) -> str:
+    """The README block of the probe :mod:`experiments.<module_name>`: its table from the committed CSV, then which
+    runs (``runs(rows)``) on which devices, commits and torch versions."""
+    module = importlib.import_module(f"experiments.{module_name}")
+    path = module.path_for(DEFAULT_PROFILE, results)
     rows = _rows(path)
     if not rows:
-        return (f"*No `{path.name}` in `benchmarks/results/`: run "
-                f"`python -m experiments.label_noise_capacity {DEFAULT_PROFILE}`.*")
+        return f"*No `{path.name}` in `benchmarks/results/`: run `python -m experiments.{module_name} {DEFAULT_PROFILE}`.*"
     made = "; ".join(sorted({f"{r['device']}, torch {r['torch']}, commit {short_commit(r['commit'])}" for r in rows}))
-    return f"{markdown(rows)}\n\n*{DEFAULT_PROFILE} profile, the tables' first seed; runs on {made} (`{path.name}`).*"
+    return f"{module.markdown(rows)}\n\n*{DEFAULT_PROFILE} profile, {runs(rows)}; runs on {made} (`{path.name}`).*"
+
+
+def label_noise_capacity(results: Path = BENCHMARK_RESULTS) -> str:
+    """The capacity probe of the CIFAR-100 stand-in's label noise (:mod:`experiments.label_noise_capacity`)."""
+    return _probe("label_noise_capacity", lambda rows: "the tables' first seed", results)
 
 
 def label_noise_crowding(results: Path = BENCHMARK_RESULTS) -> str:
-    """The crowding probe of the noised loss under label noise (:mod:`experiments.label_noise_crowding`), with the
-    devices, commits and torch versions of its runs."""
-    from experiments.label_noise_crowding import markdown, path_for
-
-    path = path_for(DEFAULT_PROFILE, results)
-    rows = _rows(path)
-    if not rows:
-        return (f"*No `{path.name}` in `benchmarks/results/`: run "
-                f"`python -m experiments.label_noise_crowding {DEFAULT_PROFILE}`.*")
-    made = "; ".join(sorted({f"{r['device']}, torch {r['torch']}, commit {short_commit(r['commit'])}" for r in rows}))
-    seeds = len({r["seed"] for r in rows})
-    return (f"{markdown(rows)}\n\n*{DEFAULT_PROFILE} profile, the tables' runs ({seeds} seeds) and the same runs at other "
-            f"eps; runs on {made} (`{path.name}`).*")
+    """The crowding probe of the noised loss under label noise (:mod:`experiments.label_noise_crowding`)."""
+    return _probe("label_noise_crowding", lambda rows: f"the tables' runs ({len({r['seed'] for r in rows})} seeds) "
+                  "and the same runs at other eps", results)
 
 
 #: Each generated block of the README and what writes it.
