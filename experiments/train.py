@@ -271,18 +271,19 @@ def evaluate(model: nn.Module, split, ks, train_class_counts, batch_size: int = 
     top K of more than half the images (:meth:`topk.metrics.TopKCoverage.crowded_classes`)."""
     model.eval()
     num_classes = len(train_class_counts)
-    top, macro, covered = TopKAccuracy(ks), MacroTopKAccuracy(ks, num_classes), TopKCoverage(ks, num_classes)
+    top, macro = TopKAccuracy(ks), MacroTopKAccuracy(ks, num_classes)
+    covered = TopKCoverage(ks, num_classes) if coverage else None
     for images, labels in split.in_order(batch_size):
         scores = _evaluation_scores(model, images)
         top.update(scores, labels)
         macro.update(scores, labels)
-        if coverage:
+        if covered is not None:
             covered.update(scores)
     groups = {name: {str(k): v for k, v in values.items()} for name, values in macro.compute_by_group(train_class_counts).items()}
     result = {"top": {str(k): v for k, v in top.compute().items()},
               "macro_top": {k: v for k, v in groups.pop("all").items() if k != "n_classes"},
               "macro_top_by_group": groups}
-    if coverage:
+    if covered is not None:
         result["crowded_classes"] = {str(k): n for k, n in covered.crowded_classes().items()}
     return result
 

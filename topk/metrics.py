@@ -5,7 +5,7 @@
   few-shot (< 20 training images), medium-shot (20 to 100) and many-shot (> 100) classes, the groups of
   Garcin et al. (ICML 2022, Tables 5 and 6).
 - :class:`TopKCoverage`: the share of inputs whose top K holds each class, and the classes crowding most top Ks
-  (a top-K hinge loss can leave K - 1 classes in every input's top K: it only penalises the (K+1)-th).
+  (a top-K hinge loss penalises only the (K+1)-th score, so classes above it can stay in every input's top K).
 - :class:`AverageKThreshold` and :class:`AverageKAccuracy`: average-K accuracy, the threshold set on the
   validation softmax probabilities as in Garcin's thesis (2023, ch. 5, Algorithm 1) and reused on test.
 
@@ -227,9 +227,9 @@ class TopKCoverage(_DeviceSums):
     """The share of inputs whose top K holds each class, for several K at once (ties: the module's rule).
 
     A classifier of balanced classes holds each class in about K / L of the top Ks. A top-K hinge loss penalises
-    only the (K+1)-th score, so it can settle on K - 1 classes that sit in every input's top K, leaving one place
-    to the true class: :meth:`crowded_classes` counts the classes in the top K of more than a given share of the
-    inputs.
+    only the (K+1)-th score, so it can settle on classes that sit in every input's top K whatever the input, leaving
+    the true class the places that remain: :meth:`crowded_classes` counts the classes in the top K of more than a
+    given share of the inputs.
 
     >>> metric = TopKCoverage(ks=(1, 2), num_classes=3)
     >>> metric.update(torch.tensor([[0.9, 0.5, 0.1], [0.8, 0.1, 0.7]]))
