@@ -132,20 +132,21 @@ def label_noise_fit_table(runs: pd.DataFrame, losses, noise_levels) -> pd.DataFr
     return table
 
 
-def crowded_classes_table(runs: pd.DataFrame, losses, noise_levels, ks=(1, 5)) -> pd.DataFrame:
-    """For each loss and label noise p (``(key, label)`` pairs), the number of classes in the top K of more than half
-    the test images (:meth:`topk.metrics.TopKCoverage.crowded_classes`), each seed's in seed order; "-" for runs
-    stored before it was recorded. On 100 balanced classes a model that ranks by the image holds each class in about
-    K % of the top Ks: a crowded class is in them whatever the image."""
-    def seeds(loss, p, k) -> str:
-        rows = select(runs, loss=loss, p=p).sort_values("seed")
+def crowded_classes_table(runs: pd.DataFrame, losses, levels, column: str, ks) -> pd.DataFrame:
+    """For each loss (``(key, label)`` pairs) and each level of ``column`` (``(value, label)`` pairs: label noise p, or
+    the K a loss was trained for), the number of classes in the top K of more than half the test images
+    (:meth:`topk.metrics.TopKCoverage.crowded_classes`) for every K of ``ks(value)``, each seed's in seed order; "-"
+    for runs stored before it was recorded. On balanced classes a model that ranks by the image holds each class in
+    about K / L of the top Ks: a crowded class is in them whatever the image."""
+    def seeds(loss, value, k) -> str:
+        rows = select(runs, loss=loss, **{column: value}).sort_values("seed")
         values = rows.get(f"test_crowded_top{k}", pd.Series(dtype=float))
         return " / ".join("-" if pd.isna(v) else str(int(v)) for v in values) or "-"
 
-    table = pd.DataFrame({(p_label, f"top-{k}"): [seeds(loss, p, k) for loss, _ in losses]
-                          for p, p_label in noise_levels for k in ks},
+    table = pd.DataFrame({(label, f"top-{k}"): [seeds(loss, value, k) for loss, _ in losses]
+                          for value, label in levels for k in ks(value)},
                          index=pd.Index([label for _, label in losses], name="crowded classes, per seed"))
-    table.columns.names = ["label noise", ""]
+    table.columns.names = [column, ""]
     return table
 
 

@@ -46,10 +46,14 @@ def test_crowded_classes_table_shows_each_seed_in_order_and_a_dash_for_runs_stor
     runs = pd.DataFrame([{"loss": "hinge", "p": 0.4, "seed": s, "status": "done", "test_crowded_top1": c1,
                           "test_crowded_top5": c5} for s, c1, c5 in ((1, 0, 0), (0, 1, 4))]
                         + [{"loss": "ce", "p": 0.4, "seed": 0, "status": "done"}])
-    table = summary.crowded_classes_table(runs, [("ce", "CE"), ("hinge", "Hinge")], [(0.4, "p=0.4")])
+    table = summary.crowded_classes_table(runs, [("ce", "CE"), ("hinge", "Hinge")], [(0.4, "p=0.4")], "p",
+                                          lambda p: (1, 5))
     assert table.loc["Hinge", ("p=0.4", "top-5")] == "4 / 0"
     assert table.loc["Hinge", ("p=0.4", "top-1")] == "1 / 0"
     assert table.loc["CE", ("p=0.4", "top-5")] == "-"
+    by_k = summary.crowded_classes_table(runs.rename(columns={"p": "K"}).assign(K=5), [("hinge", "Hinge")],
+                                         [(5, "K=5")], "K", lambda k: sorted({1, k}))
+    assert list(by_k.columns) == [("K=5", "top-1"), ("K=5", "top-5")] and by_k.iloc[0, 1] == "4 / 0"
 
 
 def test_an_interval_wider_than_the_scale_shows_the_seeds_range_instead():
