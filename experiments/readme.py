@@ -366,10 +366,10 @@ def label_noise_capacity(results: Path = BENCHMARK_RESULTS) -> str:
     return _probe("label_noise_capacity", lambda rows: "the tables' first seed", results)
 
 
-def label_noise_crowding(results: Path = BENCHMARK_RESULTS) -> str:
-    """The crowding probe of the noised loss under label noise (:mod:`experiments.label_noise_crowding`)."""
-    return _probe("label_noise_crowding", lambda rows: f"the tables' runs ({len({r['seed'] for r in rows})} seeds) "
-                  "and the same runs at other eps", results)
+def crowding(results: Path = BENCHMARK_RESULTS) -> str:
+    """The probe of classes crowding every top K under the noised losses, and of eps (:mod:`experiments.crowding`)."""
+    return _probe("crowding", lambda rows: f"the tables' runs ({len({r['seed'] for r in rows})} seeds at most) and the "
+                  "same runs at other eps", results)
 
 
 #: Each generated block of the README and what writes it.
@@ -386,7 +386,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "crowded-classes": functools.partial(figure_table, CROWDED_CLASSES),
     "calibration-seeds": functools.partial(figure_table, CALIBRATION_SEEDS),
     "label-noise-capacity": label_noise_capacity,
-    "label-noise-crowding": label_noise_crowding,
+    "crowding": crowding,
     "learning-rates": learning_rates,
 }
 

@@ -1,0 +1,139 @@
+"""Classes crowding every top K under the noised losses, and how far the noise reaches: a probe of eps.
+
+At the quick profile some noised-loss runs end with a few classes in the top K of most test images, whatever the image
+(:meth:`topk.metrics.TopKCoverage.crowded_classes`), and the true class gets the places that remain: the noised loss
+(K = 5, eps = 0.2, B = 10) of Tables 4 and 7 under label noise p >= 0.2, and the noised imbalanced loss (eps = 0.1,
+cosine scores scaled by 50) of Table 6 at K = 3 and 5. The losses allow it: their gradient (Prop. 3.7) pushes down
+only the class at the (K+1)-th place of each perturbed score vector, so nothing pulls down a class that sits above
+that place by more than the noise ``eps Z`` reaches.
+
+:data:`PROBES` trains those tables' runs (every seed and level, the learning rate chosen for the loss, nothing else
+changed) at larger eps beside the paper's, with the tables' CE runs for reference. Nothing is fitted; the tables and
+verdicts keep the paper's eps.
+
+``python -m experiments.crowding PROFILE`` trains what the results store lacks and writes
+``benchmarks/results/crowding_<profile>.csv``, each row stamped with its run's device, commit and versions; the
+README's ``crowding`` block is generated from it (:mod:`experiments.readme`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments import grids, profile_steps
+from experiments.config import RunConfig
+from experiments.paths import BENCHMARK_RESULTS
+from experiments.profiles import Profile
+from experiments.store import write_csv
+from experiments.summary import mean_interval
+from experiments.train import run
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A table's noised-loss runs at each of ``epsilons`` (the paper's first), beside its CE runs: ``grid`` gives the
+    table's cells, ``level`` names the label by which its columns go (label noise p, or the K a loss was trained for),
+    and ``levels`` keeps some of them; ``k(level)`` is the K whose top-K accuracy and crowding are shown."""
+
+    name: str
+    grid: str
+    loss: str
+    epsilons: tuple[float, ...]
+    level: str
+    levels: tuple[float, ...]
+    fixed_k: int | None = None  #: the K shown at every level; None: the level itself is K
+
+    def k(self, level: float) -> int:
+        return self.fixed_k or int(level)
+
+    def configs(self, profile: Profile) -> list[tuple[float | None, float, RunConfig]]:
+        """(eps, level, config) for the table's CE runs (eps None) and its noised-loss runs at every eps, in the
+        table's order of level and seed; one selection metric per run (the table's top-K)."""
+        cells = [c for c in getattr(grids, self.grid)(profile) if c.labels[self.level] in self.levels
+                 and c.config.selection_metric == f"top{self.k(c.labels[self.level])}"]
+        found = [(None, c.labels[self.level], c.config) for c in cells if c.labels["loss"] == "cross_entropy"]
+        noised = [(c.labels[self.level], c.config) for c in cells if c.labels["loss"] == self.loss]
+        for epsilon in self.epsilons:
+            found += [(epsilon, level, config.replace(loss_options={**config.loss_options, "epsilon": epsilon}))
+                      for level, config in noised]
+        return found
+
+
+PROBES = (
+    Probe("CIFAR-100 stand-in under label noise (Tables 4 and 7)", "label_noise", "noised_balanced", (0.2, 0.5, 1.0),
+          "p", (0.0, 0.1, 0.2, 0.3, 0.4), fixed_k=5),
+    Probe("ImageNet-LT stand-in (Table 6)", "imagenet_lt", "noised_imbalanced", (0.1, 0.5, 1.0), "K", (3, 5)),
+)
+
+FIELDS = ["probe", "loss", "epsilon", "level", "k", "seed", "selected_epoch", "top1", "topk", "crowded_top1",
+          "crowded_topk", "device", "commit", "torch"]
+
+
+def row(probe: Probe, epsilon: float | None, level: float, record: dict) -> dict:
+    """One CSV row from a run's ``record`` (percentages; the crowded classes of its test evaluation, empty for a run
+    stored before they were recorded)."""
+    config, provenance, test = record["config"], record["provenance"], record["test"]
+    crowded, k = test.get("crowded_classes", {}), probe.k(level)
+    return {"probe": probe.name, "loss": config["loss"], "epsilon": "" if epsilon is None else epsilon,
+            "level": level, "k": k, "seed": config["seed"], "selected_epoch": record["selected_epoch"],
+            "top1": f"{100 * test['top']['1']:.1f}", "topk": f"{100 * test['top'][str(k)]:.1f}",
+            "crowded_top1": crowded.get("1", ""), "crowded_topk": crowded.get(str(k), ""),
+            "device": provenance["device"], "commit": provenance["git_commit"], "torch": provenance["torch"]}
+
+
+def measure(profile: Profile, train, probes=PROBES) -> list[dict]:
+    """A :func:`row` for every run of every probe; ``train(config)`` gives a run's record."""
+    return [row(probe, epsilon, level, train(config))
+            for probe in probes for epsilon, level, config in probe.configs(profile)]
+
+
+def path_for(profile_name: str, results: Path = BENCHMARK_RESULTS) -> Path:
+    return results / f"crowding_{profile_name}.csv"
+
+
+def _cell(rows: list[dict]) -> str:
+    """Mean test top-1 / top-K over the seeds, then each seed's classes crowding the top K."""
+    top1, topk = (mean_interval([float(r[metric]) for r in rows])[0] for metric in ("top1", "topk"))
+    crowded = ", ".join(str(r["crowded_topk"]) or "-" for r in sorted(rows, key=lambda r: int(r["seed"])))
+    return f"{top1:.1f} / {topk:.1f} ({crowded})"
+
+
+def _table(probe: Probe, rows: list[dict]) -> list[str]:
+    levels = sorted({float(r["level"]) for r in rows})
+    header = [f"{probe.level} = {level:g}" + ("" if probe.fixed_k else f" (top-1 / top-{int(level)})")
+              for level in levels]
+    papers = probe.epsilons[0]
+    lines = [f"| {probe.name}: loss | " + " | ".join(header) + " |", "|---|" + "---|" * len(levels)]
+    for loss, epsilon in dict.fromkeys((r["loss"], r["epsilon"]) for r in rows):
+        name = "CE" if loss == "cross_entropy" else f"{loss}, eps = {float(epsilon):g}" + (
+            " (the paper's)" if float(epsilon) == papers else "")
+        cells = [_cell([r for r in rows if (r["loss"], r["epsilon"]) == (loss, epsilon) and float(r["level"]) == level])
+                 for level in levels]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(rows: list[dict], probes=PROBES) -> str:
+    """One table per probe: CE, then the noised loss at each eps (rows) by level (columns); each cell the mean test
+    top-1 / top-K over the seeds and, in parentheses, each seed's number of classes in the top K of more than half the
+    test images."""
+    tables = [_table(probe, [r for r in rows if r["probe"] == probe.name]) for probe in probes
+              if any(r["probe"] == probe.name for r in rows)]
+    return "\n\n".join("\n".join(table) for table in tables)
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = profile_steps.parse_command("python -m experiments.crowding", __doc__.split("\n\n")[0], argv)
+    if command is None:
+        return 2
+    profile, store, device = command
+    rows = measure(profile, lambda config: run(config, store, device=device))
+    write_csv(rows, FIELDS, path_for(profile.name))
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

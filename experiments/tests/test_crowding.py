@@ -1,0 +1,63 @@
+"""The crowding probe (:mod:`experiments.crowding`): at the paper's eps its runs are the tables' own, at the other eps
+nothing else changes, its rows come from real trainings, and the README's block reads its CSV."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments import crowding, grids, readme
+from experiments.profiles import QUICK, SMOKE
+from experiments.store import ResultsStore, write_csv
+from experiments.train import run
+
+LABEL_NOISE, IMAGENET_LT = crowding.PROBES
+
+
+@pytest.mark.parametrize("probe", crowding.PROBES, ids=["label_noise", "imagenet_lt"])
+def test_the_probe_trains_the_tables_runs_and_changes_only_eps(probe):
+    found = probe.configs(QUICK)
+    table = {cell.config.key() for cell in getattr(grids, probe.grid)(QUICK)}
+    papers = [config for epsilon, _, config in found if epsilon == probe.epsilons[0]]
+    assert papers and all(config.key() in table for epsilon, _, config in found
+                          if epsilon in (None, probe.epsilons[0]))
+    assert {config.loss for epsilon, _, config in found if epsilon is None} == {"cross_entropy"}
+    for epsilon in probe.epsilons[1:]:
+        others = [config for e, _, config in found if e == epsilon]
+        assert [c.replace(loss_options={**c.loss_options, "epsilon": probe.epsilons[0]}) for c in others] == papers
+        assert {c.loss_options["epsilon"] for c in others} == {epsilon}
+
+
+def test_the_imagenet_lt_probe_keeps_the_runs_selected_on_their_own_k():
+    found = IMAGENET_LT.configs(QUICK)
+    assert {(level, config.selection_metric) for _, level, config in found} == {(3, "top3"), (5, "top5")}
+    assert {config.loss_options["k"] for epsilon, _, config in found if epsilon is not None} == {3, 5}
+
+
+@pytest.fixture(scope="module")
+def smoke_rows(tmp_path_factory) -> list[dict]:
+    store = ResultsStore(tmp_path_factory.mktemp("store"))
+    return crowding.measure(SMOKE, lambda config: run(config, store), (IMAGENET_LT,))
+
+
+def test_rows_come_from_trainings_with_their_crowded_classes(smoke_rows):
+    assert len(smoke_rows) == len(IMAGENET_LT.configs(SMOKE))
+    assert {r["epsilon"] for r in smoke_rows} == {"", *IMAGENET_LT.epsilons}
+    for r in smoke_rows:
+        assert 0 <= float(r["top1"]) <= float(r["topk"]) <= 100 and r["device"].startswith("cpu")
+        assert 0 <= r["crowded_top1"] < 2 and 0 <= r["crowded_topk"] < 2 * r["k"]  # top-K shares sum to K
+        assert r["k"] == r["level"]
+
+
+def test_readme_block_reads_the_csv_with_each_seed_and_the_provenance(smoke_rows, tmp_path):
+    assert "run `python -m experiments.crowding quick`" in readme.crowding(tmp_path)
+    shown = [(LABEL_NOISE.name, "cross_entropy", "", 1, "30.0", 0), (LABEL_NOISE.name, "cross_entropy", "", 0, "40.0", 0),
+             (LABEL_NOISE.name, "noised_balanced", 0.2, 1, "3.0", 4), (LABEL_NOISE.name, "noised_balanced", 0.2, 0, "5.0", 3)]
+    rows = [{**r, "probe": probe, "loss": loss, "epsilon": epsilon, "level": 0.4, "k": 5, "seed": seed, "top1": top1,
+             "topk": "80.0", "crowded_topk": crowded}
+            for r, (probe, loss, epsilon, seed, top1, crowded) in zip(smoke_rows, shown)]
+    write_csv(rows + smoke_rows[len(shown):], crowding.FIELDS, crowding.path_for("quick", tmp_path))
+    text = readme.crowding(tmp_path)
+    assert f"| {LABEL_NOISE.name}: loss | p = 0.4 |" in text and "| CE | 35.0 / 80.0 (0, 0) |" in text
+    assert "| noised_balanced, eps = 0.2 (the paper's) | 4.0 / 80.0 (3, 4) |" in text  # seeds in order
+    assert f"| {IMAGENET_LT.name}: loss | K = 3 (top-1 / top-3) | K = 5 (top-1 / top-5) |" in text
+    assert f"commit {smoke_rows[0]['commit'][:10]}" in text and "crowding_quick.csv" in text
