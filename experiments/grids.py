@@ -53,7 +53,8 @@ def _noised(k: int, epsilon: float, n_samples: int) -> dict:
 def table2(profile: Profile) -> list[Cell]:
     """Best validation top-5 of the noised balanced loss (K = 5, B = 10) for each eps of Table 2."""
     return _cells(profile.cifar, profile.sweep_seeds,
-                  [({"epsilon": eps}, "noised_balanced", {"loss_options": _noised(5, eps, 10)}) for eps in TABLE_2])
+                  [({"loss": "noised_balanced", "epsilon": eps}, "noised_balanced", {"loss_options": _noised(5, eps, 10)})
+                   for eps in TABLE_2])
 
 
 def figure2(profile: Profile) -> list[Cell]:
