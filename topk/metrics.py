@@ -210,17 +210,16 @@ class MacroTopKAccuracy(_DeviceSums):
         return {"all": self.compute(), **{name: self._average(mask) for name, mask in groups.items()}}
 
 
-def _membership(scores: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
-    """Each class's top-K credit in each row, shape ``(batch, L, len(ks))``: the tie rule of this module applied to
-    every class, ``clamp((K - g) / (t + 1), 0, 1)`` with ``g`` classes scoring strictly higher and ``t`` others tied.
-    A row's credits sum to K."""
+def _membership_sums(scores: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
+    """Each class's top-K credit summed over the rows, shape ``(L, len(ks))`` in float64: the tie rule of this module
+    applied to every class, ``clamp((K - g) / (t + 1), 0, 1)`` with ``g`` classes scoring strictly higher and ``t``
+    others tied (a row's credits sum to K). One ``(batch, L)`` credit at a time."""
     ascending = scores.sort(1).values
     not_above = torch.searchsorted(ascending, scores, right=True)  # L - g
     below = torch.searchsorted(ascending, scores)  # L - g - (t + 1)
-    higher = (scores.shape[1] - not_above).to(torch.float64).unsqueeze(2)
-    tied = (not_above - below).to(torch.float64).unsqueeze(2)
-    k = torch.tensor(ks, dtype=torch.float64, device=scores.device)
-    return ((k - higher) / tied).clamp(0.0, 1.0)
+    higher = (scores.shape[1] - not_above).to(torch.float64)
+    tied = (not_above - below).to(torch.float64)
+    return torch.stack([((k - higher) / tied).clamp(0.0, 1.0).sum(0) for k in ks], dim=1)
 
 
 class TopKCoverage(_DeviceSums):
@@ -258,7 +257,7 @@ class TopKCoverage(_DeviceSums):
         if scores.shape[1] != self.num_classes:
             raise ValueError(f"'scores' should have {self.num_classes} classes, got shape {tuple(scores.shape)}")
         self._accumulate(scores)
-        self._credit += _membership(scores, self.ks).sum(0)
+        self._credit += _membership_sums(scores, self.ks)
         self._count += scores.shape[0]
 
     def compute(self) -> dict[int, torch.Tensor]:
