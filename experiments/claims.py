@@ -44,6 +44,10 @@ class Verdict:
         marks = {True: "✓ ", False: "✗ ", None: "? "}
         return cls(claim, status, tuple(marks[ok] + text for ok, text in parts), training)
 
+    def noting(self, note: str | None) -> "Verdict":
+        """This verdict with ``note`` as one more evidence line that decides nothing (no mark); unchanged for None."""
+        return self if note is None else replace(self, evidence=(*self.evidence, f"note: {note}"))
+
     def not_run(self, why: str) -> "Verdict":
         return self._overruled(NOT_RUN, why)
 

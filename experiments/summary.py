@@ -150,6 +150,21 @@ def crowded_classes_table(runs: pd.DataFrame, losses, levels, column: str, ks) -
     return table
 
 
+def crowding_note(runs: pd.DataFrame, column: str, k: int, **where) -> str | None:
+    """A line for a verdict: at each level of ``column`` where a seed's selected model has classes in the top ``k`` of
+    more than half the test images, those counts per seed (in seed order); None where no run has any, or none
+    recorded them."""
+    rows = select(runs, **where)
+    counts = f"test_crowded_top{k}"
+    if counts not in rows or not (rows[counts].fillna(0) > 0).any():
+        return None
+    levels = [f"{column}={value:g}: " + ", ".join("-" if pd.isna(v) else str(int(v))
+                                                  for v in part.sort_values("seed")[counts])
+              for value, part in rows.groupby(column) if (part[counts].fillna(0) > 0).any()]
+    return (f"classes in the top {k} of more than half the test images, per seed, where there are any: "
+            + "; ".join(levels) + " (a top-K hinge pushes down only the (K+1)-th class)")
+
+
 def _mean_text(values) -> str:
     mean = mean_interval(values if values is not None else [])[0]
     return f"{mean:.1f}" if math.isfinite(mean) else "-"

@@ -56,6 +56,20 @@ def test_crowded_classes_table_shows_each_seed_in_order_and_a_dash_for_runs_stor
     assert list(by_k.columns) == [("K=5", "top-1"), ("K=5", "top-5")] and by_k.iloc[0, 1] == "4 / 0"
 
 
+def test_a_crowding_note_lists_the_levels_with_crowded_classes_and_decides_nothing():
+    runs = pd.DataFrame([{"loss": "noised", "p": p, "seed": s, "test_crowded_top5": c}
+                         for p, counts in ((0.0, (0, 0)), (0.4, (2, 4))) for s, c in zip((1, 0), counts)]
+                        + [{"loss": "ce", "p": 0.4, "seed": 0, "test_crowded_top5": 0}])
+    note = summary.crowding_note(runs, "p", 5, loss="noised")
+    assert "p=0.4: 4, 2 " in note and "p=0:" not in note  # seeds in order
+    assert summary.crowding_note(runs, "p", 5, loss="ce") is None
+    assert summary.crowding_note(runs.drop(columns="test_crowded_top5"), "p", 5) is None  # stored before
+    verdict = claims.claim_1(_frame(paper.TABLE_2, "epsilon"))
+    noted = verdict.noting(note)
+    assert noted.status == verdict.status and noted.evidence == (*verdict.evidence, f"note: {note}")
+    assert verdict.noting(None) == verdict
+
+
 def test_an_interval_wider_than_the_scale_shows_the_seeds_range_instead():
     runs = pd.DataFrame([{"p": 0, "status": "done", "acc": a} for a in (13.0, 83.0)] +
                         [{"p": 1, "status": "done", "acc": a} for a in (95.0, 96.0)])
