@@ -63,5 +63,11 @@ def test_readme_block_reads_the_csv_with_the_drops_and_the_provenance(smoke_rows
     assert "60.0 -> 45.0 (-15.0)" in text and "(drop; paper -14.8)" in text and "(drop; paper -10.6)" in text
     assert "| longer: loss |" in text and "| as is: loss |" not in text
     assert "| smooth_hinge | 85.0 -> 84.0 (-1.0) | 93.3 -> 87.4 (-5.9) | 30.0 -> 29.0 (-1.0) |" in text
+    crowded = [r["crowded_top5"] for r in smoke_rows if r["loss"] == "smooth_hinge"]
+    assert all(isinstance(n, int) for n in crowded) and f"| {crowded[0]} -> {crowded[1]} |" in text
+    old_csv = [{k: v for k, v in r.items() if k != "crowded_top5"} for r in rows]  # written before it was recorded
+    write_csv(old_csv, [f for f in label_noise_capacity.FIELDS if f != "crowded_top5"],
+              label_noise_capacity.path_for("quick", tmp_path))
+    assert "| - -> - |" in readme.label_noise_capacity(tmp_path)
     assert "| cross_entropy | 90.0 -> 70.0 (-20.0) | 94.2 -> 83.6 (-10.6) |" in text
     assert f"commit {smoke_rows[0]['commit'][:10]}" in text and "label_noise_capacity_quick.csv" in text
