@@ -132,6 +132,13 @@ def label_noise_fit_table(runs: pd.DataFrame, losses, noise_levels) -> pd.DataFr
     return table
 
 
+def _crowded_per_seed(rows: pd.DataFrame, k: int) -> list[str]:
+    """Each run's number of classes crowding the top ``k`` (:func:`crowded_classes_table`), in seed order; "-" for a run
+    stored before it was recorded."""
+    values = rows.sort_values("seed").get(f"test_crowded_top{k}", pd.Series(dtype=float))
+    return ["-" if pd.isna(v) else str(int(v)) for v in values]
+
+
 def crowded_classes_table(runs: pd.DataFrame, losses, levels, column: str, ks) -> pd.DataFrame:
     """For each loss (``(key, label)`` pairs) and each level of ``column`` (``(value, label)`` pairs: label noise p, or
     the K a loss was trained for), the number of classes in the top K of more than half the test images
@@ -139,9 +146,7 @@ def crowded_classes_table(runs: pd.DataFrame, losses, levels, column: str, ks) -
     for runs stored before it was recorded. On balanced classes a model that ranks by the image holds each class in
     about K / L of the top Ks: a crowded class is in them whatever the image."""
     def seeds(loss, value, k) -> str:
-        rows = select(runs, loss=loss, **{column: value}).sort_values("seed")
-        values = rows.get(f"test_crowded_top{k}", pd.Series(dtype=float))
-        return " / ".join("-" if pd.isna(v) else str(int(v)) for v in values) or "-"
+        return " / ".join(_crowded_per_seed(select(runs, loss=loss, **{column: value}), k)) or "-"
 
     table = pd.DataFrame({(label, f"top-{k}"): [seeds(loss, value, k) for loss, _ in losses]
                           for value, label in levels for k in ks(value)},
@@ -158,8 +163,7 @@ def crowding_note(runs: pd.DataFrame, column: str, k: int, **where) -> str | Non
     counts = f"test_crowded_top{k}"
     if counts not in rows or not (rows[counts].fillna(0) > 0).any():
         return None
-    levels = [f"{column}={value:g}: " + ", ".join("-" if pd.isna(v) else str(int(v))
-                                                  for v in part.sort_values("seed")[counts])
+    levels = [f"{column}={value:g}: " + ", ".join(_crowded_per_seed(part, k))
               for value, part in rows.groupby(column) if (part[counts].fillna(0) > 0).any()]
     return (f"classes in the top {k} of more than half the test images, per seed, where there are any: "
             + "; ".join(levels) + " (a top-K hinge pushes down only the (K+1)-th class)")

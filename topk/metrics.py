@@ -66,6 +66,12 @@ def _check_score_matrix(scores: torch.Tensor) -> torch.Tensor:
 NAN_SCORES = "'scores' contain NaN: the model diverged or its output is corrupted"
 
 
+def _check_class_count(scores: torch.Tensor, num_classes: int) -> None:
+    """A (batch, L) tensor has ``num_classes`` columns (other shapes are refused by the shape checks)."""
+    if scores.dim() == 2 and scores.shape[1] != num_classes:
+        raise ValueError(f"'scores' should have {num_classes} classes, got shape {tuple(scores.shape)}")
+
+
 def _check_batch(scores: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
     """Shapes, dtypes and the labels' range (an asynchronous assertion); the scores' values are not read."""
     _check_score_shape(scores)
@@ -175,8 +181,7 @@ class MacroTopKAccuracy(_DeviceSums):
         self._credit, self._count = self._credit.to(device), self._count.to(device)
 
     def update(self, scores: torch.Tensor, labels: torch.Tensor) -> None:
-        if scores.dim() == 2 and scores.shape[1] != self.num_classes:
-            raise ValueError(f"'scores' should have {self.num_classes} classes, got shape {tuple(scores.shape)}")
+        _check_class_count(scores, self.num_classes)
         labels = _check_batch(scores, labels, self.ks)
         self._accumulate(scores)
         self._credit.index_add_(0, labels, _credit(scores, labels, self.ks))
@@ -254,8 +259,7 @@ class TopKCoverage(_DeviceSums):
 
     def update(self, scores: torch.Tensor) -> None:
         _check_score_shape(scores)
-        if scores.shape[1] != self.num_classes:
-            raise ValueError(f"'scores' should have {self.num_classes} classes, got shape {tuple(scores.shape)}")
+        _check_class_count(scores, self.num_classes)
         self._accumulate(scores)
         self._credit += _membership_sums(scores, self.ks)
         self._count += scores.shape[0]
