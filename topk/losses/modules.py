@@ -147,11 +147,12 @@ class NoisedHinge(_LossModule):
         n_samples: int,
         *,
         margins: float | torch.Tensor = 1.0,
+        scale: float = 1.0,
         generator: torch.Generator | None = None,
         reduction: str = "mean",
         backend: str = "auto",
     ):
-        super().__init__(k=k, epsilon=epsilon, n_samples=n_samples, margins=margins, generator=generator,
+        super().__init__(k=k, epsilon=epsilon, n_samples=n_samples, margins=margins, scale=scale, generator=generator,
                          reduction=reduction, backend=backend)
 
     @classmethod

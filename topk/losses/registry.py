@@ -82,7 +82,7 @@ def build_loss(name: str, class_counts: Sequence[int] | torch.Tensor | None = No
     others, so a training loop builds any loss with one call.
 
     >>> build_loss("noised_balanced", k=5, epsilon=0.2, n_samples=10)
-    NoisedHinge(k=5, epsilon=0.2, n_samples=10, margins=1.0, generator=None, reduction=mean, backend=auto)
+    NoisedHinge(k=5, epsilon=0.2, n_samples=10, margins=1.0, scale=1.0, generator=None, reduction=mean, backend=auto)
     >>> build_loss("ldam", class_counts=[100, 10, 1], max_margin=0.5)
     LDAM(margins=tensor(shape=(3,)), scale=1.0, reduction=mean)
     """

@@ -37,6 +37,7 @@ CASES = [
     (lambda: losses.focal(s, y, -1.0), ValueError, "'gamma' should be >= 0.0, got -1.0"),
     (lambda: losses.ldam(s, y, torch.zeros(5)), ValueError, r"'margins' should be a real number or a tensor of shape \(6,\)"),
     (lambda: losses.ldam(s, y, 0.1, scale=0.0), ValueError, "'scale' should be > 0.0"),
+    (lambda: losses.noised_hinge(s, y, 2, 1.0, 3, scale=-60.0), ValueError, "'scale' should be > 0.0, got -60.0"),
     (lambda: losses.NoisedHinge(2, 1.0, 3, margins=torch.tensor([0.1, float("inf"), 0, 0, 0, 0])), ValueError,
      "'margins' should be finite"),
     (lambda: losses.LDAM(torch.tensor([0.1, float("nan")])), ValueError, "'margins' should be finite"),

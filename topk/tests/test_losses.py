@@ -110,6 +110,24 @@ def test_noised_imbalanced_with_equal_margins_is_the_balanced_loss():
                                losses.noised_hinge(s, y, 2, 0.5, 6, margins=0.7, noise=z))
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_noised_hinge_scale_on_cosines_is_the_loss_on_scores_margins_and_epsilon_all_scaled(backend, request):
+    """The paper's scaling constant (Sec. 4.5): ``scale * (m_y + top_{K+1,eps}(c) - c_y)_+`` on cosines ``c`` equals
+    the unscaled loss on ``scale * c`` with margins ``scale * m_y`` and noise ``scale * eps``, value and gradient."""
+    device = request.getfixturevalue("kernel_device") if backend == "triton" else torch.device("cpu")
+    cosines, y = (t.to(device) for t in _data())
+    cosines = torch.tanh(cosines).detach().requires_grad_()
+    margins = torch.linspace(0.05, 0.4, L, dtype=torch.float64, device=device)
+    z, scale = torch.randn(6, BATCH, L, dtype=torch.float64, device=device), 50.0
+    on_cosines = losses.noised_hinge(cosines, y, 2, 0.1, 6, margins=margins, scale=scale, noise=z, backend=backend)
+    scaled = (scale * cosines).detach().requires_grad_()
+    on_scores = losses.noised_hinge(scaled, y, 2, scale * 0.1, 6, margins=scale * margins, noise=z, backend=backend)
+    assert on_scores.item() > 1.0  # some rows violate their margin: the comparison is not between zeros
+    torch.testing.assert_close(on_cosines, on_scores)
+    on_cosines.backward(), on_scores.backward()
+    torch.testing.assert_close(cosines.grad, scale * scaled.grad)
+
+
 def test_reductions():
     s, y = _data()
     per_sample = losses.cross_entropy(s, y, reduction="none")
