@@ -77,7 +77,7 @@ def choose(profile: Profile, setup: str, train) -> dict:
             raise FloatingPointError(f"{grids.choice_key(cell.config)} on {setup}: the loss became NaN at every "
                                      f"learning-rate multiplier {sorted(values)} of {cell.config.lr:g}")
         choices.append({"choice": grids.choice_key(cell.config), "lr": cell.config.lr, "multiplier": best,
-                        "validation": {f"{m:g}": value for m, value in values.items()}})
+                        "validation": {f"{m:g}": value for m, value in values.items()}, "run": cell.config.key()})
     return {"dataset": getattr(profile, setup).dataset, "setup_fingerprint": getattr(profile, setup).tuned_fingerprint(),
             "multipliers": list(profile.lr_multipliers), "scales": {c["choice"]: c["multiplier"] for c in choices},
             "choices": choices, "commit": git_commit(), "seconds": round(time.time() - started, 1)}
@@ -104,11 +104,13 @@ def agrees(chosen: dict, fitted: dict, profile: Profile, setup: str) -> bool:
 
 
 def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
-    """Whether a stored entry was chosen for this setup (its difficulty included), these multipliers and the choice
-    keys its table has now, with CE's numbers at the chosen rates."""
+    """Whether a stored entry was chosen for this setup (its difficulty included), these multipliers and the runs its
+    table has now (each choice key's run at the grid's rate: a loss whose options changed is chosen again), with CE's
+    numbers at the chosen rates."""
     return bool(entry) and entry["setup_fingerprint"] == getattr(profile, setup).tuned_fingerprint() \
         and entry["multipliers"] == list(profile.lr_multipliers) and "cross_entropy" in entry \
-        and set(entry["scales"]) == {grids.choice_key(c.config) for c in base_cells(profile, setup)}
+        and {c["choice"]: c.get("run") for c in entry["choices"]} == {
+            grids.choice_key(c.config): c.config.key() for c in base_cells(profile, setup)}
 
 
 def stored(profile_name: str) -> dict:

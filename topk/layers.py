@@ -15,8 +15,9 @@ class CosineClassifier(nn.Module):
     """Scores ``scale * cos(x, w_j)``: normalised features times normalised class weights.
 
     The normalised last layer used with LDAM (Cao et al., 2019) and with the noised imbalanced loss
-    (Garcin et al., 2022, Section 4.3): scores are bounded by ``scale``, so per-class margins act on a
-    fixed range.
+    (Garcin et al., 2022, Section 4.5): scores are bounded by ``scale``, so per-class margins act on a
+    fixed range. For those two losses keep ``scale=1`` and give the loss the scaling constant (their
+    ``scale``): the margins and eps are then in cosine units, as in the papers.
 
     >>> head = CosineClassifier(16, 10, scale=30.0)
     >>> head(torch.randn(4, 16)).abs().max() <= 30.0

@@ -382,7 +382,8 @@ def test_torchrun_trains_with_distributed_data_parallel_on_two_cpu_processes(tmp
 
 @pytest.mark.parametrize("loss,options,model_options", [
     ("ldam", {"max_margin": 0.5, "scale": 30.0}, {"width": 4}),
-    ("noised_imbalanced", {"k": 5, "epsilon": 0.1, "n_samples": 3, "max_margin": 0.2}, {"width": 4, "cosine_scale": 40.0}),
+    ("noised_imbalanced", {"k": 5, "epsilon": 0.1, "n_samples": 3, "max_margin": 0.2, "scale": 40.0},
+     {"width": 4, "cosine_scale": 1.0}),
     ("smooth_hinge", {"k": 5, "tau": 1.0}, {"width": 4}),
 ])
 def test_losses_with_class_count_margins_and_the_smoothed_hinge_train(tmp_path, loss, options, model_options):

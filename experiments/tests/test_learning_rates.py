@@ -164,3 +164,18 @@ def test_the_seeds_table_reads_the_tables_own_ce_runs_at_every_seed(monkeypatch)
     assert shown.loc["top-1", "seeds' range (points)"] == 10.0
     assert shown.loc["top-1", "gap of the mean (points)"] == round(55.0 - shown.loc["top-1", "paper (%)"], 1)
     assert shown.loc["top-5 (selected on top-1)", "each seed (%)"] == "80.0, 85.0"
+
+
+def test_a_stored_choice_is_stale_once_a_losss_options_change(monkeypatch):
+    """A choice names the run it was made from: change a loss's options in the grid (here LDAM's largest margin) and
+    the stored choice no longer applies, so ``make calibrate`` chooses again."""
+    entry = learning_rates.stored("quick")["setups"]["plantnet"]
+    assert learning_rates.is_current(entry, QUICK, "plantnet")
+    grid = learning_rates.SELECTION_GRIDS["plantnet"]
+
+    def changed(profile):
+        return [replace(cell, config=cell.config.replace(loss_options={**cell.config.loss_options, "max_margin": 0.3}))
+                if cell.config.loss == "ldam" else cell for cell in grid(profile)]
+
+    monkeypatch.setitem(learning_rates.SELECTION_GRIDS, "plantnet", changed)
+    assert not learning_rates.is_current(entry, QUICK, "plantnet")
