@@ -51,8 +51,8 @@ def test_noised_losses_agree_with_published_pytopk_given_the_same_noise(dtype):
     counts = [500, 100, 20, 5, 1] * 10
     margins = class_margins(torch.tensor(counts), 0.5).to(dtype)
     s_theirs.grad, s_ours.grad = None, None
-    theirs = pytopk_functional.imbal_noised_topk_loss(s_theirs, y, k, margins, epsilon, pytopk_operator, z_theirs, 1.0)
-    ours = noised_hinge(s_ours, y, k, epsilon, n_samples, margins=margins, noise=z_ours)
+    theirs = pytopk_functional.imbal_noised_topk_loss(s_theirs, y, k, margins, epsilon, pytopk_operator, z_theirs, 50.0)
+    ours = noised_hinge(s_ours, y, k, epsilon, n_samples, margins=margins, scale=50.0, noise=z_ours)  # their default
     theirs.backward(), ours.backward()
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(s_ours.grad, s_theirs.grad.to(dtype))
