@@ -10,10 +10,10 @@ from experiments.profiles import QUICK, SMOKE
 from experiments.store import ResultsStore, write_csv
 from experiments.train import run
 
-LABEL_NOISE, IMAGENET_LT = crowding.PROBES
+LABEL_NOISE, IMAGENET_LT, PLANTNET = crowding.PROBES
 
 
-@pytest.mark.parametrize("probe", crowding.PROBES, ids=["label_noise", "imagenet_lt"])
+@pytest.mark.parametrize("probe", crowding.PROBES, ids=["label_noise", "imagenet_lt", "plantnet"])
 def test_the_probe_trains_the_tables_runs_and_changes_only_eps(probe):
     found = probe.configs(QUICK)
     table = {cell.config.key() for cell in getattr(grids, probe.grid)(QUICK)}
@@ -33,15 +33,23 @@ def test_the_imagenet_lt_probe_keeps_the_runs_selected_on_their_own_k():
     assert {config.loss_options["k"] for epsilon, _, config in found if epsilon is not None} == {3, 5}
 
 
+def test_the_plantnet_probe_keeps_the_runs_selected_on_their_own_macro_average_top_k():
+    found = PLANTNET.configs(QUICK)
+    assert {(level, config.selection_metric) for _, level, config in found} == {
+        (1, "macro_top1"), (3, "macro_top3"), (5, "macro_top5")}
+
+
 @pytest.fixture(scope="module")
 def smoke_rows(tmp_path_factory) -> list[dict]:
     store = ResultsStore(tmp_path_factory.mktemp("store"))
-    return crowding.measure(SMOKE, lambda config: run(config, store), (IMAGENET_LT,))
+    return crowding.measure(SMOKE, lambda config: run(config, store), (IMAGENET_LT, PLANTNET))
 
 
 def test_rows_come_from_trainings_with_their_crowded_classes(smoke_rows):
-    assert len(smoke_rows) == len(IMAGENET_LT.configs(SMOKE))
-    assert {r["epsilon"] for r in smoke_rows} == {"", *IMAGENET_LT.epsilons}
+    assert len(smoke_rows) == len(IMAGENET_LT.configs(SMOKE)) + len(PLANTNET.configs(SMOKE))
+    for probe in (IMAGENET_LT, PLANTNET):
+        rows = [r for r in smoke_rows if r["probe"] == probe.name]
+        assert {r["epsilon"] for r in rows} == {"", *probe.epsilons} and {r["metric"] for r in rows} == {probe.metric}
     for r in smoke_rows:
         assert 0 <= float(r["top1"]) <= float(r["topk"]) <= 100 and r["device"].startswith("cpu")
         assert 0 <= r["crowded_top1"] < 2 and 0 <= r["crowded_topk"] < 2 * r["k"]  # top-K shares sum to K
@@ -60,4 +68,5 @@ def test_readme_block_reads_the_csv_with_each_seed_and_the_provenance(smoke_rows
     assert f"| {LABEL_NOISE.name}: loss | p = 0.4 |" in text and "| CE | 35.0 / 80.0 (0, 0) |" in text
     assert "| noised_balanced, eps = 0.2 (the paper's) | 4.0 / 80.0 (3, 4) |" in text  # seeds in order
     assert f"| {IMAGENET_LT.name}: loss | K = 3 (top-1 / top-3) | K = 5 (top-1 / top-5) |" in text
+    assert f"| {PLANTNET.name}: loss | K = 1 (macro top-1 / macro top-1) | K = 3 (macro top-1 / macro top-3) |" in text
     assert f"commit {smoke_rows[0]['commit'][:10]}" in text and "crowding_quick.csv" in text
