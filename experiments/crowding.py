@@ -79,14 +79,14 @@ FIELDS = ["probe", "loss", "epsilon", "level", "k", "metric", "seed", "selected_
 
 
 def row(probe: Probe, epsilon: float | None, level: float, record: dict) -> dict:
-    """One CSV row from a run's ``record`` (percentages; the crowded classes of its test evaluation, empty for a run
-    stored before they were recorded)."""
+    """One CSV row from a run's ``record`` (percentages to 3 decimals, so that their means round as the tables'; the
+    crowded classes of its test evaluation, empty for a run stored before they were recorded)."""
     config, provenance, test = record["config"], record["provenance"], record["test"]
     crowded, k = test.get("crowded_classes", {}), probe.k(level)
     return {"probe": probe.name, "loss": config["loss"], "epsilon": "" if epsilon is None else epsilon,
             "level": level, "k": k, "seed": config["seed"], "selected_epoch": record["selected_epoch"],
-            "metric": probe.metric, "top1": f"{100 * test[probe.metric]['1']:.1f}",
-            "topk": f"{100 * test[probe.metric][str(k)]:.1f}",
+            "metric": probe.metric, "top1": f"{100 * test[probe.metric]['1']:.3f}",
+            "topk": f"{100 * test[probe.metric][str(k)]:.3f}",
             "crowded_top1": crowded.get("1", ""), "crowded_topk": crowded.get(str(k), ""),
             "device": provenance["device"], "commit": provenance["git_commit"], "torch": provenance["torch"]}
 
