@@ -28,7 +28,7 @@ TABLE_1 = {
     "smooth_hinge": {"k": 3, "tau": 1.0},
     "noised_balanced": {"k": 2, "epsilon": 0.5, "n_samples": N_SAMPLES},
     "noised_imbalanced": {"k": 2, "epsilon": 0.5, "n_samples": N_SAMPLES, "class_counts": list(range(1, L + 1)),
-                          "max_margin": 0.5},
+                          "max_margin": 0.5, "scale": 50.0},
 }
 
 #: aten operators that read a tensor's values on the host (a device synchronisation on a GPU).
@@ -136,7 +136,7 @@ def test_a_training_step_compiles_as_one_graph_and_matches_eager(name, compiler)
         scores = model(x)
         if noised:
             return losses.noised_hinge(scores, y, loss.k, loss.epsilon, loss.n_samples, margins=loss.margins,
-                                       noise=noise)
+                                       scale=loss.scale, noise=noise)
         return loss(scores, y)
 
     compiled = torch.compile(step, fullgraph=True, backend=compiler)
