@@ -29,6 +29,7 @@ from experiments import grids, profile_steps
 from experiments.config import RunConfig
 from experiments.paths import BENCHMARK_RESULTS
 from experiments.profiles import Profile
+from experiments.provenance import RECORD_STAMP_FIELDS, record_stamp
 from experiments.store import write_csv
 from experiments.summary import mean_interval
 from experiments.train import run
@@ -75,20 +76,19 @@ PROBES = (
 )
 
 FIELDS = ["probe", "loss", "epsilon", "level", "k", "metric", "seed", "selected_epoch", "top1", "topk", "crowded_top1",
-          "crowded_topk", "device", "commit", "torch"]
+          "crowded_topk", *RECORD_STAMP_FIELDS]
 
 
 def row(probe: Probe, epsilon: float | None, level: float, record: dict) -> dict:
     """One CSV row from a run's ``record`` (percentages to 3 decimals, so that their means round as the tables'; the
     crowded classes of its test evaluation, empty for a run stored before they were recorded)."""
-    config, provenance, test = record["config"], record["provenance"], record["test"]
+    config, test = record["config"], record["test"]
     crowded, k = test.get("crowded_classes", {}), probe.k(level)
     return {"probe": probe.name, "loss": config["loss"], "epsilon": "" if epsilon is None else epsilon,
             "level": level, "k": k, "seed": config["seed"], "selected_epoch": record["selected_epoch"],
             "metric": probe.metric, "top1": f"{100 * test[probe.metric]['1']:.3f}",
             "topk": f"{100 * test[probe.metric][str(k)]:.3f}",
-            "crowded_top1": crowded.get("1", ""), "crowded_topk": crowded.get(str(k), ""),
-            "device": provenance["device"], "commit": provenance["git_commit"], "torch": provenance["torch"]}
+            "crowded_top1": crowded.get("1", ""), "crowded_topk": crowded.get(str(k), ""), **record_stamp(record)}
 
 
 def measure(profile: Profile, train, probes=PROBES) -> list[dict]:

@@ -29,6 +29,7 @@ from experiments import grids, paper, profile_steps
 from experiments.config import RunConfig
 from experiments.paths import BENCHMARK_RESULTS
 from experiments.profiles import Profile
+from experiments.provenance import RECORD_STAMP_FIELDS, record_stamp
 from experiments.store import write_csv
 from experiments.train import run
 
@@ -57,7 +58,7 @@ VARIANTS = (Variant("the tables' model and schedule", 1, 1), Variant("4x the epo
             Variant("16x the epochs", 16, 1), Variant("4x the width, 4x the epochs", 4, 4))
 
 FIELDS = ["loss", "variant", "epochs", "width", "parameters", "p", "selected_epoch", "top1", "top5",
-          "flipped_fit_noisy", "flipped_fit_true", "crowded_top5", "last_train_loss", "device", "commit", "torch"]
+          "flipped_fit_noisy", "flipped_fit_true", "crowded_top5", "last_train_loss", *RECORD_STAMP_FIELDS]
 
 
 def table_configs(profile: Profile, loss: str = "cross_entropy") -> dict[float, RunConfig]:
@@ -79,8 +80,7 @@ def row(variant: Variant, p: float, record: dict) -> dict:
             "top5": f"{100 * record['test']['top']['5']:.1f}", "flipped_fit_noisy": share("fits_noisy"),
             "flipped_fit_true": share("fits_clean"),
             "crowded_top5": record["test"].get("crowded_classes", {}).get("5", ""),
-            "last_train_loss": f"{record['history'][-1]['train_loss']:.3f}",
-            "device": provenance["device"], "commit": provenance["git_commit"], "torch": provenance["torch"]}
+            "last_train_loss": f"{record['history'][-1]['train_loss']:.3f}", **record_stamp(record)}
 
 
 def measure(profile: Profile, train, variants=VARIANTS, loss: str = "cross_entropy") -> list[dict]:

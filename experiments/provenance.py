@@ -13,6 +13,8 @@ from experiments.paths import PROJECT_ROOT
 
 #: The columns :func:`stamp` adds to every benchmark CSV row.
 STAMP_FIELDS = ["device", "device_name", "commit", "python", "torch", "triton", "topk"]
+#: The columns :func:`record_stamp` adds to a probe's CSV row (read by :func:`experiments.readme._probe`).
+RECORD_STAMP_FIELDS = ["device", "commit", "torch"]
 
 
 def _git(*args: str) -> str | None:
@@ -76,3 +78,10 @@ def stamp(device) -> dict[str, str]:
     device = torch.device(device)
     known = {"device": device.type, "device_name": device_name(device), "commit": git_commit(), **versions()}
     return {field: known[field] for field in STAMP_FIELDS}
+
+
+def record_stamp(record: dict) -> dict[str, str]:
+    """The :data:`RECORD_STAMP_FIELDS` of the training run behind a results-store ``record``: where and from what it
+    was trained, not where it is read back."""
+    provenance = record["provenance"]
+    return {"device": provenance["device"], "commit": provenance["git_commit"], "torch": provenance["torch"]}

@@ -275,7 +275,7 @@ class TopKCoverage(_DeviceSums):
 
     def crowded_classes(self, share: float = 0.5) -> dict[int, int]:
         """For each K, how many classes are in the top K of more than ``share`` of the inputs."""
-        if not 0 <= check_real(share, "share", 0.0) < 1:
+        if check_real(share, "share", 0.0) >= 1:
             raise ValueError(f"'share' should be in [0, 1), got {share}")
         return {k: int((shares > share).sum()) for k, shares in self.compute().items()}
 
