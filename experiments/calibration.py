@@ -2,19 +2,20 @@
 
 CE is the baseline the paper reports on every dataset and not the method under test, so fitting the data to it says
 nothing about the other losses: they are then judged on data as hard for CE as the real data. For each setup, the
-CE runs of the tables that report the fitted numbers (:mod:`experiments.grids`, first seed) are trained at candidate
-``pixel_noise`` and ``class_contrast`` (and ``ambiguity`` on the ImageNet stand-ins, ``contrast_spread`` on the
-long-tailed ones, ``superclass_mixing`` on the CIFAR-100 one: :mod:`data_prep.synthetic`) chosen by a compass search that minimises the root mean square gap,
-in points, to the paper's CE numbers marked ``fitted``; held-out numbers, which show how faithful the stand-in is
-beyond the fit, are measured at the chosen knobs, and at every point when the fitted numbers' runs give them. Where a
-number stays unmatched, :func:`unmatched` says why from the points searched.
+CE runs of the tables that report the fitted numbers (:mod:`experiments.grids`, every seed of the setup: the tables
+show the seeds' mean, so that is what is fitted) are trained at candidate ``pixel_noise`` and ``class_contrast`` (and
+``ambiguity`` on the ImageNet stand-ins, ``contrast_spread`` on the long-tailed ones, ``superclass_mixing`` on the
+CIFAR-100 one: :mod:`data_prep.synthetic`) chosen by a compass search that minimises the root mean square gap, in
+points, between CE's numbers (the seeds' mean) and the paper's marked ``fitted``; held-out numbers, which show how
+faithful the stand-in is beyond the fit, are measured at the chosen knobs, and at every point when the fitted numbers'
+runs give them. Where a number stays unmatched, :func:`unmatched` says why from the points searched.
 
 CE trains at a learning rate: the first search uses the grid's, then :mod:`experiments.fixed_point` searches again
 at the rate CE chose on the calibrated stand-in (:mod:`experiments.learning_rates`), from the knobs found, until CE
 chooses the rate its difficulty was fitted at. Each entry, stored in ``experiments/calibrated/<profile>.json`` (read
-by :func:`experiments.profiles.calibrated`), holds every evaluated point, the chosen knobs, CE's learning-rate
-multipliers, the round, and the fingerprints of the setup and of this search. Runs go through the results store, so
-the chosen point's runs are the very runs the tables use.
+by :func:`experiments.profiles.calibrated`), holds every evaluated point (the seeds' mean of each number), the chosen
+knobs, CE's learning-rate multipliers, the round, and the fingerprints of the setup and of this search. Runs go through
+the results store, so the chosen point's runs are the very runs the tables use.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class StandIn:
 
     def fingerprint(self) -> str:
         spec = {"grid": self.grid.__name__, "targets": [asdict(t) for t in self.targets], "start": self.start,
-                "steps": self.steps, "knobs": tuple(self.start), "moves": MOVES_PER_STEP}
+                "steps": self.steps, "knobs": tuple(self.start), "moves": MOVES_PER_STEP, "fits": "the seeds' mean"}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -179,6 +180,12 @@ def measure(profile: Profile, setup: str, knobs: dict, targets, train, rates: di
     return values
 
 
+def measure_seeds(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None) -> dict:
+    """The mean over ``setup``'s seeds of :func:`measure`: what the tables show."""
+    by_seed = [measure(profile, setup, knobs, targets, train, rates, seed) for seed in getattr(profile, setup).seeds]
+    return {label: sum(values[label] for values in by_seed) / len(by_seed) for label in by_seed[0]}
+
+
 def rms_gap(values: dict, targets) -> float:
     """Root mean square of ours - the paper's over ``targets``, in points (inf if one is undefined)."""
     gaps = [values[t.label] - t.published for t in targets]
@@ -220,13 +227,13 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
         for point in points:
             if point["knobs"] == knobs:
                 return point["rms_gap"]
-        values = measure(profile, setup, knobs, free, train, rates)
+        values = measure_seeds(profile, setup, knobs, free, train, rates)
         points.append({"knobs": knobs, "values": values, "rms_gap": rms_gap(values, fitted)})
         return points[-1]["rms_gap"]
 
     started = time.time()
     knobs = compass_search(error, start, stand_in.steps, halvings)
-    values = measure(profile, setup, knobs, stand_in.targets, train, rates)
+    values = measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
     return {"dataset": getattr(profile, setup).dataset, "knobs": knobs, "start": start, "ce_multipliers": rates,
             "round": round_,
             "setup_fingerprint": getattr(profile, setup).fingerprint(), "search_fingerprint": stand_in.fingerprint(),
@@ -239,6 +246,13 @@ def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
     """Whether a stored entry was made for this setup with this search."""
     return bool(entry) and entry["setup_fingerprint"] == getattr(profile, setup).fingerprint() \
         and entry["search_fingerprint"] == STAND_INS[setup].fingerprint()
+
+
+def earlier_search(profile: Profile, setup: str) -> dict | None:
+    """The stored entry of ``setup`` made for this setup by a search that has changed since, if any."""
+    entry = stored(profile.name).get("setups", {}).get(setup)
+    return entry if entry and entry["setup_fingerprint"] == getattr(profile, setup).fingerprint() \
+        and not is_current(entry, profile, setup) else None
 
 
 def path_for(profile_name: str) -> Path:

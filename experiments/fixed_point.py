@@ -3,11 +3,12 @@
 The difficulty is fitted with cross-entropy at a learning rate (:mod:`experiments.calibration`); each loss's learning
 rate, CE's included, is then chosen on the calibrated stand-in (:mod:`experiments.learning_rates`). Where CE chooses
 another rate than the one it was calibrated at, the tables show CE on data fitted for a rate they do not use. So each
-setup alternates: calibrate (first at the grid's rate, from the stand-in's start), choose, and while CE's choice for
-the runs behind its calibration numbers differs from the rates they were calibrated at, calibrate again at the chosen
-rates from the knobs found, and choose again: at most :data:`MAX_ROUNDS` calibrations. Where the rounds run out (the
-choice goes back and forth), the last calibration and the choice made on it are kept, and a verdict quotes CE's
-numbers at both rates (:func:`experiments.learning_rates.summary_line`).
+setup alternates: calibrate (first at the grid's rate, from the stand-in's start; where only the search has changed
+since the setup's stored calibration, at the rates and from the knobs that one ended at), choose, and while CE's
+choice for the runs behind its calibration numbers differs from the rates they were calibrated at, calibrate again at
+the chosen rates from the knobs found, and choose again: at most :data:`MAX_ROUNDS` calibrations. Where the rounds
+run out (the choice goes back and forth), the last calibration and the choice made on it are kept, and a verdict
+quotes CE's numbers at both rates (:func:`experiments.learning_rates.summary_line`).
 
 ``python -m experiments.fixed_point PROFILE`` (``make calibrate``, run first by ``make paper-figures``) does what is
 left: a setup whose stored calibration and choice are current and agree (or that used its rounds) is not touched;
@@ -45,7 +46,12 @@ def next_step(profile: Profile, setup: str) -> Step | None:
     it); None when its calibration and choice agree on CE's rate or the rounds are used."""
     fitted = calibration.current_entry(profile, setup)
     if fitted is None:
-        return Step("calibrate")
+        earlier = calibration.earlier_search(profile, setup)
+        if earlier is None:
+            return Step("calibrate")
+        start = calibration.STAND_INS[setup].start
+        return Step("calibrate", calibration.calibrated_rates(earlier, profile, setup),
+                    {**start, **{knob: value for knob, value in earlier["knobs"].items() if knob in start}})
     if len(profile.lr_multipliers) == 1:
         return None
     chosen = learning_rates.current_entry(profile, setup)

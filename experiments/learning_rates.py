@@ -85,10 +85,11 @@ def choose(profile: Profile, setup: str, train) -> dict:
 
 def cross_entropy_numbers(profile: Profile, setup: str, scales: dict, train) -> dict:
     """Cross-entropy's calibration numbers (percent, :data:`experiments.calibration.STAND_INS`) on the calibrated
-    stand-in at the learning rates it chose (``scales``), each with its multiplier: the first seed of the tables' own
-    CE runs."""
-    values = calibration.measure(profile, setup, {}, calibration.STAND_INS[setup].targets, train, scales)
-    return {label: {"ours": values[label], "multiplier": scales[key]}
+    stand-in at the learning rates it chose (``scales``), each with its multiplier and the seeds it is the mean of: the
+    tables' own CE runs, averaged as the calibration averages them."""
+    values = calibration.measure_seeds(profile, setup, {}, calibration.STAND_INS[setup].targets, train, scales)
+    seeds = list(getattr(profile, setup).seeds)
+    return {label: {"ours": values[label], "multiplier": scales[key], "seeds": seeds}
             for label, key in calibration.ce_keys(profile, setup).items()}
 
 
@@ -106,9 +107,11 @@ def agrees(chosen: dict, fitted: dict, profile: Profile, setup: str) -> bool:
 def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
     """Whether a stored entry was chosen for this setup (its difficulty included), these multipliers and the runs its
     table has now (each choice key's run at the grid's rate: a loss whose options changed is chosen again), with CE's
-    numbers at the chosen rates."""
+    numbers at the chosen rates averaged over the setup's seeds."""
+    seeds, numbers = list(getattr(profile, setup).seeds), (entry or {}).get("cross_entropy")
     return bool(entry) and entry["setup_fingerprint"] == getattr(profile, setup).tuned_fingerprint() \
-        and entry["multipliers"] == list(profile.lr_multipliers) and "cross_entropy" in entry \
+        and entry["multipliers"] == list(profile.lr_multipliers) \
+        and bool(numbers) and all(number.get("seeds") == seeds for number in numbers.values()) \
         and {c["choice"]: c.get("run") for c in entry["choices"]} == {
             grids.choice_key(c.config): c.config.key() for c in base_cells(profile, setup)}
 
@@ -154,7 +157,7 @@ def cross_entropy_table(profile: Profile) -> pd.DataFrame:
 def cross_entropy_seeds_table(profile: Profile, train) -> pd.DataFrame:
     """Per calibrated setup and CE number: the tables' own CE runs at every seed of the profile (the calibrated
     stand-in, the rate CE chose; ``train(config)`` gives a run's record), their mean and range, and the mean's gap to
-    the paper's. The calibration fits the first seed alone: this shows how far the seed moves what it fitted."""
+    the paper's. The calibration fits the seeds' mean: this shows how far apart the seeds are."""
     rows = []
     for setup in profile.calibrated_setups:
         fitted, chosen = calibration.current_entry(profile, setup), current_entry(profile, setup)

@@ -102,7 +102,7 @@ def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json",
     commits = ", ".join(sorted({short_commit(e["commit"]) for e in setups.values()}))
     return "\n".join([*lines, "", f"Not matched (fitted: over {TOLERANCE[True]:g} points from the "
                        f"paper's; held out: over {TOLERANCE[False]:g}), and why:", "", *misses]) + (
-        f"\n\n*From `experiments/calibrated/{path.name}` (CE runs of the first seed, commit {commits}).*")
+        f"\n\n*From `experiments/calibrated/{path.name}` (CE runs, the seeds' mean, commit {commits}).*")
 
 
 def _at_chosen_rate(entry: dict, chosen: dict | None) -> str:

@@ -41,8 +41,8 @@ class StandInSize:
 @dataclass(frozen=True)
 class Work:
     """Runs of one setup within one notebook; ``notebook`` is :data:`CHOICE` for the learning-rate choice's runs that
-    no notebook trains, :data:`CALIBRATION_POINT` for one point of the calibration's search (one cross-entropy run per
-    calibrated setup)."""
+    no notebook trains, :data:`CALIBRATION_POINT` for one point of the calibration's search (a cross-entropy run per
+    seed of a calibrated setup)."""
 
     notebook: str
     setup: str  #: the profile's attribute: cifar, plantnet, imagenet_lt or imagenet
@@ -81,7 +81,7 @@ def _work(notebook: str, name: str, setup: Setup, configs: list) -> Work:
 def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Work]:
     """The training notebooks' work, in the report's order, one row per notebook and setup; then, on a profile that
     chooses learning rates, the choice's runs at the multipliers the tables do not train (with the stored choice);
-    then one calibration point per calibrated setup (its first seed, as :mod:`experiments.calibration` trains it);
+    then one calibration point per calibrated setup (every seed, as :mod:`experiments.calibration` trains it);
     ``setups`` only."""
     rows, seen = [], set()
     setup_names = {getattr(profile, name).dataset: name for name in SETUPS}  # each setup has its own dataset
@@ -103,7 +103,8 @@ def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Wor
                               [config for key, config in trainings.items() if key not in seen]))
     for name in (name for name in profile.calibrated_setups if name in setups):
         setup = getattr(profile, name)
-        rows.append(_work(CALIBRATION_POINT, name, setup, [setup.config("cross_entropy", setup.seeds[0])]))
+        rows.append(_work(CALIBRATION_POINT, name, setup,
+                          [setup.config("cross_entropy", seed) for seed in setup.seeds]))
     return rows
 
 

@@ -55,7 +55,7 @@ def test_calibration_fits_the_papers_ce_numbers_and_measures_the_held_out_ones_a
 
     def train(config):
         trained.append(config)
-        assert config.loss == "cross_entropy" and config.seed == QUICK.cifar.seeds[0]
+        assert config.loss == "cross_entropy" and config.seed in QUICK.cifar.seeds
         return _knob_response(config)
 
     entry = calibration.calibrate(QUICK, "cifar", train)
@@ -64,12 +64,30 @@ def test_calibration_fits_the_papers_ce_numbers_and_measures_the_held_out_ones_a
     assert [t["label"] for t in held_out] == ["top-1, p = 0.2", "top-5, p = 0.2"]
     assert {t["published"] for t in fitted} == {76.6, 94.2, 61.8, 83.6}  # Tables 7 and 4, CE at p = 0 and 0.4
     assert entry["rms_gap_fitted"] == min(point["rms_gap"] for point in entry["points"])
-    chosen = [c for c in trained if c.dataset_options.get("noise") == 0.2]  # held out: measured once, at the choice
-    assert len(chosen) == 1 and {k: chosen[0].dataset_options[k] for k in entry["knobs"]} == entry["knobs"]
+    chosen = [c for c in trained if c.dataset_options.get("noise") == 0.2]  # held out: measured at the choice only
+    assert [c.seed for c in chosen] == list(QUICK.cifar.seeds)
+    assert all({k: c.dataset_options[k] for k in entry["knobs"]} == entry["knobs"] for c in chosen)
     assert entry["setup_fingerprint"] == QUICK.cifar.fingerprint()
     assert entry["ce_multipliers"] == {"cross_entropy top5": 1.0} and entry["round"] == 1
     assert entry["start"] == calibration.STAND_INS["cifar"].start
     assert {config.lr for config in trained} == {QUICK.cifar.lr}
+
+
+def test_each_point_fits_the_mean_of_every_seeds_ce_runs_as_the_tables_show_it():
+    seeds = QUICK.cifar.seeds
+
+    def train(config):  # each seed its own offset: the mean is the knobs' response plus the offsets' mean
+        response = _knob_response(config)
+        response["test"]["top"] = {k: v + 0.01 * config.seed for k, v in response["test"]["top"].items()}
+        return response
+
+    entry = calibration.calibrate(QUICK, "cifar", train, halvings=0)
+    shift = sum(seeds) / len(seeds)
+    for point in entry["points"]:
+        config = calibration.ce_config(QUICK, "cifar", calibration.STAND_INS["cifar"].targets[0], point["knobs"])
+        assert point["values"]["top-1, p = 0"] == pytest.approx(100 * _knob_response(config)["test"]["top"]["1"]
+                                                                + shift)
+    assert entry["search_fingerprint"] == calibration.STAND_INS["cifar"].fingerprint()
 
 
 def test_a_later_round_trains_ce_at_the_rate_it_chose_from_the_knobs_found():

@@ -108,6 +108,24 @@ def test_an_interrupted_run_resumes_at_the_step_it_stopped_in(calibrations):
     assert training.choices == 3  # the interrupted choice, made again, then the one on round 2's knobs
 
 
+def test_a_changed_search_starts_from_the_knobs_and_rates_the_setups_last_calibration_ended_at(calibrations,
+                                                                                                  monkeypatch):
+    training = FakeTraining(lambda n: 3.0)
+    fixed_point.settle(QUICK, "cifar", training, say=lambda line: None)
+    ended = calibration.stored("quick")["setups"]["cifar"]
+    stand_in = calibration.STAND_INS["cifar"]
+    monkeypatch.setitem(calibration.STAND_INS, "cifar",
+                        replace(stand_in, steps={knob: step / 2 for knob, step in stand_in.steps.items()}))
+    assert calibration.current_entry(QUICK, "cifar") is None and calibration.earlier_search(QUICK, "cifar") == ended
+    calibrations.clear()
+    profile = fixed_point.settle(QUICK, "cifar", training, say=lambda line: None)
+    assert calibrations == [{"rates": ended["ce_multipliers"], "start": ended["knobs"], "round_": 1}]
+    assert fixed_point.status(profile, "cifar")["state"].startswith("settled")
+    changed = replace(QUICK, cifar=replace(QUICK.cifar, epochs=3, milestones=(2,)))
+    assert calibration.earlier_search(changed, "cifar") is None  # a changed setup starts afresh
+    assert fixed_point.next_step(changed, "cifar") == fixed_point.Step("calibrate")
+
+
 def test_a_profile_that_chooses_no_learning_rate_stops_after_the_first_calibration(calibrations):
     profile = replace(QUICK, lr_multipliers=(1.0,))
     training = FakeTraining(lambda n: 3.0)

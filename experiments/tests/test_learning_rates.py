@@ -83,8 +83,8 @@ def test_choice_is_made_on_real_runs_and_the_profile_takes_it_only_for_the_setup
         config = calibration.ce_config(profile, "imagenet", target, {})
         multiplier = entry["scales"][grids.choice_key(config)]
         test = store.finished(grids.scaled_lr(config, multiplier).key())["test"]
-        assert numbers[target.label] == {"multiplier": multiplier,
-                                                        "ours": 100 * test[target.metric[0]][target.metric[1]]}
+        assert numbers[target.label] == {"multiplier": multiplier, "seeds": list(profile.imagenet.seeds),
+                                         "ours": 100 * test[target.metric[0]][target.metric[1]]}  # one seed: its own
     tried = [grids.scaled_lr(cell.config, m) for cell in learning_rates.base_cells(profile, "imagenet") for m in (1, 3)]
     assert len(tried) == 12 and all(store.finished(config.key()) for config in tried)
     assert len({config.training_key() for config in tried}) == 10  # cross-entropy top-1 and top-5: one training
@@ -179,3 +179,14 @@ def test_a_stored_choice_is_stale_once_a_losss_options_change(monkeypatch):
 
     monkeypatch.setitem(learning_rates.SELECTION_GRIDS, "plantnet", changed)
     assert not learning_rates.is_current(entry, QUICK, "plantnet")
+
+
+def test_a_stored_choice_whose_ce_numbers_are_not_every_seeds_mean_is_stale():
+    """CE's numbers at the chosen rate are the mean of the setup's seeds, as the calibration's: numbers measured on
+    fewer seeds (as before the calibration fitted the mean) make ``make calibrate`` measure them again."""
+    entry = learning_rates.stored("quick")["setups"]["plantnet"]
+    assert learning_rates.is_current(entry, QUICK, "plantnet")
+    first_seed = {**entry, "cross_entropy": {label: {**number, "seeds": number["seeds"][:1]}
+                                             for label, number in entry["cross_entropy"].items()}}
+    assert not learning_rates.is_current(first_seed, QUICK, "plantnet")
+    assert not learning_rates.is_current({**entry, "cross_entropy": {}}, QUICK, "plantnet")
