@@ -180,10 +180,20 @@ def measure(profile: Profile, setup: str, knobs: dict, targets, train, rates: di
     return values
 
 
-def measure_seeds(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None) -> dict:
-    """The mean over ``setup``'s seeds of :func:`measure`: what the tables show."""
-    by_seed = [measure(profile, setup, knobs, targets, train, rates, seed) for seed in getattr(profile, setup).seeds]
+def measure_each_seed(profile: Profile, setup: str, knobs: dict, targets, train,
+                      rates: dict | None = None) -> list[dict]:
+    """:func:`measure` at each of ``setup``'s seeds, in their order."""
+    return [measure(profile, setup, knobs, targets, train, rates, seed) for seed in getattr(profile, setup).seeds]
+
+
+def seeds_mean(by_seed: list[dict]) -> dict:
+    """Each number's mean over :func:`measure_each_seed`'s seeds: what the tables show."""
     return {label: sum(values[label] for values in by_seed) / len(by_seed) for label in by_seed[0]}
+
+
+def measure_seeds(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None) -> dict:
+    """The mean over ``setup``'s seeds of :func:`measure` (:func:`seeds_mean`)."""
+    return seeds_mean(measure_each_seed(profile, setup, knobs, targets, train, rates))
 
 
 def rms_gap(values: dict, targets) -> float:

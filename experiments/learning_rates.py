@@ -164,11 +164,10 @@ def cross_entropy_seeds_table(profile: Profile, train) -> pd.DataFrame:
         if fitted is None or chosen is None:
             continue
         targets = calibration.STAND_INS[setup].targets
-        by_seed = [calibration.measure(profile, setup, {}, targets, train, chosen["scales"], seed)
-                   for seed in getattr(profile, setup).seeds]
+        by_seed = calibration.measure_each_seed(profile, setup, {}, targets, train, chosen["scales"])
+        means = calibration.seeds_mean(by_seed)
         for target in targets:
-            values = [numbers[target.label] for numbers in by_seed]
-            mean = sum(values) / len(values)
+            values, mean = [numbers[target.label] for numbers in by_seed], means[target.label]
             rows.append({"data": fitted["dataset"], "CE number": target.label,
                          "role": "fitted" if target.fitted else "held out", "paper (%)": target.published,
                          "each seed (%)": ", ".join(f"{value:.1f}" for value in values), "mean (%)": round(mean, 1),
