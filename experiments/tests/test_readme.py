@@ -1,11 +1,32 @@
 """The README's numbers are generated from committed results (:mod:`experiments.readme`): the committed README
-matches them, and a changed result makes its block stale."""
+matches them, and a changed result makes its block stale. Its Python examples run as a user would paste them."""
 
 import json
+import re
 import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
 
 from experiments import grids, readme
-from experiments.paths import FIGURES
+from experiments.paths import FIGURES, PROJECT_ROOT
+
+README_EXAMPLES = re.findall(r"^```python\n(.*?)^```", readme.README.read_text(), flags=re.M | re.S)
+
+
+@pytest.mark.parametrize("number", range(len(README_EXAMPLES)))
+def test_the_readmes_python_examples_run(number):
+    example = README_EXAMPLES[number]
+    if '"cuda"' in example and not torch.cuda.is_available():
+        pytest.skip("a CUDA example")
+    done = subprocess.run([sys.executable, "-c", example], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_readmes_examples_are_found_and_one_runs_without_a_gpu():
+    assert any('"cuda"' not in example for example in README_EXAMPLES), README_EXAMPLES
 
 
 def test_the_committed_readme_matches_the_committed_results():
