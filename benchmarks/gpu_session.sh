@@ -2,7 +2,8 @@
 # The GPU checks on a CUDA machine whose python3 already has torch, triton, pytest, pytest-xdist and hypothesis, one
 # stage per call (each fits in a 10-minute device call), in order of priority:
 #   tests   the library's tests on CUDA: the kernel compiled, sync debug mode, CUDA-graph replays, reduce-overhead steps;
-#           then the training engine's on CUDA (autocast, siblings, a killed run resumed to the same result)
+#           then the training engine's on CUDA (autocast, siblings, a killed run resumed to the same result), then
+#           the README's examples (its compiled CUDA-graph training step)
 #   step    benchmarks/bench_training_step.py: ms per DenseNet-40-40 step, eager and compiled, overheads over CE
 #   kernel  the fused kernel's grids with their memory and noise floors, every kind of input (resumable: rerun to
 #           finish); the headline and the grid, or the grids named after the time limit
@@ -29,7 +30,9 @@ case "${1:-tests}" in
   tests)
     python3 -m pytest -n 8 -q -p no:cacheprovider topk/tests 2>&1 | tee "$out/cuda_tests.log" || status=1
     CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 -m pytest -q -p no:cacheprovider experiments/tests/test_experiments.py \
-      -k cuda 2>&1 | tee "$out/cuda_engine_tests.log" || status=1 ;;
+      -k cuda 2>&1 | tee "$out/cuda_engine_tests.log" || status=1
+    python3 -m pytest -q -p no:cacheprovider experiments/tests/test_readme.py -k examples 2>&1 \
+      | tee "$out/readme_examples.log" || status=1 ;;
   step)
     python3 benchmarks/bench_training_step.py --device cuda --out "$out/training_step.csv" 2>&1 \
       | tee "$out/training_step.log" || status=1 ;;
