@@ -260,7 +260,7 @@ def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
 
 def earlier_search(profile: Profile, setup: str) -> dict | None:
     """The stored entry of ``setup`` made for this setup by a search that has changed since, if any."""
-    entry = stored(profile.name).get("setups", {}).get(setup)
+    entry = profile_steps.stored_entry(path_for(profile.name), setup)
     return entry if entry and entry["setup_fingerprint"] == getattr(profile, setup).fingerprint() \
         and not is_current(entry, profile, setup) else None
 
@@ -330,7 +330,7 @@ def why_unmatched(entry: dict, target: dict) -> str:
 
 def current_entry(profile: Profile, setup: str) -> dict | None:
     """The stored calibration of ``setup``, if it is the one the profile uses."""
-    entry = stored(profile.name).get("setups", {}).get(setup)
+    entry = profile_steps.stored_entry(path_for(profile.name), setup)
     return entry if setup in profile.calibrated_setups and is_current(entry, profile, setup) else None
 
 

@@ -123,7 +123,7 @@ def stored(profile_name: str) -> dict:
 
 def current_entry(profile: Profile, setup: str) -> dict | None:
     """The stored choice of ``setup``, if it is the one the profile uses."""
-    entry = stored(profile.name).get("setups", {}).get(setup)
+    entry = profile_steps.stored_entry(path_for(profile.name), setup)
     return entry if is_current(entry, profile, setup) else None
 
 

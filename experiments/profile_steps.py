@@ -34,6 +34,11 @@ def stored(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def stored_entry(path: Path, setup: str) -> dict | None:
+    """The entry a step stored for ``setup`` in ``path`` (:func:`stored`), or None."""
+    return stored(path).get("setups", {}).get(setup)
+
+
 def keep(path: Path, profile_name: str, setup: str, entry: dict) -> None:
     """Store ``entry`` as ``setup``'s in ``path``, as JSON written in one step: an interrupted write leaves the
     previous file whole."""
