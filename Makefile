@@ -28,7 +28,7 @@ WORKERS ?=
 COMPILE ?=
 NOTEBOOKS := $(basename $(notdir $(wildcard notebooks/*.ipynb)))
 EXECUTED := $(patsubst %,build/$(PROFILE)/%.ipynb,$(NOTEBOOKS))
-SOURCES := $(wildcard topk/*.py topk/losses/*.py data_prep/*.py experiments/*.py experiments/calibrated/*.json)
+SOURCES := $(filter-out %/tests/%,$(wildcard topk/*.py topk/*/*.py data_prep/*.py experiments/*.py experiments/*/*.py)) $(wildcard experiments/calibrated/*.json)
 PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-progress-bar -k python3 --cwd $(CURDIR) \
 	-p profile $(PROFILE) -p device $(DEVICE) -p threads $(THREADS) $(if $(DATA),-p data_root $(abspath $(DATA))) \
 	$(if $(WORKERS),-p workers $(WORKERS)) $(if $(COMPILE),-p compile_mode $(COMPILE))
@@ -68,7 +68,7 @@ bench: $(STAMP) ## Loss benchmarks vs pytopk, the smoothed hinge's reference (RE
 	$(MAKE) --no-print-directory readme
 
 readme: | $(STAMP) ## Regenerate the README's numbers from the committed results (figures/quick, benchmarks/results)
-	PYTHONPATH=$(CURDIR) $(PY) -m experiments.readme
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.publishing.readme
 
 profile-time: $(STAMP) ## Estimate a stand-in profile's hours on this machine [PROFILE=quick|gpu DEVICE=cpu|cuda THREADS=n]
 	PYTHONPATH=$(CURDIR) $(PY) benchmarks/bench_profile_time.py $(PROFILE) --device $(DEVICE) --threads $(THREADS)
@@ -81,7 +81,7 @@ kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU need
 	env -u TRITON_INTERPRET $(PY) benchmarks/kernel_resources.py --arch 90 --check
 
 calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers and choose each loss's learning rate, until CE's agree (experiments/calibrated/; no-op when current)
-	PYTHONPATH=$(CURDIR) $(PY) -m experiments.fixed_point $(PROFILE) --device $(DEVICE)
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.tuning.fixed_point $(PROFILE) --device $(DEVICE)
 
 paper-figures: $(STAMP) ## Calibrate the stand-ins and their learning rates, run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
 	@status=0; $(MAKE) --no-print-directory calibrate || status=$$?; \
@@ -107,14 +107,14 @@ build/$(PROFILE)/%.ipynb: notebooks/%.ipynb $(SOURCES) | $(STAMP)
 	fi
 
 report: | $(STAMP) ## Re-render build/report/index.html from the executed notebooks of PROFILE
-	PYTHONPATH=$(CURDIR) $(PY) -m experiments.report --profile $(PROFILE)
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.publishing.report --profile $(PROFILE)
 
 check-report: | $(STAMP) ## Fail unless every notebook of PROFILE ran and wrote its outputs; screenshot the report (chromium)
-	PYTHONPATH=$(CURDIR) $(PY) -m experiments.report --profile $(PROFILE) --check
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.publishing.report --profile $(PROFILE) --check
 	chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
 		--disable-component-update --disable-sync --user-data-dir=$$(mktemp -d) --window-size=1200,1600 \
 		--screenshot=$(CURDIR)/build/report/screenshot.png file://$(CURDIR)/build/report/index.html 2>/dev/null
-	PYTHONPATH=$(CURDIR) $(PY) -m experiments.report --check-screenshot build/report/screenshot.png
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments.publishing.report --check-screenshot build/report/screenshot.png
 
 lab: $(STAMP) ## Open the notebooks in JupyterLab
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/jupyter lab notebooks

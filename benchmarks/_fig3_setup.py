@@ -6,8 +6,8 @@ import argparse
 
 import torch
 
-from experiments.models import build_model
-from experiments.profiles import PAPER
+from experiments.engine.models import build_model
+from experiments.spec.profiles import PAPER
 
 #: The noise scale of the noised losses timed (it does not change the work done).
 EPSILON = 1.0

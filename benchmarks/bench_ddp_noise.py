@@ -1,6 +1,6 @@
 """Why DDP processes must not share the noised losses' noise: the variance of the noised hinge's gradient (summed over
 each process's batch, averaged over the processes, as DDP averages) when every process draws from the same seed,
-against independent seeds (:func:`experiments.train.reseed_process`). Printed as a ratio, per logit scale.
+against independent seeds (:func:`experiments.engine.train.reseed_process`). Printed as a ratio, per logit scale.
 
     python benchmarks/bench_ddp_noise.py [--processes 8] [--repeats 200]
 """

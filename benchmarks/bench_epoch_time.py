@@ -1,7 +1,7 @@
 """Fig. 3 in device seconds: whole training epochs of the paper's CIFAR-100 set-up against K, by loss.
 
-The training engine itself (``experiments.train.train_epoch``, its ``compile_step`` and its in-memory batches,
-:mod:`experiments.batches`) trains the paper's model and optimiser (DenseNet-BC 40-40, SGD with Nesterov momentum,
+The training engine itself (``experiments.engine.train.train_epoch``, its ``compile_step`` and its in-memory batches,
+:mod:`experiments.engine.batches`) trains the paper's model and optimiser (DenseNet-BC 40-40, SGD with Nesterov momentum,
 batch 64; bfloat16 autocast and channels-last on CUDA) on a CIFAR-100-shaped set of ``--images`` uint8 images kept
 on the device and augmented there (pad, crop, flip, normalise), as the paper's runs are: data and augmentation are
 included. The images are synthetic, which is honest for timing: it does not depend on their content. Each point
@@ -33,11 +33,11 @@ from _measure import append_csv_row  # noqa: E402
 
 from data_prep.common import TensorImages  # noqa: E402
 from data_prep.transforms import augment_and_normalise  # noqa: E402
-from experiments.batches import InMemoryBatches, order_seed  # noqa: E402
-from experiments.profiles import PAPER  # noqa: E402
-from experiments.timings import TRAIN_IMAGES  # noqa: E402
+from experiments.engine.batches import InMemoryBatches, order_seed  # noqa: E402
+from experiments.spec.profiles import PAPER  # noqa: E402
+from experiments.analysis.timings import TRAIN_IMAGES  # noqa: E402
 from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
-from experiments.train import COMPILE_MODES, compile_step, train_epoch  # noqa: E402
+from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch  # noqa: E402
 from topk.losses import build_loss  # noqa: E402
 
 FIELDS = [*STAMP_FIELDS, "model", "compile", "loss", "backend", "K", "B", "batch_size", "images", "epochs",

@@ -39,8 +39,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _measure import append_csv_row, median_seconds  # noqa: E402
 
-from experiments import kernel_targets  # noqa: E402
-from experiments.kernel_targets import key  # noqa: E402
+from experiments.analysis import kernel_targets  # noqa: E402
+from experiments.analysis.kernel_targets import key  # noqa: E402
 from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
 from topk.losses import noised_hinge  # noqa: E402
 from topk.operators import CHUNK_ELEMENTS  # noqa: E402

@@ -1,11 +1,11 @@
 """How long a profile takes on this machine: each setup's training and evaluation speed measured here, times the images
-:mod:`experiments.workload` counts for each notebook, for the learning-rate choice's runs beyond theirs and for one point
+:mod:`experiments.analysis.workload` counts for each notebook, for the learning-rate choice's runs beyond theirs and for one point
 of the calibration.
 
     python benchmarks/bench_profile_time.py gpu --device cuda
     python benchmarks/bench_profile_time.py quick --device cpu --threads 1    # as `make -j2 paper-figures THREADS=1`
 
-A training step is the engine's (:func:`experiments.train.train_epoch`): the setup's model and batch size, channels-last
+A training step is the engine's (:func:`experiments.engine.train.train_epoch`): the setup's model and batch size, channels-last
 and bfloat16 autocast on CUDA, cross-entropy, SGD with Nesterov momentum; evaluation is its forward pass in eval mode.
 The images are random (the augmentation's cost is left out) and the loss is cross-entropy: the paper's losses add
 their own cost (Fig. 3; `benchmarks/bench_epoch_time.py`). The estimate is compared with a measured profile in the
@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from experiments.models import build_model  # noqa: E402
-from experiments.profiles import SETUPS, get_profile  # noqa: E402
+from experiments.engine.models import build_model  # noqa: E402
+from experiments.spec.profiles import SETUPS, get_profile  # noqa: E402
 from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
-from experiments.store import write_csv  # noqa: E402
-from experiments.grids import NOTEBOOK_GRIDS  # noqa: E402
-from experiments.workload import CALIBRATION_POINT, CHOICE, profile_work, stand_in_size  # noqa: E402
+from experiments.engine.store import write_csv  # noqa: E402
+from experiments.spec.grids import NOTEBOOK_GRIDS  # noqa: E402
+from experiments.analysis.workload import CALIBRATION_POINT, CHOICE, profile_work, stand_in_size  # noqa: E402
 
 FIELDS = [*STAMP_FIELDS, "profile", "notebook", "setup", "runs", "epochs", "train_images", "eval_images",
           "train_images_per_s", "eval_images_per_s", "hours"]

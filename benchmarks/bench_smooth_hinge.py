@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _measure import interleaved_median_seconds, peak_extra_bytes, selected_devices  # noqa: E402
-from experiments.store import write_csv  # noqa: E402
+from experiments.engine.store import write_csv  # noqa: E402
 
 from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
 from topk import fused  # noqa: E402

@@ -28,7 +28,7 @@ mixing, among classes that share one pattern, which a model's top 5 holds whatev
 CIFAR-100's superclasses are groups of meaning whose classes need not look alike (0: superclasses are the visual
 groups). It changes the superclasses only, never an image.
 
-:mod:`experiments.calibration` chooses ``pixel_noise`` and ``class_contrast`` (and ``ambiguity`` for the ImageNet
+:mod:`experiments.tuning.calibration` chooses ``pixel_noise`` and ``class_contrast`` (and ``ambiguity`` for the ImageNet
 stand-ins, ``contrast_spread`` for the long-tailed ones, ``superclass_mixing`` for the CIFAR-100 one) per stand-in so
 that cross-entropy's results match the paper's; the defaults below are the uncalibrated starting point.
 """
@@ -187,7 +187,7 @@ def _make_splits(name, description, label_parts, group_of_class, size, seed, dif
 
 
 #: Stand-ins whose drawing changed since their first release, with their version: a run's key in the results store
-#: (:meth:`experiments.config.RunConfig.key`) includes it, so runs on the earlier data are never reused.
+#: (:meth:`experiments.engine.config.RunConfig.key`) includes it, so runs on the earlier data are never reused.
 #: 2: the long tails take the real datasets' shares of few-, medium- and many-shot classes (:func:`shot_share_counts`).
 GENERATOR_VERSIONS = {"plantnet_like": 2, "imagenet_lt_like": 2}
 

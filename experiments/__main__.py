@@ -13,14 +13,14 @@ import torch
 import torch.distributed as dist
 
 from data_prep.common import MissingDataError
-from experiments.config import RunConfig
-from experiments.store import ResultsStore
-from experiments.train import COMPILE_MODES, run
+from experiments.engine.config import RunConfig
+from experiments.engine.store import ResultsStore
+from experiments.engine.train import COMPILE_MODES, run
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
-    parser.add_argument("config", help="a JSON file with the fields of experiments.config.RunConfig")
+    parser.add_argument("config", help="a JSON file with the fields of experiments.engine.config.RunConfig")
     parser.add_argument("--store", required=True, help="results store folder")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--data-root", help="folder of a real dataset, as given to `python -m data_prep`")

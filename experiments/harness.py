@@ -22,16 +22,16 @@ import pandas as pd
 import torch
 
 from data_prep import MissingDataError
-from experiments import learning_rates
-from experiments.claims import Verdict
-from experiments.config import RunConfig
-from experiments.grids import Cell
+from experiments.tuning import learning_rates
+from experiments.analysis.claims import Verdict
+from experiments.engine.config import RunConfig
+from experiments.spec.grids import Cell
 from experiments.paths import FIGURES, RESULTS
-from experiments.profiles import SETUPS, Profile, get_profile
+from experiments.spec.profiles import SETUPS, Profile, get_profile
 from experiments.provenance import device_name, git_commit, short_commit
-from experiments.store import ResultsStore
-from experiments.summary import column_labels, to_markdown
-from experiments.train import COMPILE_MODES, run
+from experiments.engine.store import ResultsStore
+from experiments.analysis.summary import column_labels, to_markdown
+from experiments.engine.train import COMPILE_MODES, run
 
 DEVICES = ("cpu", "cuda")
 

@@ -7,4 +7,5 @@ NOTEBOOKS = PROJECT_ROOT / "notebooks"  #: the source notebooks, output-free
 FIGURES = PROJECT_ROOT / "figures"  #: figures/<profile>/: generated figures, tables, claim verdicts, notebook manifests
 RESULTS = PROJECT_ROOT / "results"  #: the results store of each profile (results/<profile>), kept across reruns
 BUILD = PROJECT_ROOT / "build"  #: executed notebooks (build/<profile>/) and the rendered report (build/report/)
+CALIBRATED = PROJECT_ROOT / "experiments" / "calibrated"  #: the tuned stand-ins and learning rates of each profile (JSON)
 BENCHMARK_RESULTS = PROJECT_ROOT / "benchmarks" / "results"  #: CSVs of the benchmark scripts, committed with the code

@@ -1,5 +1,5 @@
 """Where a result came from: the commit, the versions and the device, computed here once for the run records
-(:mod:`experiments.train`), the report's provenance table (:mod:`experiments.report`) and the benchmarks' CSV rows.
+(:mod:`experiments.engine.train`), the report's provenance table (:mod:`experiments.publishing.report`) and the benchmarks' CSV rows.
 
 Importing this module loads nothing heavy; torch is imported when a function needs it.
 """
@@ -13,7 +13,7 @@ from experiments.paths import PROJECT_ROOT
 
 #: The columns :func:`stamp` adds to every benchmark CSV row.
 STAMP_FIELDS = ["device", "device_name", "commit", "python", "torch", "triton", "topk"]
-#: The columns :func:`record_stamp` adds to a probe's CSV row (read by :func:`experiments.readme._probe`).
+#: The columns :func:`record_stamp` adds to a probe's CSV row (read by :func:`experiments.publishing.readme._probe`).
 RECORD_STAMP_FIELDS = ["device", "commit", "torch"]
 
 

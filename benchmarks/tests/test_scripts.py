@@ -15,7 +15,7 @@ import torch
 
 matplotlib.use("Agg")
 
-from experiments import claims, plots, summary, timings  # noqa: E402
+from experiments.analysis import claims, plots, summary, timings  # noqa: E402
 from experiments.provenance import STAMP_FIELDS, git_commit  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from data_prep.common import ImageFiles, TensorImages
 from data_prep.transforms import augment_and_normalise, imagenet_train, normalise
-from experiments.batches import FileBatches, InMemoryBatches, batches, epoch_order
+from experiments.engine.batches import FileBatches, InMemoryBatches, batches, epoch_order
 
 
 def _images(n=40, size=32, seed=0):

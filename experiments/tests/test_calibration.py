@@ -10,11 +10,12 @@ from dataclasses import replace
 import pytest
 
 from data_prep import synthetic
-from experiments import calibration, profiles
-from experiments.profiles import QUICK, SMOKE
-from experiments.config import RunConfig
-from experiments.store import ResultsStore
-from experiments.train import run
+from experiments.spec import profiles
+from experiments.tuning import calibration
+from experiments.spec.profiles import QUICK, SMOKE
+from experiments.engine.config import RunConfig
+from experiments.engine.store import ResultsStore
+from experiments.engine.train import run
 
 
 def test_compass_search_finds_the_minimum_to_its_last_step_and_keeps_each_knob_within_its_bounds():

@@ -6,7 +6,9 @@ import math
 import pandas as pd
 import pytest
 
-from experiments import claims, paper, summary
+from experiments.analysis import claims, summary
+
+from experiments.spec import paper
 
 
 def _frame(values: dict, column: str) -> pd.DataFrame:
@@ -186,7 +188,7 @@ def test_gradient_sparsity_by_b_is_drawn_and_tabled():
     import matplotlib
 
     matplotlib.use("Agg")
-    from experiments import plots
+    from experiments.analysis import plots
 
     runs = pd.DataFrame({"epsilon": [0.0, 0.0, 0.1, 1.0], "first_epoch_grad_nonzero": [2.0, 2.2, 3.0, 3.9]})
     sparsity = summary.gradient_sparsity({3: runs, 10: runs.assign(first_epoch_grad_nonzero=5.0)})

@@ -1,14 +1,18 @@
-"""The crowding probe (:mod:`experiments.crowding`): at the paper's eps its runs are the tables' own, at the other eps
+"""The crowding probe (:mod:`experiments.probes.crowding`): at the paper's eps its runs are the tables' own, at the other eps
 nothing else changes, its rows come from real trainings, and the README's block reads its CSV."""
 
 from __future__ import annotations
 
 import pytest
 
-from experiments import crowding, grids, readme
-from experiments.profiles import QUICK, SMOKE
-from experiments.store import ResultsStore, write_csv
-from experiments.train import run
+from experiments.probes import crowding
+
+from experiments.publishing import readme
+
+from experiments.spec import grids
+from experiments.spec.profiles import QUICK, SMOKE
+from experiments.engine.store import ResultsStore, write_csv
+from experiments.engine.train import run
 
 LABEL_NOISE, IMAGENET_LT, PLANTNET = crowding.PROBES
 
@@ -57,7 +61,7 @@ def test_rows_come_from_trainings_with_their_crowded_classes(smoke_rows):
 
 
 def test_readme_block_reads_the_csv_with_each_seed_and_the_provenance(smoke_rows, tmp_path):
-    assert "run `python -m experiments.crowding quick`" in readme.crowding(tmp_path)
+    assert "run `python -m experiments.probes.crowding quick`" in readme.crowding(tmp_path)
     shown = [(LABEL_NOISE.name, "cross_entropy", "", 1, "30.0", 0), (LABEL_NOISE.name, "cross_entropy", "", 0, "40.0", 0),
              (LABEL_NOISE.name, "noised_balanced", 0.2, 1, "3.0", 4), (LABEL_NOISE.name, "noised_balanced", 0.2, 0, "5.0", 3)]
     rows = [{**r, "probe": probe, "loss": loss, "epsilon": epsilon, "level": 0.4, "k": 5, "seed": seed, "top1": top1,

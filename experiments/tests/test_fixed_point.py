@@ -7,8 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from experiments import calibration, fixed_point, learning_rates, profiles
-from experiments.profiles import QUICK
+from experiments.spec import profiles
+
+from experiments.tuning import calibration, fixed_point, learning_rates
+from experiments.spec.profiles import QUICK
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # the setups not settled here keep their defaults
 

@@ -1,6 +1,6 @@
-"""The fused kernel's target summary (``experiments.kernel_targets``) on hand-made rows of the benchmark's CSV."""
+"""The fused kernel's target summary (``experiments.analysis.kernel_targets``) on hand-made rows of the benchmark's CSV."""
 
-from experiments import kernel_targets
+from experiments.analysis import kernel_targets
 
 
 def _row(method, ms, n_classes=10**4, scale="1.0"):

@@ -1,15 +1,19 @@
-"""The label-noise capacity probe (:mod:`experiments.label_noise_capacity`): the runs it varies are the tables' CE
+"""The label-noise capacity probe (:mod:`experiments.probes.label_noise_capacity`): the runs it varies are the tables' CE
 runs, its rows come from real trainings, and the README's block reads its CSV with the runs' provenance."""
 
 from __future__ import annotations
 
 import pytest
 
-from experiments import grids, label_noise_capacity, readme
-from experiments.label_noise_capacity import NOISE, Variant
-from experiments.profiles import QUICK, SMOKE
-from experiments.store import ResultsStore, write_csv
-from experiments.train import run
+from experiments.probes import label_noise_capacity
+
+from experiments.publishing import readme
+
+from experiments.spec import grids
+from experiments.probes.label_noise_capacity import NOISE, Variant
+from experiments.spec.profiles import QUICK, SMOKE
+from experiments.engine.store import ResultsStore, write_csv
+from experiments.engine.train import run
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", *label_noise_capacity.COMPARED])
@@ -54,7 +58,7 @@ def test_rows_come_from_trainings_at_both_noise_levels(smoke_rows):
 
 
 def test_readme_block_reads_the_csv_with_the_drops_and_the_provenance(smoke_rows, tmp_path):
-    assert "run `python -m experiments.label_noise_capacity quick`" in readme.label_noise_capacity(tmp_path)
+    assert "run `python -m experiments.probes.label_noise_capacity quick`" in readme.label_noise_capacity(tmp_path)
     rows = [{**r, "top1": top1, "top5": top5} for r, top1, top5 in
             zip(smoke_rows, ("50.0", "40.5", "60.0", "45.0", "30.0", "29.0"), ("80.0", "77.0", "90.0", "70.0", "85.0", "84.0"))]
     write_csv(rows, label_noise_capacity.FIELDS, label_noise_capacity.path_for("quick", tmp_path))

@@ -10,10 +10,12 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from experiments import calibration, grids, learning_rates, profiles
-from experiments.profiles import QUICK, SMOKE
-from experiments.store import ResultsStore
-from experiments.train import run
+from experiments.spec import grids, profiles
+
+from experiments.tuning import calibration, learning_rates
+from experiments.spec.profiles import QUICK, SMOKE
+from experiments.engine.store import ResultsStore
+from experiments.engine.train import run
 
 
 def _record(config, best: float):

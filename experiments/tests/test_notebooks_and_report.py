@@ -9,11 +9,15 @@ import pytest
 import torch
 
 from data_prep import MissingDataError
-from experiments import analytic, calibration, catalogue, fixed_point, grids, harness, latex, learning_rates, report
-from experiments.claims import Verdict
+from experiments import harness
+from experiments.analysis import analytic
+from experiments.publishing import catalogue, latex, report
+from experiments.spec import grids
+from experiments.tuning import calibration, fixed_point, learning_rates
+from experiments.analysis.claims import Verdict
 from experiments import paths, provenance
 from experiments.paths import NOTEBOOKS
-from experiments.profiles import PROFILES, QUICK, SMOKE
+from experiments.spec.profiles import PROFILES, QUICK, SMOKE
 
 ALL_GRIDS = tuple(grid for notebook_grids in grids.NOTEBOOK_GRIDS.values() for grid in notebook_grids)
 

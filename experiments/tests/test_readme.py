@@ -1,4 +1,4 @@
-"""The README's numbers are generated from committed results (:mod:`experiments.readme`): the committed README
+"""The README's numbers are generated from committed results (:mod:`experiments.publishing.readme`): the committed README
 matches them, and a changed result makes its block stale. Its Python examples run as a user would paste them."""
 
 import json
@@ -10,7 +10,9 @@ import sys
 import pytest
 import torch
 
-from experiments import grids, readme
+from experiments.publishing import readme
+
+from experiments.spec import grids
 from experiments.paths import FIGURES, PROJECT_ROOT
 
 README_EXAMPLES = re.findall(r"^```python\n(.*?)^```", readme.README.read_text(), flags=re.M | re.S)
@@ -79,8 +81,8 @@ def test_profile_time_block_sums_the_notebooks_apart_from_the_choice_and_the_cal
 
 
 def test_until_the_gpu_profile_is_timed_its_cifar_steps_give_a_lower_bound(tmp_path):
-    from experiments.profiles import GPU
-    from experiments.workload import profile_work
+    from experiments.spec.profiles import GPU
+    from experiments.analysis.workload import profile_work
 
     header = "device,device_name,commit,python,torch,triton,topk,model,mode,loss,batch_size,ms_per_step\n"
     stamp = "cuda,test-gpu," + "e" * 40 + ",3,9.9,3,0,densenet40_40"

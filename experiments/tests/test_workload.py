@@ -1,10 +1,12 @@
-"""What a profile trains, counted before it runs (:mod:`experiments.workload`)."""
+"""What a profile trains, counted before it runs (:mod:`experiments.analysis.workload`)."""
 
 import pytest
 
 import data_prep
-from experiments import grids, learning_rates, workload
-from experiments.profiles import GPU, PAPER, QUICK, SMOKE
+from experiments.analysis import workload
+from experiments.spec import grids
+from experiments.tuning import learning_rates
+from experiments.spec.profiles import GPU, PAPER, QUICK, SMOKE
 
 
 def test_a_stand_in_size_is_its_generator_s_at_any_image_size():

@@ -1,13 +1,13 @@
 """What a profile trains, counted before anything runs: per training notebook, its distinct trainings (a run shared
 with an earlier notebook is trained once, by the results store, and so are runs that differ only in their selection
-metric: :meth:`experiments.config.RunConfig.siblings`) and the images they push through a training step and through
+metric: :meth:`experiments.engine.config.RunConfig.siblings`) and the images they push through a training step and through
 an evaluation; the learning-rate choice's runs beyond the tables' own (trained only when the choice is made again:
-:mod:`experiments.learning_rates`); and one point of the calibration's search.
+:mod:`experiments.tuning.learning_rates`); and one point of the calibration's search.
 
 ``benchmarks/bench_profile_time.py`` measures how fast a machine trains each setup and turns these counts into hours.
 Only stand-in profiles can be counted: a real dataset's size is known from its files.
 
-    python -m experiments.workload gpu
+    python -m experiments.analysis.workload gpu
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from functools import cache
 
 import data_prep
-from experiments import grids, learning_rates
-from experiments.grids import NOTEBOOK_GRIDS
-from experiments.profiles import SETUPS, Profile, Setup, get_profile
+from experiments.spec import grids
+from experiments.tuning import learning_rates
+from experiments.spec.grids import NOTEBOOK_GRIDS
+from experiments.spec.profiles import SETUPS, Profile, Setup, get_profile
 
 
 CHOICE = "learning-rate choice"
@@ -81,7 +82,7 @@ def _work(notebook: str, name: str, setup: Setup, configs: list) -> Work:
 def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Work]:
     """The training notebooks' work, in the report's order, one row per notebook and setup; then, on a profile that
     chooses learning rates, the choice's runs at the multipliers the tables do not train (with the stored choice);
-    then one calibration point per calibrated setup (every seed, as :mod:`experiments.calibration` trains it);
+    then one calibration point per calibrated setup (every seed, as :mod:`experiments.tuning.calibration` trains it);
     ``setups`` only."""
     rows, seen = [], set()
     setup_names = {getattr(profile, name).dataset: name for name in SETUPS}  # each setup has its own dataset

@@ -121,7 +121,7 @@ def estimate(runs: pd.DataFrame, value: str, *, digits: int = 1, groups: str | N
 
 def label_noise_fit_table(runs: pd.DataFrame, losses, noise_levels) -> pd.DataFrame:
     """For each loss and label noise p (``(key, label)`` pairs), the share of the flipped training images that the
-    selected model predicts as their noisy label and as their true class (:func:`experiments.train.flipped_label_fit`),
+    selected model predicts as their noisy label and as their true class (:func:`experiments.engine.train.flipped_label_fit`),
     over seeds; "-" for runs stored before it was recorded."""
     table = pd.DataFrame(
         {(p_label, shown): [estimate(runs, column, loss=loss, p=p) for loss, _ in losses]

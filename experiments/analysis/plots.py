@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import matplotlib.tri as mtri
 import pandas as pd
 
-from experiments.analytic import simplex_grid, to_plane
+from experiments.analysis.analytic import simplex_grid, to_plane
 
 
 def level_sets(panels: list[tuple[str, object]], points: int, true_class: int, *, columns: int = 5,
@@ -75,7 +75,7 @@ def _log_eps(eps) -> list[float]:
 
 def accuracy_against_epsilon(runs: pd.DataFrame, top5: pd.DataFrame, published: dict[float, float]) -> plt.Figure:
     """Table 2 as a figure: each seed's best validation top-5 against eps, the seeds' mean with its 95% interval
-    (``top5``: :func:`~experiments.summary.summarise` by eps) and the paper's values dashed."""
+    (``top5``: :func:`~experiments.analysis.summary.summarise` by eps) and the paper's values dashed."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.scatter(_log_eps(runs["epsilon"]), runs["best_val_top5"], color="C0", alpha=0.35, s=14, label="ours, one seed")
     ax.errorbar(_log_eps(top5["epsilon"]), top5["mean"], yerr=top5["half"].fillna(0), color="C0", marker="o",

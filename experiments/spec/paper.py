@@ -2,7 +2,7 @@
 
 Accuracies are in percent, as printed; ``(mean, half-width of the 95% interval)`` where the paper gives one, and the
 few / medium / many-shot means as a triple where it gives them. The notebooks put these beside the reproduced numbers,
-and :mod:`experiments.claims` judges each claim of :data:`CLAIMS` from the reproduced results.
+and :mod:`experiments.analysis.claims` judges each claim of :data:`CLAIMS` from the reproduced results.
 """
 
 from __future__ import annotations

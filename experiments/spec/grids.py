@@ -3,7 +3,7 @@ paper's loss hyperparameters (Section 4, Appendix E) and the profile's data, mod
 
 Runs shared between items (Table 3's B = 10 is Table 4's p = 0 noised loss when their seeds meet) have the same
 config, so the results store trains them once. Where a profile chose learning rates on validation data
-(:mod:`experiments.learning_rates`), each run's learning rate is multiplied by the one chosen for its loss and
+(:mod:`experiments.tuning.learning_rates`), each run's learning rate is multiplied by the one chosen for its loss and
 model-selection metric on its setup; the timing and first-epoch runs of Figs. 2 and 3 keep the grids' own.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.config import RunConfig
-from experiments.paper import LABEL_NOISE, TABLE_2, TABLE_3
-from experiments.profiles import Profile, Setup
+from experiments.engine.config import RunConfig
+from experiments.spec.paper import LABEL_NOISE, TABLE_2, TABLE_3
+from experiments.spec.profiles import Profile, Setup
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,16 @@
 """Each stand-in's difficulty and the learning rates chosen on it, alternated until cross-entropy's rate agrees.
 
-The difficulty is fitted with cross-entropy at a learning rate (:mod:`experiments.calibration`); each loss's learning
-rate, CE's included, is then chosen on the calibrated stand-in (:mod:`experiments.learning_rates`). Where CE chooses
+The difficulty is fitted with cross-entropy at a learning rate (:mod:`experiments.tuning.calibration`); each loss's learning
+rate, CE's included, is then chosen on the calibrated stand-in (:mod:`experiments.tuning.learning_rates`). Where CE chooses
 another rate than the one it was calibrated at, the tables show CE on data fitted for a rate they do not use. So each
 setup alternates: calibrate (first at the grid's rate, from the stand-in's start; where only the search has changed
 since the setup's stored calibration, at the rates and from the knobs that one ended at), choose, and while CE's
 choice for the runs behind its calibration numbers differs from the rates they were calibrated at, calibrate again at
 the chosen rates from the knobs found, and choose again: at most :data:`MAX_ROUNDS` calibrations. Where the rounds
 run out (the choice goes back and forth), the last calibration and the choice made on it are kept, and a verdict
-quotes CE's numbers at both rates (:func:`experiments.learning_rates.summary_line`).
+quotes CE's numbers at both rates (:func:`experiments.tuning.learning_rates.summary_line`).
 
-``python -m experiments.fixed_point PROFILE`` (``make calibrate``, run first by ``make paper-figures``) does what is
+``python -m experiments.tuning.fixed_point PROFILE`` (``make calibrate``, run first by ``make paper-figures``) does what is
 left: a setup whose stored calibration and choice are current and agree (or that used its rounds) is not touched;
 each step is stored as soon as it is done, so an interrupted run resumes from the last one.
 """
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from experiments import calibration, learning_rates, profile_steps
-from experiments.profiles import Profile, recalibrated
-from experiments.train import run
+from experiments.tuning import calibration, learning_rates, profile_steps
+from experiments.spec.profiles import Profile, recalibrated
+from experiments.engine.train import run
 
 MAX_ROUNDS = 3  #: calibrations of a setup at most: the grid's rate, then CE's choices
 
@@ -42,7 +42,7 @@ class Step:
 
 
 def next_step(profile: Profile, setup: str) -> Step | None:
-    """The step ``setup`` needs, from what is stored (``profile`` as :func:`experiments.profiles.recalibrated` reads
+    """The step ``setup`` needs, from what is stored (``profile`` as :func:`experiments.spec.profiles.recalibrated` reads
     it); None when its calibration and choice agree on CE's rate or the rounds are used."""
     fitted = calibration.current_entry(profile, setup)
     if fitted is None:
@@ -87,7 +87,7 @@ def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flu
 
 
 def _reread(profile: Profile) -> Profile:
-    """:func:`experiments.profiles.recalibrated`, without its warnings about steps this module is about to take."""
+    """:func:`experiments.spec.profiles.recalibrated`, without its warnings about steps this module is about to take."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return recalibrated(profile)
@@ -122,7 +122,7 @@ def table(profile: Profile) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    command = profile_steps.parse_command("python -m experiments.fixed_point", __doc__.split("\n\n")[0], argv)
+    command = profile_steps.parse_command("python -m experiments.tuning.fixed_point", __doc__.split("\n\n")[0], argv)
     if command is None:
         return 2
     profile, store, device = command

@@ -1,4 +1,4 @@
-"""What the steps run once per profile before its notebooks (:mod:`experiments.fixed_point`: the calibration and the
+"""What the steps run once per profile before its notebooks (:mod:`experiments.tuning.fixed_point`: the calibration and the
 learning rates) share: their command line and how they keep what they chose."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from experiments.paths import RESULTS
-from experiments.profiles import Profile, get_profile
-from experiments.store import ResultsStore, atomic_write
+from experiments.spec.profiles import Profile, get_profile
+from experiments.engine.store import ResultsStore, atomic_write
 
 
 def parse_command(prog: str, description: str, argv: list[str] | None) -> tuple[Profile, ResultsStore, str] | None:

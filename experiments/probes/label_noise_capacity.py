@@ -14,9 +14,9 @@ label. Claim 5 (the top-5 losses beat CE on top-5 under label noise) is then loo
 tables' smoothed hinge and noised loss runs (:data:`COMPARED`, at their chosen learning rates) with the widest
 variant. Nothing here is fitted.
 
-``python -m experiments.label_noise_capacity PROFILE`` trains what the results store lacks and writes
+``python -m experiments.probes.label_noise_capacity PROFILE`` trains what the results store lacks and writes
 ``benchmarks/results/label_noise_capacity_<profile>.csv``, each row stamped with its run's device, commit and
-versions; the README's ``label-noise-capacity`` block is generated from it (:mod:`experiments.readme`).
+versions; the README's ``label-noise-capacity`` block is generated from it (:mod:`experiments.publishing.readme`).
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments import grids, paper, profile_steps
-from experiments.config import RunConfig
+from experiments.spec import grids, paper
+
+from experiments.tuning import profile_steps
+from experiments.engine.config import RunConfig
 from experiments.paths import BENCHMARK_RESULTS
-from experiments.profiles import Profile
+from experiments.spec.profiles import Profile
 from experiments.provenance import RECORD_STAMP_FIELDS, record_stamp
-from experiments.store import write_csv
-from experiments.train import run
+from experiments.engine.store import write_csv
+from experiments.engine.train import run
 
 NOISE = 0.4  #: the paper's strongest label noise (Tables 4 and 7), against p = 0
 #: The top-5 losses of Table 4, trained with the last of :data:`VARIANTS` beside CE.
@@ -142,7 +144,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    command = profile_steps.parse_command("python -m experiments.label_noise_capacity", __doc__.split("\n\n")[0], argv)
+    command = profile_steps.parse_command("python -m experiments.probes.label_noise_capacity", __doc__.split("\n\n")[0], argv)
     if command is None:
         return 2
     profile, store, device = command

@@ -46,7 +46,7 @@ class RunConfig:
     def validate(self) -> None:
         """Refuse a bad value with a message naming it and what was expected."""
         import data_prep  # the registries are imported here: reading a config needs neither torch nor the data
-        from experiments.models import MODELS
+        from experiments.engine.models import MODELS
         from topk.losses import LOSSES
 
         for name, choices in (("dataset", data_prep.DATASETS), ("model", MODELS), ("loss", LOSSES)):

@@ -1,4 +1,4 @@
-"""Verdicts on the paper's claims (:data:`experiments.paper.CLAIMS`), computed from the reproduced results.
+"""Verdicts on the paper's claims (:data:`experiments.spec.paper.CLAIMS`), computed from the reproduced results.
 
 A claim is split into parts, each a test on the reproduced means with the threshold written in its evidence line;
 the claim is reproduced when every part holds, not reproduced when one fails. A part whose statistic lies within its

@@ -4,12 +4,12 @@ one record per run in the results store. Runs under ``torchrun`` with Distribute
 
 The selection metric does not change the training, only the epoch whose model is tested: a run tracks every metric
 it could be selected on and, when it finishes, also stores the records of its siblings
-(:meth:`experiments.config.RunConfig.siblings`; e.g. cross-entropy selected on top-1, top-3 and top-5 for one
+(:meth:`experiments.engine.config.RunConfig.siblings`; e.g. cross-entropy selected on top-1, top-3 and top-5 for one
 table): each is what its own training would have given, to the bit.
 
 A finished run is never recomputed; an interrupted one resumes from its last checkpoint, and reaches the same
 result as an uninterrupted run: the data order and the augmentation of epoch ``e`` depend only on ``(seed, e)``
-(:mod:`experiments.batches`), and the RNG states (the noised losses' noise) are saved with every checkpoint; under
+(:mod:`experiments.engine.batches`), and the RNG states (the noised losses' noise) are saved with every checkpoint; under
 DDP each process's stream is reseeded at every epoch instead (:func:`reseed_process`). In-memory datasets live on
 the training device and are augmented there, batch by batch.
 """
@@ -30,11 +30,11 @@ from torch import nn
 
 import data_prep
 from data_prep.common import TensorImages
-from experiments.batches import batches, order_seed
-from experiments.config import SELECTION, RunConfig, selection_metrics
-from experiments.models import build_model, parameter_count
+from experiments.engine.batches import batches, order_seed
+from experiments.engine.config import SELECTION, RunConfig, selection_metrics
+from experiments.engine.models import build_model, parameter_count
 from experiments.provenance import device_name, git_commit, versions
-from experiments.store import ResultsStore
+from experiments.engine.store import ResultsStore
 from topk.losses import build_loss
 from topk.metrics import MacroTopKAccuracy, TopKAccuracy, TopKCoverage
 
@@ -178,7 +178,7 @@ def reseed_process(seed: int, epoch: int, rank: int) -> None:
     with independent noise once the logits spread over a unit or more (K 5, eps 0.2, B 10:
     ``benchmarks/bench_ddp_noise.py``). Reseeding at every epoch lets a resumed run draw what the uninterrupted one
     drew without each process's state in the checkpoint. Hashed, so that it never meets the seed of the process's
-    augmentation stream (:mod:`experiments.batches`)."""
+    augmentation stream (:mod:`experiments.engine.batches`)."""
     digest = hashlib.sha256(f"process noise {seed} {epoch} {rank}".encode()).digest()
     torch.manual_seed(int.from_bytes(digest[:8], "big") >> 1)
 
@@ -267,7 +267,7 @@ def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> t
 @torch.no_grad()
 def evaluate(model: nn.Module, split, ks, train_class_counts, batch_size: int = 256, *, coverage: bool = False) -> dict:
     """Top-K and macro-average top-K for every K in ``ks``, the latter also per few/medium/many-shot group, over the
-    batches of ``split`` (:func:`experiments.batches.batches`); with ``coverage``, also the number of classes in the
+    batches of ``split`` (:func:`experiments.engine.batches.batches`); with ``coverage``, also the number of classes in the
     top K of more than half the images (:meth:`topk.metrics.TopKCoverage.crowded_classes`)."""
     model.eval()
     num_classes = len(train_class_counts)

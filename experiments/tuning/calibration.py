@@ -2,7 +2,7 @@
 
 CE is the baseline the paper reports on every dataset and not the method under test, so fitting the data to it says
 nothing about the other losses: they are then judged on data as hard for CE as the real data. For each setup, the
-CE runs of the tables that report the fitted numbers (:mod:`experiments.grids`, every seed of the setup: the tables
+CE runs of the tables that report the fitted numbers (:mod:`experiments.spec.grids`, every seed of the setup: the tables
 show the seeds' mean, so that is what is fitted) are trained at candidate ``pixel_noise`` and ``class_contrast`` (and
 ``ambiguity`` on the ImageNet stand-ins, ``contrast_spread`` on the long-tailed ones, ``superclass_mixing`` on the
 CIFAR-100 one: :mod:`data_prep.synthetic`) chosen by a compass search that minimises the root mean square gap, in
@@ -10,10 +10,10 @@ points, between CE's numbers (the seeds' mean) and the paper's marked ``fitted``
 faithful the stand-in is beyond the fit, are measured at the chosen knobs, and at every point when the fitted numbers'
 runs give them. Where a number stays unmatched, :func:`unmatched` says why from the points searched.
 
-CE trains at a learning rate: the first search uses the grid's, then :mod:`experiments.fixed_point` searches again
-at the rate CE chose on the calibrated stand-in (:mod:`experiments.learning_rates`), from the knobs found, until CE
+CE trains at a learning rate: the first search uses the grid's, then :mod:`experiments.tuning.fixed_point` searches again
+at the rate CE chose on the calibrated stand-in (:mod:`experiments.tuning.learning_rates`), from the knobs found, until CE
 chooses the rate its difficulty was fitted at. Each entry, stored in ``experiments/calibrated/<profile>.json`` (read
-by :func:`experiments.profiles.calibrated`), holds every evaluated point (the seeds' mean of each number), the chosen
+by :func:`experiments.spec.profiles.calibrated`), holds every evaluated point (the seeds' mean of each number), the chosen
 knobs, CE's learning-rate multipliers, the round, and the fingerprints of the setup and of this search. Runs go through
 the results store, so the chosen point's runs are the very runs the tables use.
 """
@@ -30,8 +30,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import grids, paper, profile_steps
-from experiments.profiles import CALIBRATED, SETUPS, Profile, untuned
+from experiments.spec import grids, paper
+
+from experiments.tuning import profile_steps
+from experiments.paths import CALIBRATED
+from experiments.spec.profiles import SETUPS, Profile, untuned
 from experiments.provenance import git_commit
 
 #: how far (points) a CE number may be from the paper's and still count as matched: fitted, held out
@@ -133,7 +136,7 @@ STAND_INS = {
 def ce_config(profile: Profile, setup: str, target: Target, knobs: dict, rates: dict | None = None,
               seed: int | None = None):
     """The config of the CE run behind ``target`` (the setup's ``seed``, by default its first) with the difficulty
-    ``knobs``, at the grid's learning rate times its multiplier in ``rates`` (by :func:`experiments.grids.choice_key`;
+    ``knobs``, at the grid's learning rate times its multiplier in ``rates`` (by :func:`experiments.spec.grids.choice_key`;
     absent: 1)."""
     seed = getattr(profile, setup).seeds[0] if seed is None else seed
     cells = [c for c in STAND_INS[setup].grid(untuned(profile, setup)) if c.labels["loss"] == "cross_entropy"
@@ -147,7 +150,7 @@ def ce_config(profile: Profile, setup: str, target: Target, knobs: dict, rates: 
 
 
 def ce_keys(profile: Profile, setup: str) -> dict[str, str]:
-    """The choice key (:func:`experiments.grids.choice_key`) of the CE run behind each of ``setup``'s numbers, by
+    """The choice key (:func:`experiments.spec.grids.choice_key`) of the CE run behind each of ``setup``'s numbers, by
     label."""
     return {t.label: grids.choice_key(ce_config(profile, setup, t, {})) for t in STAND_INS[setup].targets}
 
@@ -159,7 +162,7 @@ def calibrated_rates(entry: dict, profile: Profile, setup: str) -> dict:
 
 
 def round_of(entry: dict) -> int:
-    """The round of :mod:`experiments.fixed_point` a stored entry was made in (entries stored before rounds: 1)."""
+    """The round of :mod:`experiments.tuning.fixed_point` a stored entry was made in (entries stored before rounds: 1)."""
     return entry.get("round", 1)
 
 
@@ -224,7 +227,7 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
     """Search the knobs of ``setup``'s stand-in with CE at the learning-rate multipliers ``rates`` (by choice key;
     default: the grid's rate) from ``start`` (default: the stand-in's), then measure the held-out numbers at the chosen
     knobs: the entry stored for it (every evaluated point, the chosen knobs, the gaps, CE's multipliers, the round of
-    :mod:`experiments.fixed_point`, the fingerprints)."""
+    :mod:`experiments.tuning.fixed_point`, the fingerprints)."""
     stand_in = STAND_INS[setup]
     rates = {key: (rates or {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
     start = dict(start or stand_in.start)

@@ -1,8 +1,8 @@
 """The HTML report: ``build/report/index.html`` (every claim's verdict, every figure and table, provenance) and one page
 per executed notebook, readable offline (no script or style from a CDN; code hidden, a button shows it).
 
-    python -m experiments.report --profile quick            # render
-    python -m experiments.report --profile smoke --check    # render, then fail on any missing output or error cell
+    python -m experiments.publishing.report --profile quick            # render
+    python -m experiments.publishing.report --profile smoke --check    # render, then fail on any missing output or error cell
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 
-from experiments import latex
-from experiments.catalogue import ITEMS, Item
-from experiments.claims import NOT_RUN, STATUSES
-from experiments.paper import CLAIMS
+from experiments.publishing import latex
+from experiments.publishing.catalogue import ITEMS, Item
+from experiments.analysis.claims import NOT_RUN, STATUSES
+from experiments.spec.paper import CLAIMS
 from experiments.paths import BUILD, FIGURES
-from experiments.profiles import get_profile
+from experiments.spec.profiles import get_profile
 from experiments.provenance import device_name, git_commit, versions
 
 OK, FAILED, MISSING = "ok", "failed", "not run"
@@ -260,7 +260,7 @@ def screenshot_problems(path: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.publishing.report", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="quick")
     parser.add_argument("--executed", type=Path, help="executed notebooks (default: build/<profile>)")
     parser.add_argument("--figures", type=Path, help="the notebooks' outputs (default: figures/<profile>)")

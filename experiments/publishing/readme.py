@@ -5,8 +5,8 @@ says what writes each, from the default profile's verdicts (``figures/quick/clai
 (``experiments/calibrated/quick.json``), and the benchmarks' CSVs and reports (``benchmarks/results/``), each row
 stamped with its device, commit and versions.
 
-    python -m experiments.readme            # rewrite the blocks
-    python -m experiments.readme --check    # exit 1 if a block differs from what the committed results give
+    python -m experiments.publishing.readme            # rewrite the blocks
+    python -m experiments.publishing.readme --check    # exit 1 if a block differs from what the committed results give
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments import kernel_targets
-from experiments.calibration import TOLERANCE, rate_text, unmatched
-from experiments.learning_rates import fitted_gap_at_chosen_rate
-from experiments.paper import CLAIMS
-from experiments.paths import BENCHMARK_RESULTS, FIGURES, PROJECT_ROOT
-from experiments.profiles import CALIBRATED
+from experiments.analysis import kernel_targets
+from experiments.tuning.calibration import TOLERANCE, rate_text, unmatched
+from experiments.tuning.learning_rates import fitted_gap_at_chosen_rate
+from experiments.spec.paper import CLAIMS
+from experiments.paths import BENCHMARK_RESULTS, CALIBRATED, FIGURES, PROJECT_ROOT
 from experiments.provenance import short_commit
 
 README = PROJECT_ROOT / "README.md"
@@ -83,7 +82,7 @@ def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json",
                 lr_path: Path = CALIBRATED / f"{DEFAULT_PROFILE}_learning_rates.json") -> str:
     """Each stand-in's chosen knobs and CE's numbers on it against the paper's, fitted and held out, at the learning
     rate of the calibration and at the one CE chose for the tables; then the numbers not matched and why
-    (:func:`experiments.calibration.unmatched`)."""
+    (:func:`experiments.tuning.calibration.unmatched`)."""
     if not path.exists():
         return f"*No calibration stored for the {DEFAULT_PROFILE} profile: run `make calibrate`.*"
     lines = ["| stand-in | knobs | CE fitted: ours (paper) | CE held out: ours (paper) | RMS gap, fitted (CE's rate) | "
@@ -106,7 +105,7 @@ def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json",
 
 
 def _at_chosen_rate(entry: dict, chosen: dict | None) -> str:
-    """The RMS gap of CE's fitted numbers at the learning rate it chose (:mod:`experiments.learning_rates`)."""
+    """The RMS gap of CE's fitted numbers at the learning rate it chose (:mod:`experiments.tuning.learning_rates`)."""
     if not chosen or "cross_entropy" not in chosen:
         return "not measured"
     rms, _, _, multipliers = fitted_gap_at_chosen_rate(entry, chosen)
@@ -115,7 +114,7 @@ def _at_chosen_rate(entry: dict, chosen: dict | None) -> str:
 
 def learning_rates(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}_learning_rates.json") -> str:
     """Each stand-in's learning-rate multiplier chosen for each loss and selection metric on validation data
-    (:mod:`experiments.learning_rates`)."""
+    (:mod:`experiments.tuning.learning_rates`)."""
     if not path.exists():
         return f"*No learning rates chosen for the {DEFAULT_PROFILE} profile: run `make learning-rates`.*"
     setups = json.loads(path.read_text())["setups"]
@@ -242,7 +241,7 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
     """Each committed estimate of a profile's time (``bench_profile_time.py``): hours of the training notebooks, of the
     learning-rate choice's runs beyond theirs (where the profile chooses) and of one calibration point, on the machine
     that measured it."""
-    from experiments.workload import CALIBRATION_POINT, CHOICE
+    from experiments.analysis.workload import CALIBRATION_POINT, CHOICE
 
     lines = []
     for path in sorted(results.glob("profile_time_*.csv")):
@@ -264,9 +263,9 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
 def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
     """Until the ``gpu`` profile's time is measured: its CIFAR-100 notebooks' training steps at the compiled
     DenseNet-40-40 cross-entropy step of ``training_step.csv`` (the paper's batch of 64), a lower bound."""
-    from experiments.grids import NOTEBOOK_GRIDS
-    from experiments.profiles import GPU
-    from experiments.workload import profile_work
+    from experiments.spec.grids import NOTEBOOK_GRIDS
+    from experiments.spec.profiles import GPU
+    from experiments.analysis.workload import profile_work
 
     steps = [row for row in _rows(results / "training_step.csv") if row["device"] == "cuda"
              and row["model"] == "densenet40_40" and row["mode"] == "compiled" and row["loss"] == "cross_entropy"
@@ -352,22 +351,22 @@ def figure_table(name: str, figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
 def _probe(module_name: str, runs: Callable[[list[dict]], str], results: Path) -> str:
     """The README block of the probe :mod:`experiments.<module_name>`: its table from the committed CSV, then which
     runs (``runs(rows)``) on which devices, commits and torch versions."""
-    module = importlib.import_module(f"experiments.{module_name}")
+    module = importlib.import_module(f"experiments.probes.{module_name}")
     path = module.path_for(DEFAULT_PROFILE, results)
     rows = _rows(path)
     if not rows:
-        return f"*No `{path.name}` in `benchmarks/results/`: run `python -m experiments.{module_name} {DEFAULT_PROFILE}`.*"
+        return f"*No `{path.name}` in `benchmarks/results/`: run `python -m experiments.probes.{module_name} {DEFAULT_PROFILE}`.*"
     made = "; ".join(sorted({f"{r['device']}, torch {r['torch']}, commit {short_commit(r['commit'])}" for r in rows}))
     return f"{module.markdown(rows)}\n\n*{DEFAULT_PROFILE} profile, {runs(rows)}; runs on {made} (`{path.name}`).*"
 
 
 def label_noise_capacity(results: Path = BENCHMARK_RESULTS) -> str:
-    """The capacity probe of the CIFAR-100 stand-in's label noise (:mod:`experiments.label_noise_capacity`)."""
+    """The capacity probe of the CIFAR-100 stand-in's label noise (:mod:`experiments.probes.label_noise_capacity`)."""
     return _probe("label_noise_capacity", lambda rows: "the tables' first seed", results)
 
 
 def crowding(results: Path = BENCHMARK_RESULTS) -> str:
-    """The probe of classes crowding every top K under the noised losses, and of eps (:mod:`experiments.crowding`)."""
+    """The probe of classes crowding every top K under the noised losses, and of eps (:mod:`experiments.probes.crowding`)."""
     return _probe("crowding", lambda rows: f"the tables' runs ({len({r['seed'] for r in rows})} seeds at most) and the "
                   "same runs at other eps", results)
 
@@ -414,7 +413,7 @@ def stale_blocks(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.readme", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.publishing.readme", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a generated block is out of date")
     args = parser.parse_args(argv)
     text = README.read_text()
@@ -426,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_blocks(text)
         if stale:
-            print(f"README.md: blocks {stale} differ from the committed results: run python -m experiments.readme",
+            print(f"README.md: blocks {stale} differ from the committed results: run python -m experiments.publishing.readme",
                   file=sys.stderr)
         return 1 if stale else 0
     README.write_text(regenerate(text))

@@ -14,9 +14,9 @@ reached when our tables applied eps to the scaled scores; on the Pl@ntNet-300K o
 imbalanced loss (0.01, its choice, 0.05 and 0.1; Appendix E), where one seed crowds at K = 3. Nothing is fitted; the
 tables and verdicts keep the paper's eps.
 
-``python -m experiments.crowding PROFILE`` trains what the results store lacks and writes
+``python -m experiments.probes.crowding PROFILE`` trains what the results store lacks and writes
 ``benchmarks/results/crowding_<profile>.csv``, each row stamped with its run's device, commit and versions; the
-README's ``crowding`` block is generated from it (:mod:`experiments.readme`).
+README's ``crowding`` block is generated from it (:mod:`experiments.publishing.readme`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments import grids, profile_steps
-from experiments.config import RunConfig
+from experiments.spec import grids
+
+from experiments.tuning import profile_steps
+from experiments.engine.config import RunConfig
 from experiments.paths import BENCHMARK_RESULTS
-from experiments.profiles import Profile
+from experiments.spec.profiles import Profile
 from experiments.provenance import RECORD_STAMP_FIELDS, record_stamp
-from experiments.store import write_csv
-from experiments.summary import mean_interval
-from experiments.train import run
+from experiments.engine.store import write_csv
+from experiments.analysis.summary import mean_interval
+from experiments.engine.train import run
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ def markdown(rows: list[dict], probes=PROBES) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    command = profile_steps.parse_command("python -m experiments.crowding", __doc__.split("\n\n")[0], argv)
+    command = profile_steps.parse_command("python -m experiments.probes.crowding", __doc__.split("\n\n")[0], argv)
     if command is None:
         return 2
     profile, store, device = command

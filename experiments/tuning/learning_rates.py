@@ -7,17 +7,17 @@ such a loss before it has learnt: the stored validation values show how far (the
 and at 10 times it, on the CIFAR-100 stand-in).
 
 So a profile with ``lr_multipliers`` trains, on each setup, the first seed of each loss and model-selection metric
-(:func:`experiments.grids.choice_key`) of the setup's table, without label noise, at the grid's learning rate times
+(:func:`experiments.spec.grids.choice_key`) of the setup's table, without label noise, at the grid's learning rate times
 each multiplier, and keeps the multiplier whose run reaches the best validation value of its selection metric (ties:
 the one nearest 1, the grid's own rate). Every loss is chosen the same way, cross-entropy included, on validation data only; the choice then
-applies to every run of that loss and metric on the setup, all seeds and noise levels (:mod:`experiments.grids`).
-Cross-entropy's difficulty is calibrated at a learning rate (:mod:`experiments.calibration`), and
-:mod:`experiments.fixed_point` calibrates again at the one CE chooses here until the two agree; CE's calibration
+applies to every run of that loss and metric on the setup, all seeds and noise levels (:mod:`experiments.spec.grids`).
+Cross-entropy's difficulty is calibrated at a learning rate (:mod:`experiments.tuning.calibration`), and
+:mod:`experiments.tuning.fixed_point` calibrates again at the one CE chooses here until the two agree; CE's calibration
 numbers at the rate it chose (:func:`cross_entropy_numbers`) are stored with the choice, and a verdict quotes them
 where they differ from the calibration's (:func:`summary_line`).
 
 Every run's validation value and the choices are stored in ``experiments/calibrated/<profile>_learning_rates.json``
-with the fingerprint of the calibrated setup (read by :func:`experiments.profiles.with_learning_rates`). Runs go
+with the fingerprint of the calibrated setup (read by :func:`experiments.spec.profiles.with_learning_rates`). Runs go
 through the results store, so the chosen runs are the tables' own.
 """
 
@@ -29,10 +29,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import calibration, grids, profile_steps
-from experiments.profiles import CALIBRATED, Profile, untuned
+from experiments.spec import grids
+
+from experiments.tuning import calibration, profile_steps
+from experiments.paths import CALIBRATED
+from experiments.spec.profiles import Profile, untuned
 from experiments.provenance import git_commit
-from experiments.train import selection_value
+from experiments.engine.train import selection_value
 
 #: the table each setup's learning rates are chosen on
 SELECTION_GRIDS = {"cifar": grids.label_noise, "plantnet": grids.plantnet, "imagenet_lt": grids.imagenet_lt,
@@ -44,7 +47,7 @@ def path_for(profile_name: str) -> Path:
 
 
 def base_cells(profile: Profile, setup: str) -> list[grids.Cell]:
-    """One cell per :func:`experiments.grids.choice_key` of the setup's table: its first seed, without label noise,
+    """One cell per :func:`experiments.spec.grids.choice_key` of the setup's table: its first seed, without label noise,
     at the grid's own learning rate."""
     first_seed = getattr(profile, setup).seeds[0]
     cells = {}
@@ -84,7 +87,7 @@ def choose(profile: Profile, setup: str, train) -> dict:
 
 
 def cross_entropy_numbers(profile: Profile, setup: str, scales: dict, train) -> dict:
-    """Cross-entropy's calibration numbers (percent, :data:`experiments.calibration.STAND_INS`) on the calibrated
+    """Cross-entropy's calibration numbers (percent, :data:`experiments.tuning.calibration.STAND_INS`) on the calibrated
     stand-in at the learning rates it chose (``scales``), each with its multiplier and the seeds it is the mean of: the
     tables' own CE runs, averaged as the calibration averages them."""
     values = calibration.measure_seeds(profile, setup, {}, calibration.STAND_INS[setup].targets, train, scales)
@@ -100,7 +103,7 @@ def ce_rates(entry: dict, profile: Profile, setup: str) -> dict:
 
 def agrees(chosen: dict, fitted: dict, profile: Profile, setup: str) -> bool:
     """Whether CE chose (``chosen``: a stored entry of this module) the learning rates its stored calibration
-    (``fitted``) was made at: :mod:`experiments.fixed_point` has settled."""
+    (``fitted``) was made at: :mod:`experiments.tuning.fixed_point` has settled."""
     return ce_rates(chosen, profile, setup) == calibration.calibrated_rates(fitted, profile, setup)
 
 
@@ -190,8 +193,8 @@ def fitted_gap_at_chosen_rate(fitted: dict, chosen: dict) -> tuple[float, str, f
 
 def summary_line(profile: Profile, setup: str) -> str:
     """What a verdict on ``setup``'s data says about its difficulty: the calibration's line
-    (:func:`experiments.calibration.summary_line`), then CE's fitted numbers at the learning rates it chose for the
-    tables where these are not the ones it was calibrated at (:mod:`experiments.fixed_point` not settled)."""
+    (:func:`experiments.tuning.calibration.summary_line`), then CE's fitted numbers at the learning rates it chose for the
+    tables where these are not the ones it was calibrated at (:mod:`experiments.tuning.fixed_point` not settled)."""
     line, chosen, fitted = (calibration.summary_line(profile, setup), current_entry(profile, setup),
                             calibration.current_entry(profile, setup))
     if chosen is None or fitted is None or agrees(chosen, fitted, profile, setup):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.paper import CLAIMS
+from experiments.spec.paper import CLAIMS
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,18 @@
 """The scales at which the notebooks run: ``smoke`` (CI, minutes), ``quick`` (a laptop-class CPU, under two hours),
 ``gpu`` (the paper's models and schedules on full-size stand-ins) and ``paper`` (the paper's protocols on the real
-datasets). ``python -m experiments.workload PROFILE`` counts what a profile trains; ``benchmarks/bench_profile_time.py``
+datasets). ``python -m experiments.analysis.workload PROFILE`` counts what a profile trains; ``benchmarks/bench_profile_time.py``
 turns that into hours on a given machine.
 
 A :class:`Setup` is one dataset with its model and training schedule; a notebook's grid
-(:mod:`experiments.grids`) turns it into one :class:`RunConfig` per loss, hyperparameter and seed. The loss
+(:mod:`experiments.spec.grids`) turns it into one :class:`RunConfig` per loss, hyperparameter and seed. The loss
 hyperparameters are the paper's at every profile; only the data, the model and the schedule shrink, and where the
 schedule is short (``lr_multipliers``) each loss's learning rate is chosen on validation data.
 
 A profile that judges training claims on synthetic stand-ins takes their difficulty knobs from
-``experiments/calibrated/<profile>.json``, written by :mod:`experiments.fixed_point` (cross-entropy alone fitted to
-the paper's cross-entropy numbers, :mod:`experiments.calibration`), and only for the very setup they were chosen
+``experiments/calibrated/<profile>.json``, written by :mod:`experiments.tuning.fixed_point` (cross-entropy alone fitted to
+the paper's cross-entropy numbers, :mod:`experiments.tuning.calibration`), and only for the very setup they were chosen
 for. A profile with a short schedule takes each loss's learning rate, chosen on validation data, from
-``experiments/calibrated/<profile>_learning_rates.json`` (:mod:`experiments.learning_rates`), likewise only for the
+``experiments/calibrated/<profile>_learning_rates.json`` (:mod:`experiments.tuning.learning_rates`), likewise only for the
 setup (difficulty included) it was chosen on.
 """
 
@@ -24,9 +24,9 @@ import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from experiments.config import RunConfig
+from experiments.engine.config import RunConfig
+from experiments.paths import CALIBRATED
 
-CALIBRATED = Path(__file__).parent / "calibrated"
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Setup:
     model_options: dict = field(default_factory=dict)
     data_subdir: str = ""  #: where a real dataset lives under the data root (its ``data_prep --root``)
     difficulty: dict = field(default_factory=dict)  #: a stand-in's calibrated knobs (:mod:`data_prep.synthetic`)
-    #: learning-rate multipliers chosen on validation data (:mod:`experiments.learning_rates`), by "<loss> <selection>"
+    #: learning-rate multipliers chosen on validation data (:mod:`experiments.tuning.learning_rates`), by "<loss> <selection>"
     lr_scales: dict = field(default_factory=dict)
     # A model option may name a file in the dataset's folder as "{data_root}/name": the config's key stays the same
     # on every machine and the training loop resolves it (ImageNet weights for Pl@ntNet's ResNet-50).
@@ -99,7 +99,7 @@ class Profile:
     level_set_points: int  #: subdivisions of the simplex's sides in Figs. 1, 4, 5, 6
     replications: int  #: noise draws averaged in the level sets of Figs. 1 and 6 (the paper: 100)
     bound_samples: int  #: Monte Carlo samples per point of the Prop. 3.5 check
-    #: multipliers of each loss's learning rate tried on validation data (:mod:`experiments.learning_rates`); (1.0,):
+    #: multipliers of each loss's learning rate tried on validation data (:mod:`experiments.tuning.learning_rates`); (1.0,):
     #: every loss trains at the learning rate the grids give it, as in the paper
     lr_multipliers: tuple[float, ...] = (1.0,)
 
@@ -113,14 +113,14 @@ SETUPS = ("cifar", "plantnet", "imagenet_lt", "imagenet")
 
 
 def calibrated(profile: Profile) -> Profile:
-    """``profile`` with the difficulty knobs stored for it by :mod:`experiments.calibration`, for each setup whose
+    """``profile`` with the difficulty knobs stored for it by :mod:`experiments.tuning.calibration`, for each setup whose
     fingerprint they were chosen for (a setup changed since keeps the default knobs, with a warning), then
     :func:`with_learning_rates`."""
     path = CALIBRATED / f"{profile.name}.json"
     if not profile.calibrated_setups or not path.exists():
         return profile
     stored = _stored_setups(path, f"the {profile.name} stand-ins keep their default difficulty; run "
-                                  f"`python -m experiments.fixed_point {profile.name}`")
+                                  f"`python -m experiments.tuning.fixed_point {profile.name}`")
     if stored is None:
         return profile
     changes = {}
@@ -130,20 +130,20 @@ def calibrated(profile: Profile) -> Profile:
             changes[name] = replace(setup, difficulty=entry["knobs"])
         else:
             warnings.warn(f"the {profile.name} profile's {name} setup has no calibration in {path} (changed since?): "
-                          f"its stand-in keeps the default difficulty; run `python -m experiments.fixed_point "
+                          f"its stand-in keeps the default difficulty; run `python -m experiments.tuning.fixed_point "
                           f"{profile.name}`", stacklevel=2)
     return with_learning_rates(replace(profile, **changes))
 
 
 def with_learning_rates(profile: Profile) -> Profile:
-    """``profile`` with each setup's learning-rate multipliers stored for it by :mod:`experiments.learning_rates`,
+    """``profile`` with each setup's learning-rate multipliers stored for it by :mod:`experiments.tuning.learning_rates`,
     for each setup whose tuned fingerprint (its calibrated difficulty included) and multipliers they were chosen for;
     a setup changed since keeps the grids' learning rates, with a warning."""
     if len(profile.lr_multipliers) == 1:
         return profile
     path = CALIBRATED / f"{profile.name}_learning_rates.json"
     stored = _stored_setups(path, f"the {profile.name} profile's losses keep the grids' learning rates; run "
-                                  f"`python -m experiments.fixed_point {profile.name}`") if path.exists() else {}
+                                  f"`python -m experiments.tuning.fixed_point {profile.name}`") if path.exists() else {}
     if stored is None:
         return profile
     changes = {}
@@ -155,13 +155,13 @@ def with_learning_rates(profile: Profile) -> Profile:
         else:
             warnings.warn(f"the {profile.name} profile's {name} setup has no learning rates chosen for it in {path} "
                           f"(changed since?): its losses keep the grids' learning rates; run "
-                          f"`python -m experiments.fixed_point {profile.name}`", stacklevel=2)
+                          f"`python -m experiments.tuning.fixed_point {profile.name}`", stacklevel=2)
     return replace(profile, **changes)
 
 
 def recalibrated(profile: Profile) -> Profile:
     """``profile`` with its stand-ins' knobs and learning rates read afresh from the stored files (:func:`calibrated`
-    of the profile without them): what a new process would use after :mod:`experiments.fixed_point` wrote them."""
+    of the profile without them): what a new process would use after :mod:`experiments.tuning.fixed_point` wrote them."""
     bare = {name: replace(getattr(profile, name), difficulty={}, lr_scales={}) for name in profile.calibrated_setups}
     return calibrated(replace(profile, **bare))
 
