@@ -16,9 +16,13 @@ from data_prep.common import MissingDataError
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import COMPILE_MODES, run
+from experiments.scale import cli
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in cli.COMMANDS:  # plan, train, run-one: a whole profile (experiments.scale)
+        return cli.main(argv)
     parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
     parser.add_argument("config", help="a JSON file with the fields of experiments.engine.config.RunConfig")
     parser.add_argument("--store", required=True, help="results store folder")

@@ -1,0 +1,140 @@
+"""Who trains a run: a claim file in the results store, so that many processes (one machine, or a cluster on a shared
+filesystem) never train one run twice at once.
+
+``root/claims/<training key>.json`` names the holder (host, pid, Slurm job if any, start time). It is created with
+``O_CREAT | O_EXCL``, which is atomic on a local disk and on NFS v3+; the holder touches it every
+:data:`HEARTBEAT` seconds. A claim is stale when its process is gone (same host) or its heartbeat is older than
+:data:`STALE_AFTER` (another host); a stale claim is moved aside by one atomic rename, so of two processes taking it
+over only one succeeds. The claim is per training (:meth:`experiments.engine.config.RunConfig.training_key`): the
+siblings that differ only in their selection metric are one training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from experiments.engine.train import run
+
+HEARTBEAT = 30.0  #: seconds between two touches of a held claim
+STALE_AFTER = 300.0  #: a claim from another host whose heartbeat is older than this is taken over
+
+
+def claim_path(root: Path, training_key: str) -> Path:
+    return Path(root) / "claims" / f"{training_key}.json"
+
+
+def holder() -> dict:
+    """This process, as a claim names it."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
+            "since": time.time()}
+
+
+def read_claim(path: Path) -> dict | None:
+    """The claim's holder, or None when there is none; an unreadable claim (cut by a crash) reads as an empty dict,
+    which :func:`is_stale` judges by its age."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+
+
+def is_stale(path: Path, claim: dict, *, stale_after: float = STALE_AFTER) -> bool:
+    """True when the claim's process cannot be training any more: gone from this host, or silent for too long."""
+    if claim.get("host") == socket.gethostname() and isinstance(claim.get("pid"), int):
+        return not _alive(claim["pid"])
+    try:
+        return time.time() - path.stat().st_mtime > stale_after
+    except FileNotFoundError:
+        return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def try_claim(root: Path, training_key: str, *, stale_after: float = STALE_AFTER) -> bool:
+    """Take the claim on ``training_key`` (True), or leave it to its live holder (False). A stale claim is taken
+    over."""
+    path = claim_path(root, training_key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(3):  # a stale claim moved aside by us or by a competitor: try again
+        try:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            claim = read_claim(path)
+            if claim is None:
+                continue
+            if not is_stale(path, claim, stale_after=stale_after):
+                return False
+            try:  # one rename wins; the loser finds the file gone and tries to create it again
+                path.replace(path.with_name(f".{path.name}.stale.{os.getpid()}"))
+            except FileNotFoundError:
+                continue
+            path.with_name(f".{path.name}.stale.{os.getpid()}").unlink(missing_ok=True)
+            continue
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(holder(), handle)
+        return True
+    return False
+
+
+def release(root: Path, training_key: str) -> None:
+    """Give the claim back, if this process holds it."""
+    path = claim_path(root, training_key)
+    claim = read_claim(path)
+    if claim and claim.get("host") == socket.gethostname() and claim.get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+@contextmanager
+def held(root: Path, training_key: str, *, heartbeat: float = HEARTBEAT):
+    """Keep the claim alive (its file touched every ``heartbeat`` seconds) while the body trains; release it after,
+    whatever happens."""
+    path, stop = claim_path(root, training_key), threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(heartbeat):
+            try:
+                os.utime(path)
+            except FileNotFoundError:
+                return
+
+    thread = threading.Thread(target=beat, name=f"claim-{training_key}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        release(root, training_key)
+
+
+def train_once(config, store, *, wait: bool = True, poll: float = 2.0, **options) -> dict | None:
+    """``config``'s record: read back from ``store``, or trained by :func:`experiments.engine.train.run` (``options``)
+    while this process holds the claim on its training. When a live process holds it, wait for its record (or return
+    None at once with ``wait=False``); when that process dies, its claim goes stale and this one resumes the run from
+    its checkpoint."""
+    key = config.training_key()
+    while True:
+        if (record := store.finished(config.key())) is not None:
+            return record
+        if try_claim(store.root, key):
+            with held(store.root, key):
+                return run(config, store, **options)
+        if not wait:
+            return None
+        time.sleep(poll)

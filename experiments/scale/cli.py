@@ -1,0 +1,106 @@
+"""The profile-wide commands of ``python -m experiments``:
+
+    python -m experiments plan PROFILE                         # every run, the notebooks that read it, its state
+    python -m experiments train PROFILE --executor local --jobs 2
+    python -m experiments train PROFILE --executor local --per-gpu 4 --device cuda
+    python -m experiments train PROFILE --executor slurm --partition gpu --gpus-per-task 1 --time-min 600
+    python -m experiments run-one KEY --profile PROFILE        # one planned run (what an sbatch array task calls)
+
+``train`` exits with the number of failed runs (0 when every run finished); each failed run is named with its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from data_prep.common import MissingDataError
+from experiments.engine.store import ResultsStore
+from experiments.engine.train import COMPILE_MODES
+from experiments.paths import RESULTS
+from experiments.scale import executors, slurm
+from experiments.scale.plan import PlannedRun, plan, state, table
+from experiments.scale.progress import Progress
+from experiments.spec.profiles import PROFILES, get_profile
+
+COMMANDS = ("plan", "train", "run-one")
+EXECUTORS = ("inline", "local", "slurm")
+
+
+def _training_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", help="results store folder (default: results/PROFILE, as the notebooks use)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    parser.add_argument("--data-root", help="root of the real datasets (the paper profile), as given to make DATA=")
+    parser.add_argument("--workers", type=int, help="processes reading an image-folder dataset, per run")
+    parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES, help="torch.compile mode of the step")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads per run (default: the cores split between the workers)")
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(prog="python -m experiments", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = main.add_subparsers(dest="command", required=True)
+    listing = commands.add_parser("plan", help="list every distinct run of a profile and what the store holds of it")
+    listing.add_argument("profile", choices=PROFILES)
+    listing.add_argument("--store", help="results store folder (default: results/PROFILE)")
+    train = commands.add_parser("train", help="train every missing run of a profile through an executor")
+    train.add_argument("profile", choices=PROFILES)
+    train.add_argument("--executor", choices=EXECUTORS, default="inline")
+    train.add_argument("--jobs", type=int, default=1, help="local: worker processes on this machine (default 1)")
+    train.add_argument("--per-gpu", type=int, help="local: runs side by side on each visible GPU (instead of --jobs)")
+    _training_options(train)
+    slurm.add_options(train)
+    one = commands.add_parser("run-one", help="train one planned run (an array task's command)")
+    one.add_argument("key", help="the run's key, as `plan` lists it")
+    one.add_argument("--profile", required=True, choices=PROFILES)
+    _training_options(one)
+    return main
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    profile = get_profile(args.profile)
+    store = args.store or str(RESULTS / profile.name)
+    runs = plan(profile)
+    if args.command == "plan":
+        print(table(runs, ResultsStore(store)))
+        return 0
+    options = executors.TrainOptions(store, args.device, args.data_root, args.workers, args.compile_mode, args.threads)
+    try:
+        if args.command == "run-one":
+            return _run_one(runs, args.key, options)
+        return _train(runs, args, options)
+    except MissingDataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store}; the same command "
+              "resumes", file=sys.stderr)
+        return 130
+
+
+def _run_one(runs: list[PlannedRun], key: str, options: executors.TrainOptions) -> int:
+    matches = [run for run in runs if key in {sibling.key() for sibling in run.config.siblings()}]
+    if not matches:
+        print(f"error: no run of this profile has the key {key!r}: `python -m experiments plan PROFILE` lists them",
+              file=sys.stderr)
+        return 2
+    record = executors.train_run(matches[0], options)
+    print(f"{key}: finished, selected epoch {record['selected_epoch']}")
+    return 0
+
+
+def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.TrainOptions) -> int:
+    todo = [run for run in runs if state(run, ResultsStore(options.store))[0] != "finished"]
+    print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train "
+          f"({args.executor} executor)", file=sys.stderr)
+    progress = Progress(todo)
+    if args.executor == "inline":
+        executors.inline(todo, options, progress)
+    elif args.executor == "local":
+        executors.local(todo, options, progress, jobs=args.jobs, per_gpu=args.per_gpu)
+    else:
+        slurm.train(todo, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
+    print(progress.summary(), file=sys.stderr)
+    return min(len(progress.failed), 100)

@@ -1,0 +1,98 @@
+"""Every distinct run of a profile, listed before anything trains: the same grids the notebooks call
+(:data:`experiments.spec.grids.NOTEBOOK_GRIDS`), each training once (runs that differ only in their selection metric
+are one training: :meth:`experiments.engine.config.RunConfig.siblings`), with the notebooks that read it, its work,
+and what the results store holds of it.
+
+    python -m experiments plan quick
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import data_prep
+from experiments.analysis.workload import stand_in_size
+from experiments.engine.config import RunConfig
+from experiments.engine.store import ResultsStore
+from experiments.spec.grids import NOTEBOOK_GRIDS
+from experiments.spec.profiles import Profile
+
+#: Notebooks whose result is the runs' own timing (Fig. 3's epoch times): their runs train with nothing beside them.
+TIMED_NOTEBOOKS = ("fig3_epoch_time",)
+STATES = ("finished", "partial", "missing")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One training of the profile: the config the first notebook asks for, the notebooks that read it."""
+
+    config: RunConfig
+    notebooks: tuple[str, ...]
+    data_subdir: str | None  #: where its real dataset lives under the data root; None on a synthetic stand-in
+    train_images: int | None  #: images through a training step over all epochs (full batches); None on real data
+
+    @property
+    def key(self) -> str:
+        return self.config.key()
+
+    @property
+    def alone(self) -> bool:
+        """True when its epoch times are a result: no other run may share the machine while it trains."""
+        return any(notebook in TIMED_NOTEBOOKS for notebook in self.notebooks)
+
+    def data_root(self, root: str | Path | None) -> Path | None:
+        """The folder its dataset is read from, under the real datasets' ``root``; None on a stand-in."""
+        if self.data_subdir is None:
+            return None
+        if root is None:
+            raise data_prep.MissingDataError(
+                f"run {self.key} trains on the real {self.config.dataset!r}: pass the datasets' root (--data-root)")
+        return Path(root) / self.data_subdir
+
+
+def plan(profile: Profile) -> list[PlannedRun]:
+    """The profile's trainings in the notebooks' order, each once."""
+    first: dict[str, tuple] = {}  # training key -> (config, setup)
+    readers: dict[str, list[str]] = {}
+    for notebook, notebook_grids in NOTEBOOK_GRIDS.items():
+        for grid in notebook_grids:
+            for cell in grid(profile):
+                training = cell.config.training_key()
+                first.setdefault(training, (cell.config, cell.setup))
+                if notebook not in readers.setdefault(training, []):
+                    readers[training].append(notebook)
+    return [PlannedRun(config, tuple(readers[training]), None if setup.synthetic else setup.data_subdir,
+                       _train_images(config, setup)) for training, (config, setup) in first.items()]
+
+
+def _train_images(config: RunConfig, setup) -> int | None:
+    if not setup.synthetic:
+        return None
+    train = stand_in_size(setup).train
+    return config.epochs * (train // config.batch_size * config.batch_size)
+
+
+def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
+    """``("finished" | "partial" | "missing", epochs done)`` from the store's record and checkpoint of ``run``."""
+    if store.record_path(run.key).exists():
+        return "finished", run.config.epochs
+    checkpoint = store.load_checkpoint(run.key)
+    return ("partial", checkpoint["state"]["epoch"]) if checkpoint is not None else ("missing", 0)
+
+
+def table(runs: list[PlannedRun], store: ResultsStore) -> str:
+    """The plan as text: one line per run, then the totals by state."""
+    lines = [f"{'key':16s} {'state':>9s} {'epochs':>9s} {'images':>13s}  notebooks"]
+    counts = dict.fromkeys(STATES, 0)
+    for run in runs:
+        status, done = state(run, store)
+        counts[status] += 1
+        images = f"{run.train_images:,}" if run.train_images is not None else "real data"
+        alone = "  (trained alone: its timings are the result)" if run.alone else ""
+        lines.append(f"{run.key:16s} {status:>9s} {done:>4d}/{run.config.epochs:<4d} {images:>13s}  "
+                     f"{', '.join(run.notebooks)}{alone}")
+    images = sum(run.train_images or 0 for run in runs)
+    lines.append(f"{len(runs)} runs: " + ", ".join(f"{counts[name]} {name}" for name in STATES)
+                 + f"; {images:,} training images in all")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""The ``slurm`` executor: one array task per missing run, submitted through submitit (the launcher most PyTorch
+research code uses), followed through ``squeue`` and the results store (no accounting database needed).
+
+A task that is preempted or runs out of time is requeued (submitit's checkpoint hook, ``--requeue``) and resumes
+from its run's last checkpoint in the store. Runs whose timings are the result (:attr:`PlannedRun.alone`) go in a
+second array whose tasks each hold a whole node (``--exclusive``). The same arrays are always written as plain
+``sbatch --array`` scripts calling ``python -m experiments run-one KEY``, for sites without submitit or with another
+scheduler (``--sbatch-only`` writes them and submits nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.engine.store import ResultsStore
+from experiments.paths import PROJECT_ROOT
+from experiments.scale.executors import TrainOptions, train_run
+from experiments.scale.plan import PlannedRun
+from experiments.scale.progress import Progress
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What each array task asks Slurm for, and where the submission's files go."""
+
+    folder: str  #: scripts, key lists and the tasks' logs
+    partition: str | None = None
+    gpus_per_task: int = 0
+    cpus_per_task: int = 1
+    mem_gb: float | None = None
+    time_min: int = 60
+    array_parallelism: int = 64  #: tasks of one array running at once
+    poll: float = 10.0  #: seconds between two looks at the queue
+    sbatch_only: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "SlurmOptions":
+        folder = args.slurm_folder or str(Path(args.store or PROJECT_ROOT / "results" / args.profile) / "slurm")
+        return cls(folder, args.partition, args.gpus_per_task, args.cpus_per_task, args.mem_gb, args.time_min,
+                   args.array_parallelism, args.poll, args.sbatch_only)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("slurm executor")
+    group.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
+    group.add_argument("--gpus-per-task", type=int, default=0, help="GPUs per run (default 0)")
+    group.add_argument("--cpus-per-task", type=int, default=1, help="CPU cores per run (default 1)")
+    group.add_argument("--mem-gb", type=float, help="memory per run in GB (default: the partition's)")
+    group.add_argument("--time-min", type=int, default=60,
+                       help="time limit per task in minutes; a task out of time is requeued and resumes (default 60)")
+    group.add_argument("--array-parallelism", type=int, default=64, help="tasks of an array running at once")
+    group.add_argument("--poll", type=float, default=10.0, help="seconds between two looks at the queue")
+    group.add_argument("--slurm-folder", help="scripts and task logs (default: STORE/slurm)")
+    group.add_argument("--sbatch-only", action="store_true",
+                       help="write the plain sbatch scripts and submit nothing (run them with sbatch yourself)")
+
+
+def sbatch_script(runs: list[PlannedRun], options: TrainOptions, slurm: SlurmOptions, profile: str, name: str) -> Path:
+    """Write ``<folder>/<name>.keys`` and ``<folder>/<name>.sbatch``: an array with one task per run, each calling
+    ``python -m experiments run-one``; returns the script's path."""
+    folder = Path(slurm.folder).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = folder / f"{name}.keys"
+    keys.write_text("".join(f"{run.key}\n" for run in runs))
+    alone = name.endswith("alone")
+    directives = [f"--job-name=topk-{profile}-{name}", f"--array=0-{len(runs) - 1}%{1 if alone else slurm.array_parallelism}",
+                  f"--cpus-per-task={slurm.cpus_per_task}", f"--time={slurm.time_min}", "--requeue",
+                  f"--output={folder}/%A_%a.out", f"--error={folder}/%A_%a.err"]
+    directives += [f"--partition={slurm.partition}"] * bool(slurm.partition)
+    directives += [f"--gpus-per-task={slurm.gpus_per_task}"] * bool(slurm.gpus_per_task)
+    directives += [f"--mem={int(slurm.mem_gb * 1024)}M"] * bool(slurm.mem_gb)
+    directives += ["--exclusive"] * alone
+    command = [sys.executable, "-m", "experiments", "run-one", '"$key"', "--profile", profile,
+               *_run_one_options(options)]
+    script = folder / f"{name}.sbatch"
+    script.write_text("#!/bin/bash\n" + "".join(f"#SBATCH {line}\n" for line in directives)
+                      + f"# {len(runs)} runs of the {profile} profile; each resumes from its checkpoint if requeued.\n"
+                      + f"cd {shlex.quote(str(PROJECT_ROOT))}\n"
+                      + f'key=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(str(keys))})\n'
+                      + "exec " + " ".join(part if part == '"$key"' else shlex.quote(part) for part in command) + "\n")
+    return script
+
+
+def _run_one_options(options: TrainOptions) -> list[str]:
+    pairs = [("--store", str(Path(options.store).resolve())), ("--device", options.device),
+             ("--data-root", options.data_root), ("--workers", options.workers), ("--compile", options.compile_mode),
+             ("--threads", options.threads or None)]
+    return [str(part) for flag, value in pairs if value is not None for part in (flag, value)]
+
+
+class RunTask:
+    """What a submitit array task calls: train one run; on preemption or time-out, requeue the same call (submitit
+    calls :meth:`checkpoint`), which resumes from the run's checkpoint in the store."""
+
+    def __init__(self, options: TrainOptions):
+        self.options = options
+
+    def __call__(self, run: PlannedRun) -> str:
+        train_run(run, self.options)
+        return run.key
+
+    def checkpoint(self, run: PlannedRun):
+        import submitit  # optional: only a submitit task calls this
+
+        return submitit.helpers.DelayedSubmission(self, run)
+
+
+def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slurm: SlurmOptions, *,
+          profile: str) -> None:
+    """Submit ``runs`` as arrays and follow them until every task has ended (see the module's text)."""
+    arrays = [(name, group) for name, group in (("runs", [run for run in runs if not run.alone]),
+                                                ("alone", [run for run in runs if run.alone])) if group]
+    scripts = [sbatch_script(group, options, slurm, profile, name) for name, group in arrays]
+    if slurm.sbatch_only:
+        print("wrote " + ", ".join(map(str, scripts)) + ": submit each with `sbatch SCRIPT`", file=sys.stderr)
+        return
+    try:
+        import submitit
+    except ImportError:
+        raise SystemExit("the slurm executor submits through submitit: `pip install submitit`, or submit the scripts "
+                         f"written with sbatch yourself: {', '.join(map(str, scripts))}") from None
+    jobs = []
+    for name, group in arrays:
+        executor = submitit.AutoExecutor(folder=Path(slurm.folder) / "submitit", cluster="slurm")
+        executor.update_parameters(name=f"topk-{profile}-{name}", timeout_min=slurm.time_min,
+                                   cpus_per_task=slurm.cpus_per_task, slurm_array_parallelism=
+                                   1 if name == "alone" else slurm.array_parallelism,
+                                   slurm_additional_parameters={"requeue": True, **({"exclusive": True}
+                                                                                    if name == "alone" else {})},
+                                   **({"slurm_partition": slurm.partition} if slurm.partition else {}),
+                                   **({"gpus_per_task": slurm.gpus_per_task} if slurm.gpus_per_task else {}),
+                                   **({"mem_gb": slurm.mem_gb} if slurm.mem_gb else {}))
+        jobs += list(zip(group, executor.map_array(RunTask(options), group)))
+    print(f"submitted {len(jobs)} array tasks (job {', '.join(sorted({job.job_id.split('_')[0] for _, job in jobs}))})",
+          file=sys.stderr)
+    follow(jobs, options, progress, slurm.poll)
+
+
+def queued(job_ids: set[str]) -> dict[str, str] | None:
+    """The state of every task of ``job_ids`` still in Slurm's queue (``<job>_<task>`` -> PENDING, RUNNING, ...);
+    None when ``squeue`` could not answer (the controller busy or restarting)."""
+    listing = subprocess.run(["squeue", "--noheader", "--array", "--format=%i %T", "--jobs", ",".join(sorted(job_ids))],
+                             capture_output=True, text=True)
+    if listing.returncode != 0 and "Invalid job id" not in listing.stderr:  # jobs gone from the queue: an empty answer
+        return None
+    return dict(line.split() for line in listing.stdout.splitlines() if line.strip())
+
+
+def follow(jobs: list, options: TrainOptions, progress: Progress, poll: float) -> None:
+    """Report each task as it runs and ends: finished when its run's record is in the store, failed when it left the
+    queue without one (its log: the task's stderr)."""
+    store, waiting = ResultsStore(options.store), {run.key: (run, job) for run, job in jobs}
+    array_ids = {job.job_id.split("_")[0] for _, job in jobs}
+    while waiting:
+        if (states := queued(array_ids)) is None:
+            time.sleep(poll)
+            continue
+        for key, (run, job) in list(waiting.items()):
+            if store.record_path(run.key).exists():
+                progress.finish(run)
+            elif job.job_id not in states:
+                progress.fail(run, str(job.paths.stderr))
+            else:
+                if states[job.job_id] == "RUNNING" and run.key not in progress.running:
+                    progress.start(run)
+                continue
+            del waiting[key]
+        if waiting:
+            time.sleep(poll)
