@@ -1,8 +1,12 @@
-"""What a notebook calls: run a grid of cells through the results store, and write its figures, tables and claim
-verdicts to ``figures/<profile>/`` with the profile and the data that made them. A notebook holds parameters, calls to this
-module and presentation, nothing else.
+"""What a notebook calls, and its one entry into the package: run a grid of cells through the results store, and
+write its figures, tables and claim verdicts to ``figures/<profile>/`` with the profile and the data that made them.
+A notebook holds parameters, calls to this module and presentation, nothing else; what else it uses of the package
+(the grids, the paper's numbers, the summaries, ...) it imports from here (:data:`NOTEBOOK_IMPORTS`).
 
-    ctx = start("table3_samples", profile="quick")
+    from experiments import harness
+    from experiments.harness import grids
+
+    ctx = harness.start("table3_samples", profile="quick")
     frame = ctx.run(grids.table3(ctx.profile))     # one row per run, accuracies in percent
     ctx.save_table(table, "table3", "Table 3: ...")
 """
@@ -22,16 +26,23 @@ import pandas as pd
 import torch
 
 from data_prep import MissingDataError
-from experiments.tuning import learning_rates
+from experiments.analysis import analytic, claims, plots, summary, timings
 from experiments.analysis.claims import Verdict
-from experiments.engine.config import RunConfig
-from experiments.spec.grids import Cell
-from experiments.paths import FIGURES, RESULTS
-from experiments.spec.profiles import SETUPS, Profile, get_profile
-from experiments.provenance import device_name, git_commit, short_commit
-from experiments.engine.store import ResultsStore
 from experiments.analysis.summary import column_labels, to_markdown
+from experiments.engine.config import RunConfig
+from experiments.engine.store import ResultsStore
 from experiments.engine.train import COMPILE_MODES, run
+from experiments.paths import CALIBRATION_SEEDS, CROWDED_CLASSES, FIGURES, LABEL_NOISE_FIT, RESULTS
+from experiments.provenance import device_name, git_commit, short_commit
+from experiments.publishing import latex
+from experiments.spec import grids, paper
+from experiments.spec.grids import Cell
+from experiments.spec.profiles import SETUPS, Profile, get_profile
+from experiments.tuning import calibration, fixed_point, learning_rates
+
+#: What the notebooks import from this module beside :func:`start`: the package's modules and names they present.
+NOTEBOOK_IMPORTS = ("analytic", "calibration", "claims", "fixed_point", "grids", "latex", "learning_rates", "paper",
+                    "plots", "summary", "timings", "CALIBRATION_SEEDS", "CROWDED_CLASSES", "LABEL_NOISE_FIT")
 
 DEVICES = ("cpu", "cuda")
 
