@@ -1,11 +1,12 @@
-"""The README's numbers, generated from committed results: no number in a generated block is typed by hand.
+"""The numbers of README.md and docs/*.md, generated from committed results: none in a block is typed by hand.
 
-A block is the text between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->`` in ``README.md``; :data:`BLOCKS`
-says what writes each, from the default profile's verdicts (``figures/quick/claims/``) and calibration
+A block is the text between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``; it lives in exactly one of
+:func:`documents` (``README.md`` and ``docs/*.md``), the one that holds its subject, and moves with its section.
+:data:`BLOCKS` says what writes each, from the default profile's verdicts (``figures/quick/claims/``) and calibration
 (``experiments/calibrated/quick.json``), and the benchmarks' CSVs and reports (``benchmarks/results/``), each row
 stamped with its device, commit and versions.
 
-    python -m experiments.publishing.readme            # rewrite the blocks
+    python -m experiments.publishing.readme            # rewrite the blocks, in every document
     python -m experiments.publishing.readme --check    # exit 1 if a block differs from what the committed results give
 """
 
@@ -29,6 +30,8 @@ from experiments.paths import BENCHMARK_RESULTS, CALIBRATED, FIGURES, PROJECT_RO
 from experiments.provenance import short_commit
 
 README = PROJECT_ROOT / "README.md"
+#: The documentation's pages (``docs/*.md``), whose blocks are generated and checked as the README's.
+DOCS = PROJECT_ROOT / "docs"
 #: The profile whose outputs are committed and summarised.
 DEFAULT_PROFILE = "quick"
 #: The configuration of the CPU headline (``bench_noised_losses.py --headline``) and its target, pytopk / topk.
@@ -43,6 +46,10 @@ LABEL_NOISE_FIT = "table7_label_noise_fit"
 CROWDED_CLASSES = "table4_crowded_classes"
 #: The table of CE's calibration numbers in the tables' runs, every seed (notebook ``calibration_stand_ins``).
 CALIBRATION_SEEDS = "calibration_seeds"
+#: The README's training-step headline (``training_step.csv``): the compiled step with the noised loss on the kernel.
+STEP_HEADLINE = {"mode": "compiled", "backend": "auto", "K": "5", "B": "10"}
+#: The longest line of evidence the README's verdict summary quotes of a claim.
+EVIDENCE_CHARACTERS = 110
 
 
 def _rows(path: Path) -> list[dict]:
@@ -76,6 +83,70 @@ def verdicts(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
         lines.append(f"| {claim.number} | {_cell(claim.text)} | {verdict['status']} | {_cell(evidence)} |")
     made = ", ".join(sorted(stamps)) or "nothing yet"
     return "\n".join(lines) + f"\n\n*From `figures/{DEFAULT_PROFILE}/claims/` ({DEFAULT_PROFILE} profile, {made}).*"
+
+
+def one_line(verdict: dict, limit: int = EVIDENCE_CHARACTERS) -> str:
+    """The line of a verdict's evidence that decided it, cut at a word boundary: the first failed check (``✗``) of a
+    claim not reproduced, the first passed one (``✓``) of a claim reproduced, else the first line (the reason a claim
+    is inconclusive or not run)."""
+    evidence = verdict.get("evidence") or ["no evidence recorded"]
+    mark = {"reproduced": "✓", "not reproduced": "✗"}.get(verdict.get("status", ""))
+    line = next((item for item in evidence if mark and item.startswith(mark)), evidence[0])
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 1].rsplit(" ", 1)[0].rstrip(",;:(")
+    return cut + " …"
+
+
+def verdict_summary(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
+    """The verdict on each claim with one line of its evidence (:func:`one_line`); :func:`verdicts` gives all of it."""
+    lines = ["| # | item | the paper says | verdict | deciding evidence |", "|---|---|---|---|---|"]
+    stamps = set()
+    for claim in CLAIMS:
+        path = figures / "claims" / f"claim{claim.number}.json"
+        if not path.exists():
+            lines.append(f"| {claim.number} | {claim.source} | {_cell(claim.text)} | not run | no `{path.name}` |")
+            continue
+        verdict = json.loads(path.read_text())
+        stamps.add(short_commit(verdict.get("commit", "unknown")))
+        lines.append(f"| {claim.number} | {claim.source} | {_cell(claim.text)} | {verdict['status']} | "
+                     f"{_cell(one_line(verdict))} |")
+    made = f"commit {', '.join(sorted(stamps))}" if stamps else "nothing run yet"
+    return "\n".join(lines) + f"\n\n*From `figures/{DEFAULT_PROFILE}/claims/` ({DEFAULT_PROFILE} profile, {made}).*"
+
+
+def _short_stamp(row: dict) -> str:
+    return f"{row['device_name']}, torch {row['torch']}, commit {short_commit(row['commit'])}"
+
+
+def performance_headline(results: Path = BENCHMARK_RESULTS) -> str:
+    """Three numbers: the noised loss against ``pytopk`` on a CPU, the compiled training step's overhead over
+    cross-entropy on a GPU, the smoothed hinge against Berrada et al.'s code; each from its committed CSV."""
+    lines = []
+    noised, _, _ = _headline(results / "noised_losses.csv", NOISED_HEADLINE, ())
+    if {"topk", "pytopk"} <= set(noised):
+        ours, theirs = float(noised["topk"]["ms"]), float(noised["pytopk"]["ms"])
+        lines.append(f"- **x{theirs / ours:.1f} faster than the published `pytopk`**: the noised loss's forward + "
+                     f"backward on a CPU, batch {NOISED_HEADLINE['batch']}, L {NOISED_HEADLINE['n_classes']}, "
+                     f"K {NOISED_HEADLINE['k']}, B {NOISED_HEADLINE['n_samples']} ({ours:.2f} ms against "
+                     f"{theirs:.2f}; `noised_losses.csv`, {_short_stamp(noised['topk'])})")
+    steps = [r for r in _rows(results / "training_step.csv") if r["device"] == "cuda"
+             and r["loss"].startswith("noised_balanced") and all(r[k] == v for k, v in STEP_HEADLINE.items())]
+    if steps:
+        step = steps[0]
+        lines.append(f"- **{100 * float(step['overhead_vs_ce']):+.1f}% over cross-entropy**: a {step['mode']} training "
+                     f"step of {step['model']} (batch {step['batch_size']}) with the noised loss at K {step['K']}, "
+                     f"B {step['B']}, against cross-entropy's in the same run ({float(step['ms_per_step']):.2f} ms; "
+                     f"`training_step.csv`, {_short_stamp(step)})")
+    smooth, _, _ = _headline(results / "smooth_hinge.csv", SMOOTH_HEADLINE, ())
+    if {"smooth_hinge", "reference"} <= set(smooth):
+        ours, theirs = float(smooth["smooth_hinge"]["ms"]), float(smooth["reference"]["ms"])
+        error = " / ".join(f"{float(smooth[m]['grad_error_x20']):.1e}" for m in ("smooth_hinge", "reference"))
+        lines.append(f"- **x{theirs / ours:.1f} faster than Berrada et al.'s smoothed hinge**: forward + backward on a "
+                     f"CPU, batch {SMOOTH_HEADLINE['batch']}, L {SMOOTH_HEADLINE['n_classes']}, "
+                     f"K {SMOOTH_HEADLINE['k']} ({ours:.2f} ms against {theirs:.2f}), float32 gradient error on "
+                     f"scores x20, ours / theirs: {error} (`smooth_hinge.csv`, {_short_stamp(smooth['smooth_hinge'])})")
+    return "\n".join(lines) or "*No benchmark result in `benchmarks/results/`: run `make bench`.*"
 
 
 def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json",
@@ -349,7 +420,7 @@ def figure_table(name: str, figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
 
 
 def _probe(module_name: str, runs: Callable[[list[dict]], str], results: Path) -> str:
-    """The README block of the probe :mod:`experiments.<module_name>`: its table from the committed CSV, then which
+    """The block of the probe :mod:`experiments.<module_name>`: its table from the committed CSV, then which
     runs (``runs(rows)``) on which devices, commits and torch versions."""
     module = importlib.import_module(f"experiments.probes.{module_name}")
     path = module.path_for(DEFAULT_PROFILE, results)
@@ -371,8 +442,10 @@ def crowding(results: Path = BENCHMARK_RESULTS) -> str:
                   "same runs at other eps", results)
 
 
-#: Each generated block of the README and what writes it.
+#: Each generated block and what writes it; :func:`placement` finds the one document that holds it.
 BLOCKS: dict[str, Callable[[], str]] = {
+    "verdict-summary": verdict_summary,
+    "performance-headline": performance_headline,
     "verdicts": verdicts,
     "calibration": calibration,
     "noised-headline": noised_headline,
@@ -389,47 +462,110 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "learning-rates": learning_rates,
 }
 
+#: A block's markers; its name is lower case, digits and hyphens.
+_START = re.compile(r"<!-- generated: ([a-z0-9][a-z0-9-]*) -->")
+_END = re.compile(r"<!-- end: ([a-z0-9][a-z0-9-]*) -->")
+
+
+def documents(root: Path = PROJECT_ROOT) -> list[Path]:
+    """The files whose blocks are generated: ``README.md`` and every page of ``docs/``."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
 
 def _pattern(name: str) -> re.Pattern:
     return re.compile(rf"(<!-- generated: {re.escape(name)} -->)(.*?)(<!-- end: {re.escape(name)} -->)", re.S)
 
 
+def blocks_in(text: str) -> list[str]:
+    """The names of the blocks ``text`` holds, in order; an unclosed or unpaired marker is an error naming it."""
+    starts, ends = _START.findall(text), _END.findall(text)
+    for name in starts:
+        if not _pattern(name).search(text):
+            raise ValueError(f"block {name!r} has no '<!-- end: {name} -->' after its start")
+    for name in ends:
+        if name not in starts:
+            raise ValueError(f"'<!-- end: {name} -->' has no '<!-- generated: {name} -->' before it")
+    return starts
+
+
+def placement(paths: list[Path] | None = None, blocks: dict[str, Callable[[], str]] = BLOCKS) -> dict[str, Path]:
+    """Each block's document. A block in no document, in two (or twice in one), or a document naming a block that
+    :data:`BLOCKS` does not know, is an error naming it."""
+    paths = documents() if paths is None else paths
+    where: dict[str, list[Path]] = {}
+    for path in paths:
+        try:
+            names = blocks_in(path.read_text())
+        except ValueError as error:
+            raise ValueError(f"{_shown(path)}: {error}") from None
+        for name in names:
+            if name not in blocks:
+                raise ValueError(f"{_shown(path)} has a block {name!r} that nothing writes: add it to BLOCKS or remove "
+                                 "its markers")
+            where.setdefault(name, []).append(path)
+    for name in blocks:
+        found = where.get(name, [])
+        if not found:
+            raise ValueError(f"no document has block {name!r}: add '<!-- generated: {name} -->' and "
+                             f"'<!-- end: {name} -->' where it goes (README.md or a page of docs/)")
+        if len(found) > 1:
+            raise ValueError(f"block {name!r} is in {', '.join(_shown(p) for p in found)}: a block lives in one file")
+    return {name: found[0] for name, found in where.items()}
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(PROJECT_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def regenerate(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
-    """``text`` with every block rewritten; a block missing from ``text`` is an error naming it."""
-    for name, write in blocks.items():
-        pattern = _pattern(name)
-        if not pattern.search(text):
-            raise ValueError(f"README.md has no block {name!r}: add '<!-- generated: {name} -->' and "
-                             f"'<!-- end: {name} -->' where it goes")
-        content = "\n" + write() + "\n"
-        text = pattern.sub(lambda match: match.group(1) + content + match.group(3), text)
+    """``text`` with each of ``blocks`` that it holds rewritten (the others are left as they are)."""
+    for name in blocks_in(text):
+        if name in blocks:
+            content = "\n" + blocks[name]() + "\n"
+            text = _pattern(name).sub(lambda match: match.group(1) + content + match.group(3), text)
     return text
 
 
 def stale_blocks(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> list[str]:
     """The blocks of ``text`` that differ from what the committed results give."""
-    return [name for name in blocks if _pattern(name).search(regenerate(text, {name: blocks[name]})).group(2)
-            != _pattern(name).search(text).group(2)]
+    return [name for name in blocks_in(text) if name in blocks
+            and _pattern(name).search(regenerate(text, {name: blocks[name]})).group(2) != _pattern(name).search(text).group(2)]
+
+
+def stale(paths: list[Path] | None = None, blocks: dict[str, Callable[[], str]] = BLOCKS) -> dict[str, list[str]]:
+    """The stale blocks of each document that has any, after checking that each block lives in exactly one."""
+    paths = documents() if paths is None else paths
+    placement(paths, blocks)
+    found = {_shown(path): stale_blocks(path.read_text(), blocks) for path in paths}
+    return {path: names for path, names in found.items() if names}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.publishing.readme", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a generated block is out of date")
     args = parser.parse_args(argv)
-    text = README.read_text()
+    paths = documents()
     try:
-        regenerate(text)
+        where = placement(paths)
     except ValueError as error:
-        print(f"README.md: {error}", file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr)
         return 1
     if args.check:
-        stale = stale_blocks(text)
-        if stale:
-            print(f"README.md: blocks {stale} differ from the committed results: run python -m experiments.publishing.readme",
+        found = stale(paths)
+        for path, names in found.items():
+            print(f"{path}: blocks {names} differ from the committed results: run python -m experiments.publishing.readme",
                   file=sys.stderr)
-        return 1 if stale else 0
-    README.write_text(regenerate(text))
-    print(f"README.md: {len(BLOCKS)} blocks regenerated")
+        return 1 if found else 0
+    for path in paths:
+        text = path.read_text()
+        written = regenerate(text)
+        if written != text:
+            path.write_text(written)
+        names = [name for name, home in where.items() if home == path]
+        print(f"{_shown(path)}: {len(names)} blocks regenerated{' (' + ', '.join(names) + ')' if names else ''}")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The README's numbers are generated from committed results (:mod:`experiments.publishing.readme`): the committed README
-matches them, and a changed result makes its block stale. Its Python examples run as a user would paste them."""
+"""The numbers of the README and of ``docs/`` are generated from committed results (:mod:`experiments.publishing.readme`):
+the committed pages match them, each block lives in one page, and a changed result makes its block stale. Their Python
+examples run as a user would paste them. The README stays a door: short, with exactly the two set-up commands."""
 
 import json
 import re
@@ -15,24 +16,75 @@ from experiments.publishing import readme
 from experiments.spec import grids
 from experiments.paths import FIGURES, PROJECT_ROOT
 
-README_EXAMPLES = re.findall(r"^```python\n(.*?)^```", readme.README.read_text(), flags=re.M | re.S)
+#: Every ```python block of the README and of docs/*.md, with where it is.
+EXAMPLES = [(path.relative_to(PROJECT_ROOT).as_posix(), example) for path in readme.documents()
+            for example in re.findall(r"^```python\n(.*?)^```", path.read_text(), flags=re.M | re.S)]
 
 
-@pytest.mark.parametrize("number", range(len(README_EXAMPLES)))
-def test_the_readmes_python_examples_run(number):
-    example = README_EXAMPLES[number]
+@pytest.mark.parametrize("where, example", EXAMPLES,
+                         ids=[f"{where}-{number}" for number, (where, _) in enumerate(EXAMPLES)])
+def test_the_readmes_python_examples_run(where, example):
     if '"cuda"' in example and not torch.cuda.is_available():
         pytest.skip("a CUDA example")
     done = subprocess.run([sys.executable, "-c", example], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, f"{where}: {done.stderr[-3000:]}"
 
 
 def test_the_readmes_examples_are_found_and_one_runs_without_a_gpu():
-    assert any('"cuda"' not in example for example in README_EXAMPLES), README_EXAMPLES
+    readmes = [example for where, example in EXAMPLES if where == "README.md"]
+    assert any('"cuda"' not in example for example in readmes), readmes
+    assert any('"cuda"' in example for where, example in EXAMPLES if where.startswith("docs/")), EXAMPLES
 
 
-def test_the_committed_readme_matches_the_committed_results():
-    assert readme.stale_blocks(readme.README.read_text()) == []
+def test_the_readme_is_a_door_with_the_two_set_up_commands():
+    text = readme.README.read_text()
+    assert len(text.splitlines()) <= 150
+    commands = [line.split("#")[0].strip() for block in re.findall(r"^```(?:bash|sh|shell)\n(.*?)^```", text,
+                                                                    flags=re.M | re.S) for line in block.splitlines()]
+    assert [command for command in commands if command] == ["make paper-figures", "make test"]
+    assert "https://proceedings.mlr.press/v162/garcin22a.html" in text and "@inproceedings" in text
+    assert "[LICENSE](LICENSE)" in text
+
+
+def test_the_committed_readme_and_docs_match_the_committed_results():
+    assert readme.stale() == {}
+
+
+def test_each_block_lives_in_exactly_one_document_and_the_readme_holds_the_headlines():
+    where = readme.placement()
+    assert set(where) == set(readme.BLOCKS)
+    assert where["verdict-summary"] == where["performance-headline"] == readme.README
+    assert all(path.parent == readme.DOCS for name, path in where.items()
+               if name not in ("verdict-summary", "performance-headline"))
+
+
+def _documents(tmp_path, **pages):
+    paths = []
+    for name, text in pages.items():
+        path = tmp_path / f"{name}.md"
+        path.write_text(text)
+        paths.append(path)
+    return paths
+
+
+def test_a_block_in_two_documents_in_none_or_unknown_is_a_clear_error(tmp_path):
+    blocks = {"one": lambda: "1", "two": lambda: "2"}
+    block = lambda name: f"<!-- generated: {name} -->\nold\n<!-- end: {name} -->\n"  # noqa: E731
+    paths = _documents(tmp_path, readme=block("one"), page=block("two"))
+    assert {name: path.name for name, path in readme.placement(paths, blocks).items()} == {"one": "readme.md",
+                                                                                          "two": "page.md"}
+    assert readme.stale(paths, blocks) == {str(paths[0]): ["one"], str(paths[1]): ["two"]}
+    for pages, message in (({"readme": block("one"), "page": block("one") + block("two")}, "is in"),
+                           ({"readme": block("one")}, "no document has block 'two'"),
+                           ({"readme": block("one") + block("two") + block("three")}, "'three' that nothing writes"),
+                           ({"readme": block("one") + block("two") + "<!-- generated: four -->"}, "has no '<!-- end")):
+        for path in tmp_path.glob("*.md"):
+            path.unlink()
+        with pytest.raises(ValueError, match=message):
+            readme.placement(_documents(tmp_path, **pages), blocks)
+    written = readme.regenerate(block("one") + block("two"), blocks)
+    assert written == "<!-- generated: one -->\n1\n<!-- end: one -->\n<!-- generated: two -->\n2\n<!-- end: two -->\n"
+    assert readme.stale_blocks(written, blocks) == []
 
 
 def test_a_changed_verdict_makes_the_verdict_block_stale(tmp_path):
@@ -43,13 +95,30 @@ def test_a_changed_verdict_makes_the_verdict_block_stale(tmp_path):
         shutil.copy(path, figures / "claims" / path.name)
     verdict = {"claim": 3, "status": "reproduced", "evidence": ["✓ B = 1 to 100 within 0.5"], "commit": "a" * 40}
     (figures / "claims" / "claim3.json").write_text(json.dumps(verdict))
-    blocks = {"verdicts": lambda: readme.verdicts(figures)}
-    text = readme.regenerate(readme.README.read_text(), blocks)
-    assert "| 3 | B has little impact on accuracy; a small B (3 to 10) is enough | reproduced | ✓ B = 1 to 100" in text
-    assert readme.stale_blocks(text, blocks) == []
+    blocks = {"verdicts": lambda: readme.verdicts(figures), "verdict-summary": lambda: readme.verdict_summary(figures)}
+    where = readme.placement()
+    texts = {name: readme.regenerate(where[name].read_text(), {name: blocks[name]}) for name in blocks}
+    assert "| 3 | B has little impact on accuracy; a small B (3 to 10) is enough | reproduced | ✓ B = 1 to 100" in \
+        texts["verdicts"]
+    assert "| 3 | Table 3 | B has little impact on accuracy; a small B (3 to 10) is enough | reproduced | ✓ B = 1 to " \
+           "100 within 0.5 |" in texts["verdict-summary"]
+    assert all(readme.stale_blocks(text, {name: blocks[name]}) == [] for name, text in texts.items())
     verdict["status"] = "not reproduced"
     (figures / "claims" / "claim3.json").write_text(json.dumps(verdict))
-    assert readme.stale_blocks(text, blocks) == ["verdicts"]
+    assert [readme.stale_blocks(text, {name: blocks[name]}) for name, text in texts.items()] == [["verdicts"],
+                                                                                               ["verdict-summary"]]
+
+
+def test_the_summary_quotes_the_line_that_decided_each_verdict_cut_at_a_word():
+    evidence = ["✓ passed first", "✗ failed first: 1.0 against 2.0", "✗ failed second", "data: the stand-in"]
+    assert readme.one_line({"status": "not reproduced", "evidence": evidence}) == evidence[1]
+    assert readme.one_line({"status": "reproduced", "evidence": evidence}) == evidence[0]
+    assert readme.one_line({"status": "inconclusive at this profile", "evidence": ["timings of a shared CPU"]}) \
+        == "timings of a shared CPU"
+    assert readme.one_line({"status": "not run at this profile", "evidence": []}) == "no evidence recorded"
+    long = "✗ the means over B span 6.60 points against 2.16 (1 point, or 2 standard errors)"
+    assert readme.one_line({"status": "not reproduced", "evidence": [long]}, limit=40) == "✗ the means over B span 6.60 points …"
+    assert long.startswith(readme.one_line({"status": "not reproduced", "evidence": [long]}, limit=40)[:-2])
 
 
 def test_headline_block_reads_the_csv_with_its_stamp(tmp_path):
@@ -61,6 +130,34 @@ def test_headline_block_reads_the_csv_with_its_stamp(tmp_path):
     text = readme.noised_headline(tmp_path)
     assert "pytopk / topk = x15.0 (target x10: met)" in text and "test-cpu (cpu), torch 9.9" in text
     assert "commit bbbbbbbbbb" in text
+
+
+def _csv(path, rows):
+    with path.open("w") as handle:
+        handle.write(",".join(rows[0]) + "\n" + "\n".join(",".join(r.values()) for r in rows) + "\n")
+
+
+def test_performance_headline_gives_three_numbers_each_from_its_csv_with_its_stamp(tmp_path):
+    assert "run `make bench`" in readme.performance_headline(tmp_path)
+    stamp = {"device": "cpu", "device_name": "test-cpu", "commit": "b" * 40, "python": "3", "torch": "9.9",
+             "triton": "none", "topk": "0"}
+    _csv(tmp_path / "noised_losses.csv", [{**stamp, **readme.NOISED_HEADLINE, "method": m, "status": "ok", "ms": ms,
+                                          "peak_extra_mb": "1"} for m, ms in (("topk", "2.0"), ("pytopk", "30.0"))])
+    _csv(tmp_path / "smooth_hinge.csv", [{**stamp, **readme.SMOOTH_HEADLINE, "method": m, "status": "ok", "ms": ms,
+                                         "peak_extra_mb": "1", "grad_error_x1": "1e-7", "grad_error_x20": error}
+                                        for m, ms, error in (("smooth_hinge", "5.0", "1e-6"), ("reference", "20.0", "0.02"))])
+    _csv(tmp_path / "training_step.csv", [{**stamp, "device": "cuda", "device_name": "test-gpu", "model": "densenet40_40",
+                                          "mode": mode, "compiler": "", "loss": f"noised_balanced B={b}", "backend": "auto",
+                                          "K": "5", "B": b, "batch_size": "64", "steps": "9", "ms_per_step": "6.1",
+                                          "overhead_vs_ce": overhead}
+                                         for mode, b, overhead in (("eager", "10", "0.5"), ("compiled", "3", "0.2"),
+                                                                   ("compiled", "10", "0.015"))])
+    lines = readme.performance_headline(tmp_path).splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("- **x15.0 faster than the published `pytopk`**") and "test-cpu" in lines[0]
+    assert lines[1].startswith("- **+1.5% over cross-entropy**: a compiled training step of densenet40_40 (batch 64) "
+                               "with the noised loss at K 5, B 10") and "test-gpu, torch 9.9, commit bbbbbbbbbb" in lines[1]
+    assert lines[2].startswith("- **x4.0 faster than Berrada et al.'s smoothed hinge**") and "1.0e-06 / 2.0e-02" in lines[2]
 
 
 def test_profile_time_block_sums_the_notebooks_apart_from_the_choice_and_the_calibration_point(tmp_path):
@@ -142,13 +239,10 @@ def test_a_figure_table_block_is_the_notebooks_table_with_its_stamp(tmp_path):
     assert readme.figure_table(readme.LABEL_NOISE_FIT, tmp_path) == table.strip()
 
 
-def test_a_readme_without_a_block_is_a_clear_error():
-    try:
-        readme.regenerate("no blocks here")
-    except ValueError as error:
-        assert "has no block 'verdicts'" in str(error)
-    else:
-        raise AssertionError("a README without its blocks was accepted")
+def test_a_readme_without_a_block_is_a_clear_error(tmp_path):
+    (tmp_path / "README.md").write_text("no blocks here")
+    with pytest.raises(ValueError, match="no document has block 'verdict-summary'"):
+        readme.placement(readme.documents(tmp_path))
 
 
 def test_calibration_block_gives_ce_s_gap_at_the_calibration_s_rate_and_at_the_one_it_chose(tmp_path):
