@@ -47,7 +47,11 @@ def read_claim(path: Path) -> dict | None:
 
 
 def is_stale(path: Path, claim: dict, *, stale_after: float = STALE_AFTER) -> bool:
-    """True when the claim's process cannot be training any more: gone from this host, or silent for too long."""
+    """True when the claim's process cannot be training any more: gone from this host, silent for too long, or this
+    very Slurm task before Slurm requeued it (a requeued task keeps its job id)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and claim.get("slurm_job") == job:
+        return True
     if claim.get("host") == socket.gethostname() and isinstance(claim.get("pid"), int):
         return not _alive(claim["pid"])
     try:

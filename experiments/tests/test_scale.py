@@ -1,0 +1,177 @@
+"""A profile trained as a whole (:mod:`experiments.scale`): the plan is the notebooks' grids, each training once;
+executors give the inline records bit for bit; the store's claims let many processes share it without training a
+run twice; a killed worker's run resumes to the same result."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.engine import run_claim
+from experiments.engine.config import RunConfig
+from experiments.engine.store import ResultsStore
+from experiments.engine.train import run
+from experiments.scale import executors
+from experiments.scale.plan import PlannedRun, plan, state
+from experiments.scale.progress import Progress
+from experiments.spec.grids import NOTEBOOK_GRIDS
+from experiments.spec.profiles import get_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = dict(dataset="cifar100_like", dataset_options={"per_class_train": 4, "per_class_val": 1, "per_class_test": 1},
+            model="small_cnn", model_options={"width": 8}, loss="noised_balanced",
+            loss_options={"k": 5, "epsilon": 0.5, "n_samples": 3}, epochs=2, batch_size=32, lr=0.05,
+            weight_decay=5e-4, milestones=(1,), seed=1)
+
+
+def _planned(seed: int, **changes) -> PlannedRun:
+    return PlannedRun(RunConfig(**{**TINY, "seed": seed, **changes}), ("test",), None, 0)
+
+
+def _computed(record: dict) -> dict:
+    """What a run computes, without its timings and provenance."""
+    history = [{name: value for name, value in epoch.items() if name not in ("epoch_seconds", "loss_seconds")}
+               for epoch in record["history"]]
+    return {**{name: value for name, value in record.items() if name != "provenance"}, "history": history}
+
+
+def test_the_plan_is_every_notebook_grid_cell_once_per_training_with_its_readers():
+    profile = get_profile("smoke")
+    runs = plan(profile)
+    trainings = {cell.config.training_key(): notebook for notebook, grids in NOTEBOOK_GRIDS.items()
+                 for grid in grids for cell in grid(profile)}
+    assert sorted(run.config.training_key() for run in runs) == sorted(trainings)
+    for run in runs:
+        assert trainings[run.config.training_key()] in run.notebooks  # the last notebook reading it, at least
+        assert run.alone == ("fig3_epoch_time" in run.notebooks)
+        assert run.train_images > 0
+    assert any(len(run.notebooks) > 1 for run in runs)  # a run shared by two notebooks is planned once
+
+
+def test_the_plan_says_what_the_store_holds_of_each_run(tmp_path):
+    store, planned = ResultsStore(tmp_path), _planned(1)
+    assert state(planned, store) == ("missing", 0)
+    assert run(planned.config, store, stop_after_epochs=1) is None
+    assert state(planned, store) == ("partial", 1)
+    run(planned.config, store)
+    assert state(planned, store) == ("finished", 2)
+
+
+def test_local_with_two_workers_gives_the_inline_records_bit_for_bit(tmp_path):
+    runs = [_planned(seed) for seed in (1, 2, 3)]
+    threads = torch.get_num_threads()
+    try:
+        inline = executors.TrainOptions(str(tmp_path / "inline"), threads=1)
+        executors.inline(runs, inline, Progress(runs))
+    finally:
+        torch.set_num_threads(threads)
+    local = executors.TrainOptions(str(tmp_path / "local"), threads=1)
+    progress = Progress(runs)
+    executors.local(runs, local, progress, jobs=2)
+    assert progress.done == 3 and not progress.failed
+    for run in runs:
+        one, other = (ResultsStore(options.store).finished(run.key) for options in (inline, local))
+        assert _computed(one) == _computed(other)
+
+
+def test_a_failed_run_is_named_with_its_log_and_the_others_go_on(tmp_path):
+    real = PlannedRun(RunConfig(**{**TINY, "dataset": "cifar100", "dataset_options": {}}), ("test",), "cifar100", None)
+    runs = [real, _planned(1)]
+    options = executors.TrainOptions(str(tmp_path), threads=1)
+    progress = Progress(runs)
+    executors.local(runs, options, progress, jobs=2)
+    assert progress.done == 1 and list(progress.failed) == [real.key]
+    assert "MissingDataError" in Path(progress.failed[real.key]).read_text()
+    assert ResultsStore(tmp_path).finished(runs[1].key) is not None
+
+
+def test_a_claim_is_kept_by_a_live_holder_and_taken_over_from_a_dead_or_silent_one(tmp_path):
+    key = "0123456789abcdef"
+    path = run_claim.claim_path(tmp_path, key)
+    assert run_claim.try_claim(tmp_path, key)
+    assert run_claim.read_claim(path)["pid"] == os.getpid()
+    assert not run_claim.try_claim(tmp_path, key)  # held by this live process
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path.write_text(f'{{"host": "{socket.gethostname()}", "pid": {dead.pid}}}')
+    assert run_claim.try_claim(tmp_path, key)  # its process is gone
+    path.write_text('{"host": "another-node", "pid": 1}')
+    assert not run_claim.try_claim(tmp_path, key)  # another host's claim, touched just now
+    old = time.time() - run_claim.STALE_AFTER - 1
+    os.utime(path, (old, old))
+    assert run_claim.try_claim(tmp_path, key)  # silent for too long
+    run_claim.release(tmp_path, key)
+    assert not path.exists()
+
+
+RACER = """
+import sys
+from experiments.engine import run_claim
+from experiments.engine.config import RunConfig
+from experiments.engine.store import ResultsStore
+import json, os, torch
+torch.set_num_threads(1)
+real_run = run_claim.run
+def counted(*args, **kwargs):
+    with open(sys.argv[2], "a") as log:
+        log.write(f"{os.getpid()}\\n")
+    return real_run(*args, **kwargs)
+run_claim.run = counted
+config = RunConfig.from_dict(json.loads(sys.argv[3]))
+run_claim.train_once(config, ResultsStore(sys.argv[1]), poll=0.2)
+"""
+
+
+def test_two_processes_racing_on_one_run_train_it_once(tmp_path):
+    config = RunConfig(**TINY)
+    arguments = [str(tmp_path / "store"), str(tmp_path / "trainings"), json_config(config)]
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, *arguments], cwd=ROOT, env=_env()) for _ in range(2)]
+    assert [racer.wait(timeout=300) for racer in racers] == [0, 0]
+    assert len((tmp_path / "trainings").read_text().split()) == 1
+    assert ResultsStore(tmp_path / "store").finished(config.key()) is not None
+
+
+def test_a_worker_killed_mid_run_is_resumed_by_the_next_train_to_the_same_result(tmp_path):
+    config = RunConfig(**{**TINY, "epochs": 6, "milestones": (3,)})
+    store = _CountingStore(tmp_path / "killed")
+    worker = subprocess.Popen([sys.executable, "-c", RACER, str(store.root), str(tmp_path / "trainings"),
+                               json_config(config)], cwd=ROOT, env=_env())
+    deadline = time.time() + 300
+    while not store.checkpoint_path(config.key()).exists() and time.time() < deadline:
+        time.sleep(0.05)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    assert store.finished(config.key()) is None, "the worker finished before it could be killed"
+    assert run_claim.claim_path(store.root, config.training_key()).exists()  # left behind by the killed worker
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        resumed = run_claim.train_once(config, store, wait=False)
+        whole = run_claim.train_once(config, ResultsStore(tmp_path / "whole"))
+    finally:
+        torch.set_num_threads(threads)
+    assert 0 < store.checkpoints_saved < config.epochs  # resumed from the killed worker's checkpoint, not restarted
+    assert _computed(resumed) == _computed(whole)
+
+
+class _CountingStore(ResultsStore):
+    checkpoints_saved = 0
+
+    def save_checkpoint(self, key, state):
+        self.checkpoints_saved += 1
+        super().save_checkpoint(key, state)
+
+
+def json_config(config: RunConfig) -> str:
+    return json.dumps(config.to_dict())
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
