@@ -136,8 +136,8 @@ def performance_headline(results: Path = BENCHMARK_RESULTS) -> str:
         step = steps[0]
         lines.append(f"- **{100 * float(step['overhead_vs_ce']):+.1f}% over cross-entropy**: a {step['mode']} training "
                      f"step of {step['model']} (batch {step['batch_size']}) with the noised loss at K {step['K']}, "
-                     f"B {step['B']}, against cross-entropy's in the same run ({float(step['ms_per_step']):.2f} ms; "
-                     f"`training_step.csv`, {_short_stamp(step)})")
+                     f"B {step['B']}: {float(step['ms_per_step']):.2f} ms a step, against cross-entropy's in the same "
+                     f"run (`training_step.csv`, {_short_stamp(step)})")
     smooth, _, _ = _headline(results / "smooth_hinge.csv", SMOOTH_HEADLINE, ())
     if {"smooth_hinge", "reference"} <= set(smooth):
         ours, theirs = float(smooth["smooth_hinge"]["ms"]), float(smooth["reference"]["ms"])

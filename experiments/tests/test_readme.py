@@ -246,9 +246,10 @@ def test_a_readme_without_a_block_is_a_clear_error(tmp_path):
 
 
 def test_calibration_block_gives_ce_s_gap_at_the_calibration_s_rate_and_at_the_one_it_chose(tmp_path):
-    targets = [{"label": "top-1", "published": 72.0, "ours": 73.0, "fitted": True},
-               {"label": "top-5", "published": 90.0, "ours": 89.0, "fitted": True},
-               {"label": "macro", "published": 50.0, "ours": 51.0, "fitted": False}]
+    targets = [{"label": label, "published": published, "cell": [], "metric": ["top", label], "fitted": fitted,
+                "ours": ours} for label, published, ours, fitted in (("top-1", 72.0, 73.0, True),
+                                                                     ("top-5", 90.0, 89.0, True),
+                                                                     ("macro", 50.0, 51.0, False))]
     entry = {"dataset": "imagenet_like", "knobs": {"pixel_noise": 0.6}, "targets": targets, "rms_gap_fitted": 1.0,
              "points": [], "commit": "f" * 40}
     (tmp_path / "quick.json").write_text(json.dumps({"setups": {"imagenet": entry}}))
