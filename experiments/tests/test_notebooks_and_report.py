@@ -1,10 +1,12 @@
 """The notebooks' plumbing: the catalogue matches the source notebooks, every profile's grids are valid configs, the
 harness stops on missing real data and survives a diverged run, and the report marks failures and stays offline."""
 
+import html
 import json
 import re
 
 import nbformat
+import pandas as pd
 import pytest
 import torch
 
@@ -135,6 +137,115 @@ def test_the_report_marks_failed_and_missing_notebooks_and_loads_nothing_remote(
     assert "<math" in index and "the notebook table3_samples failed" in index
     for page in out.glob("*.html"):
         assert "cdnjs" not in page.read_text() and "require.min.js" not in page.read_text()
+
+
+PROGRESS = "[1/2] cross_entropy {'seed': 0}: done, trained in 6.9 s\n[2/2] cross_entropy {'seed': 1}: done, from the store\n"
+EVIDENCE = ["✓ the best B in 3..10 (92.3) is 0.47 below the best B (92.8), against 2.16",
+            "✗ the means over B span 6.60 points against 2.16 (1 point, or 2 standard errors of a mean if larger), "
+            "which is far more than the paper's spread over B and than the seeds' noise at this profile",
+            "data: stand-in cifar100_like calibrated on CE alone"]
+
+
+def _html(markup):
+    return nbformat.v4.new_output("display_data", {"text/html": markup})
+
+
+def _training_notebook():
+    """A notebook as the harness leaves it: its setup, the runs' progress lines, a table, a figure, a verdict; then a
+    second section with a table."""
+    figure = nbformat.v4.new_output("display_data", {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"})
+    verdict = _html("<p><b>Claim 3: not reproduced</b></p><ul>" + "".join(f"<li>{line}</li>" for line in EVIDENCE)
+                    + "</ul>")
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Table 3: the effect of B"),
+        nbformat.v4.new_code_cell("ctx.run(...)", execution_count=1, outputs=[
+            _html("<p>the setup</p>"), nbformat.v4.new_output("stream", name="stdout", text=PROGRESS),
+            _html("<p><b>Table 3</b></p><table><tr><td>ours-cell</td></tr></table>"), figure, verdict]),
+        nbformat.v4.new_markdown_cell("## Seeds"),
+        nbformat.v4.new_code_cell("seeds", execution_count=2, outputs=[nbformat.v4.new_output(
+            "execute_result", {"text/html": "<table><tr><td>seed table</td></tr></table>"}, execution_count=2)])])
+    notebook.metadata["papermill"] = {"duration": 1.5}
+    return notebook
+
+
+def test_a_notebook_page_leads_with_its_tables_and_figures_and_folds_the_progress_lines(tmp_path):
+    """Each section shows its tables and figures right under its text, before the setup, the runs' progress lines (one
+    closed <details> summing them up) and the verdict; the executed notebook itself is not changed."""
+    notebook = _training_notebook()
+    before = nbformat.writes(notebook)
+    shown = report.for_reading(notebook)
+    assert nbformat.writes(notebook) == before
+    outputs = [[o.data.get("text/html", "image") for o in cell.get("outputs", [])] for cell in shown.cells]
+    assert [cell.cell_type for cell in shown.cells] == ["markdown", "code", "code", "markdown", "code", "code"]
+    assert outputs[1] == ["<p><b>Table 3</b></p><table><tr><td>ours-cell</td></tr></table>", "image"]
+    assert outputs[2][0] == "<p>the setup</p>" and outputs[2][1].startswith(
+        '<details class="run-log"><summary>2 runs: 2 done; 1 trained in 7 s, 1 read from the store</summary><pre>[1/2]')
+    assert outputs[4] == ["<table><tr><td>seed table</td></tr></table>"] and outputs[5] == []
+    assert all(o.output_type != "stream" for cell in shown.cells for o in cell.get("outputs", []))
+
+    executed, out = tmp_path / "executed", tmp_path / "report"
+    executed.mkdir()
+    nbformat.write(notebook, executed / "table3_samples.ipynb")
+    report.render("smoke", executed, tmp_path / "figures", out)
+    page = (out / "table3_samples.html").read_text()
+    assert page.index("ours-cell") < page.index("the setup") < page.index("2 runs:") < page.index("Claim 3")
+    assert page.count("trained in 6.9 s") == 1 and '<details class="run-log">' in page and "<details open" not in page
+
+
+def test_the_progress_summary_counts_runs_by_ending_and_by_whether_they_trained():
+    lines = ["[1/3] a {}: done, trained in 30.0 s", "[2/3] a {}: diverged, trained in 60.0 s",
+             "[3/3] a {}: done, from the store", "a warning"]
+    assert report.log_summary(lines) == ("3 runs: 2 done, 1 diverged; 2 trained in 1.5 min, 1 read from the store; "
+                                         "1 other printed line")
+    assert report.log_summary(["a warning", "another"]) == "2 printed lines"
+
+
+def test_a_claims_evidence_shows_one_lead_line_and_the_rest_one_click_away(tmp_path):
+    """In the index and on the notebook's page: the lead is the evidence's failed check (a claim not reproduced) cut at
+    a word boundary, never reworded; every line and the data stamp are in a closed <details>."""
+    escaped = lambda text: html.escape(text, quote=False)  # noqa: E731
+    lead = report.evidence_lead("not reproduced", EVIDENCE)
+    assert lead.endswith(" …") and len(lead) <= report.LEAD_CHARS
+    assert EVIDENCE[1].startswith(lead[:-2]) and EVIDENCE[1][len(lead) - 2] == " "
+    assert report.evidence_lead("reproduced", EVIDENCE) == report.evidence_lead("reproduced", EVIDENCE[:1]) == EVIDENCE[0]
+
+    executed, figures, out = tmp_path / "executed", tmp_path / "figures", tmp_path / "report"
+    executed.mkdir()
+    (figures / "claims").mkdir(parents=True)
+    (figures / "claims" / "claim3.json").write_text(json.dumps(
+        {"claim": 3, "status": "not reproduced", "evidence": EVIDENCE, "profile": "smoke", "data": "the data stamp"}))
+    nbformat.write(_training_notebook(), executed / "table3_samples.ipynb")
+    report.render("smoke", executed, figures, out)
+    for page in ("index.html", "table3_samples.html"):
+        text = (out / page).read_text()
+        folded = text[text.index(f'<p class="lead">{escaped(lead)}</p><details><summary>the evidence (3 lines)'):]
+        assert escaped(EVIDENCE[1]) in folded.split("</details>")[0], page
+        assert text.count(escaped(EVIDENCE[1])) == 1, page
+    assert "the data stamp" in (out / "index.html").read_text().split("the evidence (3 lines)")[1].split("</details>")[0]
+
+
+def test_no_page_of_the_report_scrolls_sideways_at_1300_px(tmp_path):
+    """Chromium loads every page 1300 px wide: a wide table scrolls in a box of its own, not the page; the check finds
+    a page that does scroll sideways."""
+    import shutil
+
+    if shutil.which("chromium") is None:
+        pytest.skip("no chromium")
+    executed, figures, out = tmp_path / "executed", tmp_path / "figures", tmp_path / "report"
+    executed.mkdir()
+    (figures / "manifests").mkdir(parents=True)
+    wide = {f"K={k} ours": [f"36.3 ± 3.5 (3.8/25.8/61.6) run {k}"] for k in range(20)}
+    pd.DataFrame(wide, index=pd.Index(["CE"], name="test top-K")).to_csv(figures / "table6.csv")
+    (figures / "table6.md").write_text("**Table 6**\n\n|...|\n\n*smoke profile*\n")
+    (figures / "manifests" / "table6_imagenet_lt.json").write_text(json.dumps(
+        {"notebook": "table6_imagenet_lt", "profile": "smoke", "device": "cpu", "data": [],
+         "outputs": ["table6.csv", "table6.md"]}))
+    nbformat.write(_training_notebook(), executed / "table6_imagenet_lt.ipynb")
+    report.render("smoke", executed, figures, out)
+    assert report.sideways_scrolling(sorted(out.glob("*.html"))) == []
+    (out / "too_wide.html").write_text("<!DOCTYPE html><body><div style='width: 1400px'>x</div></body>")
+    assert report.sideways_scrolling([out / "too_wide.html"]) == [
+        "too_wide.html scrolls sideways at 1300 px: 1408 px wide for 1300 px"]
 
 
 def test_offline_strips_cdn_scripts_and_refuses_other_remote_resources():
