@@ -7,10 +7,10 @@ NOTEBOOKS = PROJECT_ROOT / "notebooks"  #: the source notebooks, output-free
 FIGURES = PROJECT_ROOT / "figures"  #: figures/<profile>/: generated figures, tables, claim verdicts, notebook manifests
 RESULTS = PROJECT_ROOT / "results"  #: the results store of each profile (results/<profile>), kept across reruns
 BUILD = PROJECT_ROOT / "build"  #: executed notebooks (build/<profile>/) and the rendered report (build/report/)
-CALIBRATED = PROJECT_ROOT / "experiments" / "calibrated"  #: the tuned stand-ins and learning rates of each profile (JSON)
+CALIBRATED = PROJECT_ROOT / "experiments" / "calibrated"  #: what tuning chose, per profile (experiments.spec.tuned)
 BENCHMARK_RESULTS = PROJECT_ROOT / "benchmarks" / "results"  #: CSVs of the benchmark scripts, committed with the code
 
-#: Tables in ``figures/<profile>/`` that the README quotes, by name (without suffix), and the notebook writing each.
+# Tables of ``figures/<profile>/`` (name without suffix) that the README quotes, and the notebook that writes each.
 LABEL_NOISE_FIT = "table7_label_noise_fit"  #: the label noise each selected model fitted (table4_table7_label_noise)
 CROWDED_CLASSES = "table4_crowded_classes"  #: the classes crowding the test top Ks (table4_table7_label_noise)
-CALIBRATION_SEEDS = "calibration_seeds"  #: CE's calibration numbers in the tables' runs, every seed (calibration_stand_ins)
+CALIBRATION_SEEDS = "calibration_seeds"  #: CE's calibration numbers in the tables' runs (calibration_stand_ins)

@@ -18,15 +18,11 @@ setup (difficulty included) it was chosen on.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import warnings
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 from experiments.engine.config import RunConfig
-from experiments.paths import CALIBRATED
-
+from experiments.spec import tuned
 
 
 @dataclass(frozen=True)
@@ -67,21 +63,17 @@ class Setup:
     def fingerprint(self) -> str:
         """A hash of everything but the difficulty knobs and the learning rates chosen: calibrated knobs apply to the
         setup with this fingerprint."""
-        return _hash({**self._chosen_apart(), "difficulty": None})
+        return tuned.fingerprint({**self._chosen_apart(), "difficulty": None})
 
     def tuned_fingerprint(self) -> str:
         """A hash of everything but the learning rates chosen, the difficulty knobs included: learning rates chosen on
         validation data apply to the setup with this fingerprint."""
-        return _hash(self._chosen_apart())
+        return tuned.fingerprint(self._chosen_apart())
 
     def _chosen_apart(self) -> dict:
         fields = asdict(self)
         del fields["lr_scales"]
         return fields
-
-
-def _hash(fields: dict) -> str:
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -113,49 +105,45 @@ SETUPS = ("cifar", "plantnet", "imagenet_lt", "imagenet")
 
 
 def calibrated(profile: Profile) -> Profile:
-    """``profile`` with the difficulty knobs stored for it by :mod:`experiments.tuning.calibration`, for each setup whose
-    fingerprint they were chosen for (a setup changed since keeps the default knobs, with a warning), then
+    """``profile`` with the difficulty knobs stored for it (:func:`experiments.spec.tuned.calibrations`), for each
+    setup whose fingerprint they were chosen for (a setup changed since keeps the default knobs, with a warning), then
     :func:`with_learning_rates`."""
-    path = CALIBRATED / f"{profile.name}.json"
-    if not profile.calibrated_setups or not path.exists():
+    if not profile.calibrated_setups or not tuned.calibration_path(profile.name).exists():
         return profile
-    stored = _stored_setups(path, f"the {profile.name} stand-ins keep their default difficulty; run "
-                                  f"`python -m experiments.tuning.fixed_point {profile.name}`")
+    stored = _stored(tuned.calibrations, profile.name, f"the {profile.name} stand-ins keep their default difficulty")
     if stored is None:
         return profile
     changes = {}
     for name in profile.calibrated_setups:
         setup, entry = getattr(profile, name), stored.get(name)
-        if entry and entry["setup_fingerprint"] == setup.fingerprint():
-            changes[name] = replace(setup, difficulty=entry["knobs"])
+        if entry is not None and entry.fits(setup.fingerprint()):
+            changes[name] = replace(setup, difficulty=entry.knobs)
         else:
-            warnings.warn(f"the {profile.name} profile's {name} setup has no calibration in {path} (changed since?): "
-                          f"its stand-in keeps the default difficulty; run `python -m experiments.tuning.fixed_point "
-                          f"{profile.name}`", stacklevel=2)
+            warnings.warn(f"the {profile.name} profile's {name} setup has no calibration in "
+                          f"{tuned.calibration_path(profile.name)} (changed since?): its stand-in keeps the default "
+                          f"difficulty; {_RETUNE.format(profile.name)}", stacklevel=2)
     return with_learning_rates(replace(profile, **changes))
 
 
 def with_learning_rates(profile: Profile) -> Profile:
-    """``profile`` with each setup's learning-rate multipliers stored for it by :mod:`experiments.tuning.learning_rates`,
-    for each setup whose tuned fingerprint (its calibrated difficulty included) and multipliers they were chosen for;
-    a setup changed since keeps the grids' learning rates, with a warning."""
+    """``profile`` with each setup's learning-rate multipliers stored for it (:mod:`experiments.spec.tuned`), for each
+    setup whose tuned fingerprint (its calibrated difficulty included) and multipliers they were chosen for; a setup
+    changed since keeps the grids' learning rates, with a warning."""
     if len(profile.lr_multipliers) == 1:
         return profile
-    path = CALIBRATED / f"{profile.name}_learning_rates.json"
-    stored = _stored_setups(path, f"the {profile.name} profile's losses keep the grids' learning rates; run "
-                                  f"`python -m experiments.tuning.fixed_point {profile.name}`") if path.exists() else {}
+    stored = _stored(tuned.learning_rates, profile.name, f"the {profile.name} profile's losses keep the grids' "
+                                                         f"learning rates")
     if stored is None:
         return profile
     changes = {}
     for name in profile.calibrated_setups:
         setup, entry = getattr(profile, name), stored.get(name)
-        if entry and entry["setup_fingerprint"] == setup.tuned_fingerprint() \
-                and entry["multipliers"] == list(profile.lr_multipliers):
-            changes[name] = replace(setup, lr_scales=entry["scales"])
+        if entry is not None and entry.fits(setup.tuned_fingerprint(), profile.lr_multipliers):
+            changes[name] = replace(setup, lr_scales=entry.scales)
         else:
-            warnings.warn(f"the {profile.name} profile's {name} setup has no learning rates chosen for it in {path} "
-                          f"(changed since?): its losses keep the grids' learning rates; run "
-                          f"`python -m experiments.tuning.fixed_point {profile.name}`", stacklevel=2)
+            warnings.warn(f"the {profile.name} profile's {name} setup has no learning rates chosen for it in "
+                          f"{tuned.learning_rates_path(profile.name)} (changed since?): its losses keep the grids' "
+                          f"learning rates; {_RETUNE.format(profile.name)}", stacklevel=2)
     return replace(profile, **changes)
 
 
@@ -171,12 +159,15 @@ def untuned(profile: Profile, setup: str) -> Profile:
     return replace(profile, **{setup: replace(getattr(profile, setup), lr_scales={})})
 
 
-def _stored_setups(path: Path, consequence: str) -> dict | None:
-    """The "setups" of the JSON file ``path``, or None with a warning saying why and ``consequence``."""
+_RETUNE = "run `python -m experiments.tuning.fixed_point {}`"
+
+
+def _stored(read, profile_name: str, consequence: str) -> dict | None:
+    """``read(profile_name)``, or None with a warning saying why and ``consequence``."""
     try:
-        return json.loads(path.read_text())["setups"]
-    except (OSError, ValueError, KeyError) as error:
-        warnings.warn(f"{path} cannot be read ({error}): {consequence}", stacklevel=3)
+        return read(profile_name)
+    except (OSError, ValueError) as error:
+        warnings.warn(f"{error}: {consequence}; {_RETUNE.format(profile_name)}", stacklevel=3)
         return None
 
 

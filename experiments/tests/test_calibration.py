@@ -3,19 +3,20 @@ the stored knobs reaching the profile only for the setup they were fitted on, an
 
 from __future__ import annotations
 
-import json
 import math
+import shutil
 from dataclasses import replace
 
 import pytest
 
 from data_prep import synthetic
-from experiments.spec import profiles
-from experiments.tuning import calibration
-from experiments.spec.profiles import QUICK, SMOKE
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import run
+from experiments.spec import profiles, tuned
+from experiments.spec.profiles import QUICK, SMOKE
+from experiments.spec.tuned import Calibration, Number, Point
+from experiments.tuning import calibration
 
 
 def test_compass_search_finds_the_minimum_to_its_last_step_and_keeps_each_knob_within_its_bounds():
@@ -60,17 +61,16 @@ def test_calibration_fits_the_papers_ce_numbers_and_measures_the_held_out_ones_a
         return _knob_response(config)
 
     entry = calibration.calibrate(QUICK, "cifar", train)
-    fitted = [t for t in entry["targets"] if t["fitted"]]
-    held_out = [t for t in entry["targets"] if not t["fitted"]]
-    assert [t["label"] for t in held_out] == ["top-1, p = 0.2", "top-5, p = 0.2"]
-    assert {t["published"] for t in fitted} == {76.6, 94.2, 61.8, 83.6}  # Tables 7 and 4, CE at p = 0 and 0.4
-    assert entry["rms_gap_fitted"] == min(point["rms_gap"] for point in entry["points"])
+    held_out = [t for t in entry.targets if not t.fitted]
+    assert [t.label for t in held_out] == ["top-1, p = 0.2", "top-5, p = 0.2"]
+    assert {t.published for t in entry.fitted} == {76.6, 94.2, 61.8, 83.6}  # Tables 7 and 4, CE at p = 0 and 0.4
+    assert entry.rms_gap_fitted == min(point.rms_gap for point in entry.points)
     chosen = [c for c in trained if c.dataset_options.get("noise") == 0.2]  # held out: measured at the choice only
     assert [c.seed for c in chosen] == list(QUICK.cifar.seeds)
-    assert all({k: c.dataset_options[k] for k in entry["knobs"]} == entry["knobs"] for c in chosen)
-    assert entry["setup_fingerprint"] == QUICK.cifar.fingerprint()
-    assert entry["ce_multipliers"] == {"cross_entropy top5": 1.0} and entry["round"] == 1
-    assert entry["start"] == calibration.STAND_INS["cifar"].start
+    assert all({k: c.dataset_options[k] for k in entry.knobs} == entry.knobs for c in chosen)
+    assert entry.setup_fingerprint == QUICK.cifar.fingerprint()
+    assert entry.ce_multipliers == {"cross_entropy top5": 1.0} and entry.round == 1
+    assert entry.start == calibration.STAND_INS["cifar"].start
     assert {config.lr for config in trained} == {QUICK.cifar.lr}
 
 
@@ -84,11 +84,10 @@ def test_each_point_fits_the_mean_of_every_seeds_ce_runs_as_the_tables_show_it()
 
     entry = calibration.calibrate(QUICK, "cifar", train, halvings=0)
     shift = sum(seeds) / len(seeds)
-    for point in entry["points"]:
-        config = calibration.ce_config(QUICK, "cifar", calibration.STAND_INS["cifar"].targets[0], point["knobs"])
-        assert point["values"]["top-1, p = 0"] == pytest.approx(100 * _knob_response(config)["test"]["top"]["1"]
-                                                                + shift)
-    assert entry["search_fingerprint"] == calibration.STAND_INS["cifar"].fingerprint()
+    for point in entry.points:
+        config = calibration.ce_config(QUICK, "cifar", calibration.STAND_INS["cifar"].targets[0], point.knobs)
+        assert point.values["top-1, p = 0"] == pytest.approx(100 * _knob_response(config)["test"]["top"]["1"] + shift)
+    assert entry.search_fingerprint == calibration.STAND_INS["cifar"].fingerprint()
 
 
 def test_a_later_round_trains_ce_at_the_rate_it_chose_from_the_knobs_found():
@@ -102,59 +101,82 @@ def test_a_later_round_trains_ce_at_the_rate_it_chose_from_the_knobs_found():
     entry = calibration.calibrate(QUICK, "cifar", train, halvings=0, rates={"cross_entropy top5": 3.0}, start=start,
                                   round_=2)
     assert {config.lr for config in trained} == {3 * QUICK.cifar.lr}
-    assert {k: trained[0].dataset_options[k] for k in start} == start == entry["start"]
-    assert entry["ce_multipliers"] == {"cross_entropy top5": 3.0} and entry["round"] == 2
+    assert {k: trained[0].dataset_options[k] for k in start} == start == entry.start
+    assert entry.ce_multipliers == {"cross_entropy top5": 3.0} and entry.round == 2
     assert calibration.calibrated_rates(entry, QUICK, "cifar") == {"cross_entropy top5": 3.0}
-    assert calibration.calibrated_rates({}, QUICK, "cifar") == {"cross_entropy top5": 1.0}  # stored before rates were
+    unrecorded = Calibration.from_json({k: v for k, v in entry.to_json().items()
+                                        if k not in ("ce_multipliers", "round")})
+    assert calibration.calibrated_rates(unrecorded, QUICK, "cifar") == {"cross_entropy top5": 1.0}  # absent: x1
+    assert unrecorded.round == 1
 
 
 def test_calibration_trains_real_ce_runs_and_the_profile_takes_the_knobs_only_for_the_setup_they_fit(tmp_path, monkeypatch):
     profile = replace(SMOKE, judges_training=True)  # smoke-sized runs, treated as a calibrated profile
     store = ResultsStore(tmp_path / "store")
     entry = calibration.calibrate(profile, "imagenet", lambda config: run(config, store), halvings=0)
-    assert entry["points"] and all(0 <= v <= 100 for p in entry["points"] for v in p["values"].values())
+    assert entry.points and all(0 <= v <= 100 for p in entry.points for v in p.values.values())
     trainings = {RunConfig.from_dict(record["config"]).training_key() for record in store.records()}
-    assert len(trainings) == len(entry["points"])  # top-1 and top-5: one run
-    monkeypatch.setattr(profiles, "CALIBRATED", tmp_path)
-    monkeypatch.setattr(calibration, "CALIBRATED", tmp_path)
-    (tmp_path / "smoke.json").write_text(json.dumps({"profile": "smoke", "setups": {"imagenet": entry}}))
+    assert len(trainings) == len(entry.points)  # top-1 and top-5: one run
+    monkeypatch.setattr(tuned, "CALIBRATED", tmp_path)
+    tuned.keep("smoke", "imagenet", entry)
+    assert tuned.calibrations("smoke") == {"imagenet": entry}  # as kept, read back
     with pytest.warns(UserWarning, match="cifar setup has no calibration"):
         calibrated = profiles.calibrated(profile)
-    assert calibrated.imagenet.difficulty == entry["knobs"]
-    assert calibrated.imagenet.config("cross_entropy", 0).dataset_options["pixel_noise"] == entry["knobs"]["pixel_noise"]
+    assert calibrated.imagenet.difficulty == entry.knobs
+    assert calibrated.imagenet.config("cross_entropy", 0).dataset_options["pixel_noise"] == entry.knobs["pixel_noise"]
     assert "calibrated on CE alone" in calibration.summary_line(calibrated, "imagenet")
     changed = replace(profile, imagenet=replace(profile.imagenet, epochs=3, milestones=(2,)))
     with pytest.warns(UserWarning, match="imagenet setup has no calibration"):
         assert profiles.calibrated(changed).imagenet.difficulty == {}
     assert "uncalibrated" in calibration.summary_line(changed, "imagenet")
-    held_out = {**entry, "targets": [*entry["targets"], {"label": "top-5 at p = 0.2", "fitted": False,
-                                                         "ours": 1099.0, "published": 100.0}]}
+    held_out = replace(entry, targets=(*entry.targets, Number("top-5 at p = 0.2", 100.0, False, 1099.0)))
     monkeypatch.setattr(calibration, "current_entry", lambda *_: held_out)
     assert calibration.summary_line(calibrated, "imagenet").endswith("largest gap +999.0 (top-5 at p = 0.2, held out)")
 
 
 def test_the_committed_quick_calibration_is_the_one_the_quick_profile_uses():
-    stored = calibration.stored("quick")["setups"]
+    stored = tuned.calibrations("quick")
     for setup in QUICK.calibrated_setups:
         assert calibration.is_current(stored.get(setup), QUICK, setup), (
             f"experiments/calibrated/quick.json is stale for {setup}: run `make calibrate`")
-        assert getattr(QUICK, setup).difficulty == stored[setup]["knobs"]
-        assert stored[setup]["rms_gap_fitted"] == min(p["rms_gap"] for p in stored[setup]["points"])
+        assert getattr(QUICK, setup).difficulty == stored[setup].knobs
+        assert stored[setup].rms_gap_fitted == min(p.rms_gap for p in stored[setup].points)
 
 
-def _entry(points, chosen, held_out=None):
-    """A stored calibration of two fitted numbers "a" and "b" (the paper's: 50 and 80) over ``points``."""
+def test_the_committed_files_read_and_kept_again_through_the_typed_entries_are_byte_identical(tmp_path, monkeypatch):
+    committed = tuned.CALIBRATED
+    names = (tuned.calibration_path("quick").name, tuned.learning_rates_path("quick").name)
+    for name in names:
+        shutil.copy(committed / name, tmp_path / name)
+    monkeypatch.setattr(tuned, "CALIBRATED", tmp_path)
+    for read in (tuned.calibrations, tuned.learning_rates):
+        for setup, entry in reversed(read("quick").items()):  # each entry kept again, the others read and rewritten
+            tuned.keep("quick", setup, entry)
+    for name in names:
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name
+
+
+def test_a_stored_file_that_cannot_be_read_leaves_the_profile_untuned_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(tuned, "CALIBRATED", tmp_path)
+    tuned.calibration_path("quick").write_text('{"profile": "quick", "setups": {"cifar": {"knobz": {}}}}')
+    with pytest.raises(ValueError, match="cannot be read"):
+        tuned.calibrations("quick")
+    with pytest.warns(UserWarning, match=r"quick.json cannot be read .*unknown fields \['knobz'\].*default difficulty"):
+        assert profiles.recalibrated(QUICK).cifar.difficulty == {}
+
+
+def _entry(points, chosen, held_out=None) -> Calibration:
+    """A calibration of two fitted numbers "a" and "b" (the paper's: 50 and 80) over ``points``."""
     published = {"a": 50.0, "b": 80.0}
     targets = [calibration.Target(label, value, (), ()) for label, value in published.items()]
-    evaluated = [{"knobs": {"pixel_noise": i}, "values": values, "rms_gap": calibration.rms_gap(values, targets)}
+    evaluated = [Point({"pixel_noise": i}, values, calibration.rms_gap(values, targets))
                  for i, values in enumerate(points)]
     chosen_point = evaluated[chosen]
-    rows = [{"label": label, "fitted": True, "published": value, "ours": chosen_point["values"][label]}
-            for label, value in published.items()]
+    rows = [Number(label, value, True, chosen_point.values[label]) for label, value in published.items()]
     if held_out is not None:
-        rows.append({"label": "c", "fitted": False, "published": 60.0, "ours": held_out})
-    return {"dataset": "stand_in", "knobs": chosen_point["knobs"], "targets": rows, "points": evaluated,
-            "rms_gap_fitted": chosen_point["rms_gap"]}
+        rows.append(Number("c", 60.0, False, held_out))
+    return Calibration(dataset="stand_in", knobs=chosen_point.knobs, targets=tuple(rows), points=tuple(evaluated),
+                       rms_gap_fitted=chosen_point.rms_gap)
 
 
 def test_unmatched_numbers_are_those_beyond_tolerance_with_why_read_from_the_searched_points():
@@ -166,7 +188,8 @@ def test_unmatched_numbers_are_those_beyond_tolerance_with_why_read_from_the_sea
     assert rows["b"]["why"].startswith("b minus a stayed within [10.0, 10.0] points over the 3 knob settings tried, "
                                        "the paper's is 30.0")
     assert rows["c"]["why"].startswith("measured at the chosen knobs only (held out)")
-    assert calibration.unmatched({**locked, "targets": [{**locked["targets"][2], "ours": 64.0}]}) == []  # within 5
+    assert calibration.unmatched(replace(locked, targets=(replace(locked.targets[2], ours=64.0),))) == []  # within 5
+    assert calibration.unmatched(locked.to_json()) == calibration.unmatched(locked)  # its stored JSON: the same
 
     # b - a spans the paper's 30, but a never comes within 2 points of 50
     out_of_reach = _entry([{"a": 40.0, "b": 70.0}, {"a": 45.0, "b": 90.0}], chosen=1)
@@ -193,14 +216,14 @@ def test_calibration_keeps_the_held_out_numbers_of_the_fitted_runs_at_every_poin
     entry = calibration.calibrate(QUICK, "imagenet_lt", lambda config: {"test": {
         "top": {"1": 0.3, "5": 0.7}, "macro_top_by_group": {g: {"1": 0.5} for g in ("few", "medium", "many")}}},
         halvings=0)
-    assert all(set(point["values"]) == {t["label"] for t in entry["targets"]} for point in entry["points"])
+    assert all(set(point.values) == {t.label for t in entry.targets} for point in entry.points)
 
 
 def test_the_quick_calibration_says_which_numbers_are_unmatched_and_why():
     table = calibration.unmatched_table(QUICK)
-    stored = calibration.stored("quick")["setups"]
-    expected = sum(abs(t["ours"] - t["published"]) > calibration.TOLERANCE[t["fitted"]]
-                   for setup in QUICK.calibrated_setups for t in stored[setup]["targets"])
+    stored = tuned.calibrations("quick")
+    expected = sum(abs(t.ours - t.published) > calibration.TOLERANCE[t.fitted]
+                   for setup in QUICK.calibrated_setups for t in stored[setup].targets)
     assert len(table) == expected and table["why"].str.len().min() > 0
 
 

@@ -7,10 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from experiments.spec import profiles
-
-from experiments.tuning import calibration, fixed_point, learning_rates
+from experiments.spec import profiles, tuned
 from experiments.spec.profiles import QUICK
+from experiments.tuning import calibration, fixed_point, learning_rates
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # the setups not settled here keep their defaults
 
@@ -18,8 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # the setups not
 @pytest.fixture
 def calibrations(tmp_path, monkeypatch) -> list[dict]:
     """Stored choices and calibrations kept in ``tmp_path``; the rates and start of each calibration, in order."""
-    for module in (profiles, calibration, learning_rates):
-        monkeypatch.setattr(module, "CALIBRATED", tmp_path)
+    monkeypatch.setattr(tuned, "CALIBRATED", tmp_path)
     calls, calibrate = [], calibration.calibrate
 
     def spy(profile, setup, train, **options):
@@ -62,17 +60,16 @@ def test_ce_calibrated_again_at_the_rate_it_chose_until_it_chooses_that_rate(cal
     assert _rates(calibrations) == [{}, {"cross_entropy top5": 3.0}]  # the grid's rate, then CE's choice: settled
     assert training.choices == 2
     fitted = calibration.current_entry(profile, "cifar")
-    assert fitted["round"] == 2 and fitted["ce_multipliers"] == {"cross_entropy top5": 3.0}
-    assert calibrations[1]["start"] == fitted["start"] != QUICK.cifar.difficulty  # where round 1 ended
+    assert fitted.round == 2 and fitted.ce_multipliers == {"cross_entropy top5": 3.0}
+    assert calibrations[1]["start"] == fitted.start != QUICK.cifar.difficulty  # where round 1 ended
     noisy = {m for c, m, _ in training.trained if c.loss == "cross_entropy" and c.dataset_options.get("noise") == 0.4}
     assert noisy == {1.0, 3.0}  # CE's calibration runs (the only ones with label noise) at each round's rate
-    assert profile.cifar.difficulty == fitted["knobs"] and profile.cifar.lr_scales["cross_entropy top5"] == 3.0
+    assert profile.cifar.difficulty == fitted.knobs and profile.cifar.lr_scales["cross_entropy top5"] == 3.0
     assert fixed_point.status(profile, "cifar")["state"].startswith("settled")
     assert "at x3 the grid's learning rate" in calibration.summary_line(profile, "cifar")
     assert learning_rates.summary_line(profile, "cifar") == calibration.summary_line(profile, "cifar")
-    chosen = learning_rates.current_entry(profile, "cifar")["cross_entropy"]  # the calibration's own runs again
-    assert {label: number["ours"] for label, number in chosen.items()} == {
-        t["label"]: t["ours"] for t in fitted["targets"]}
+    chosen = learning_rates.current_entry(profile, "cifar").cross_entropy  # the calibration's own runs again
+    assert {label: number.ours for label, number in chosen.items()} == {t.label: t.ours for t in fitted.targets}
     assert [line for line in said if "calibrating" in line][1].endswith("at x3 the grid's learning rate (round 2) ...")
     assert fixed_point.next_step(profile, "cifar") is None  # a second run does nothing
     assert fixed_point.settle(profile, "cifar", training) == profile and training.choices == 2
@@ -114,14 +111,14 @@ def test_a_changed_search_starts_from_the_knobs_and_rates_the_setups_last_calibr
                                                                                                   monkeypatch):
     training = FakeTraining(lambda n: 3.0)
     fixed_point.settle(QUICK, "cifar", training, say=lambda line: None)
-    ended = calibration.stored("quick")["setups"]["cifar"]
+    ended = tuned.calibrations("quick")["cifar"]
     stand_in = calibration.STAND_INS["cifar"]
     monkeypatch.setitem(calibration.STAND_INS, "cifar",
                         replace(stand_in, steps={knob: step / 2 for knob, step in stand_in.steps.items()}))
     assert calibration.current_entry(QUICK, "cifar") is None and calibration.earlier_search(QUICK, "cifar") == ended
     calibrations.clear()
     profile = fixed_point.settle(QUICK, "cifar", training, say=lambda line: None)
-    assert calibrations == [{"rates": ended["ce_multipliers"], "start": ended["knobs"], "round_": 1}]
+    assert calibrations == [{"rates": ended.ce_multipliers, "start": ended.knobs, "round_": 1}]
     assert fixed_point.status(profile, "cifar")["state"].startswith("settled")
     changed = replace(QUICK, cifar=replace(QUICK.cifar, epochs=3, milestones=(2,)))
     assert calibration.earlier_search(changed, "cifar") is None  # a changed setup starts afresh

@@ -24,8 +24,8 @@ from experiments.paths import NOTEBOOKS
 
 FLOOR_NAMES = ("where files are and where a result came from", "the training engine", "the paper's specification",
                "the steps run once per profile (tuning)", "from records to results (analysis)",
-               "runs beside the notebooks' (probes; a whole profile's runs: scale)", "what the reader sees (publishing)",
-               "the notebooks' entry and the command line")
+               "runs beside the notebooks' (probes; a whole profile's runs: scale)",
+               "what the reader sees (publishing)", "the notebooks' entry and the command line")
 
 #: Each module's floor: a package's name stands for the package and every module in it.
 FLOORS = {

@@ -4,18 +4,17 @@ choice current."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, replace
 
 import pytest
 
-from experiments.spec import grids, profiles
-
-from experiments.tuning import calibration, learning_rates
-from experiments.spec.profiles import QUICK, SMOKE
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import run
+from experiments.spec import grids, profiles, tuned
+from experiments.spec.profiles import QUICK, SMOKE
+from experiments.spec.tuned import AtChosenRate, Calibration, LearningRates, Number
+from experiments.tuning import calibration, learning_rates
 
 
 def _record(config, best: float):
@@ -43,11 +42,11 @@ def test_each_loss_keeps_the_multiplier_of_its_best_validation_value_ties_to_the
         return _record(config, best[config.loss, multiplier])
 
     entry = learning_rates.choose(QUICK, "cifar", train)
-    assert entry["scales"] == {"cross_entropy top5": 1.0, "smooth_hinge top5": 10.0, "noised_balanced top5": 3.0}
+    assert entry.scales == {"cross_entropy top5": 1.0, "smooth_hinge top5": 10.0, "noised_balanced top5": 3.0}
     assert len(trained) == 12 and sorted({m for _, m in trained}) == [0.3, 1.0, 3.0, 10.0]
-    noised = next(c for c in entry["choices"] if c["choice"] == "noised_balanced top5")
-    assert noised["validation"] == {"0.3": 0.8, "1": 0.88, "3": 0.89, "10": None}
-    assert entry["setup_fingerprint"] == QUICK.cifar.tuned_fingerprint()
+    noised = next(c for c in entry.choices if c.choice == "noised_balanced top5")
+    assert noised.validation == {"0.3": 0.8, "1": 0.88, "3": 0.89, "10": None}
+    assert entry.setup_fingerprint == QUICK.cifar.tuned_fingerprint()
 
 
 def test_a_loss_that_diverges_at_every_rate_is_an_error_naming_it():
@@ -78,27 +77,27 @@ def test_choice_is_made_on_real_runs_and_the_profile_takes_it_only_for_the_setup
     profile = replace(SMOKE, judges_training=True, lr_multipliers=(1.0, 3.0))
     store = ResultsStore(tmp_path / "store")
     entry = learning_rates.choose(profile, "imagenet", lambda config: run(config, store))
-    assert set(entry["scales"]) == {f"{loss} top{k}" for loss in ("cross_entropy", "smooth_hinge", "noised_balanced")
-                                    for k in (1, 5)}
-    numbers = learning_rates.cross_entropy_numbers(profile, "imagenet", entry["scales"], lambda c: run(c, store))
+    assert set(entry.scales) == {f"{loss} top{k}" for loss in ("cross_entropy", "smooth_hinge", "noised_balanced")
+                                 for k in (1, 5)}
+    numbers = learning_rates.cross_entropy_numbers(profile, "imagenet", entry.scales, lambda c: run(c, store))
     for target in calibration.STAND_INS["imagenet"].targets:  # CE's calibration numbers at the rate it chose
         config = calibration.ce_config(profile, "imagenet", target, {})
-        multiplier = entry["scales"][grids.choice_key(config)]
+        multiplier = entry.scales[grids.choice_key(config)]
         test = store.finished(grids.scaled_lr(config, multiplier).key())["test"]
-        assert numbers[target.label] == {"multiplier": multiplier, "seeds": list(profile.imagenet.seeds),
-                                         "ours": 100 * test[target.metric[0]][target.metric[1]]}  # one seed: its own
+        assert numbers[target.label] == AtChosenRate(100 * test[target.metric[0]][target.metric[1]], multiplier,
+                                                     profile.imagenet.seeds)  # one seed: its own
     tried = [grids.scaled_lr(cell.config, m) for cell in learning_rates.base_cells(profile, "imagenet") for m in (1, 3)]
     assert len(tried) == 12 and all(store.finished(config.key()) for config in tried)
     assert len({config.training_key() for config in tried}) == 10  # cross-entropy top-1 and top-5: one training
-    monkeypatch.setattr(profiles, "CALIBRATED", tmp_path)
-    monkeypatch.setattr(learning_rates, "CALIBRATED", tmp_path)
-    entry = {**entry, "cross_entropy": numbers}
-    (tmp_path / "smoke_learning_rates.json").write_text(json.dumps({"profile": "smoke", "setups": {"imagenet": entry}}))
+    monkeypatch.setattr(tuned, "CALIBRATED", tmp_path)
+    entry = replace(entry, cross_entropy=numbers)
+    tuned.keep("smoke", "imagenet", entry)
+    assert tuned.learning_rates("smoke") == {"imagenet": entry}  # as kept, read back
     with pytest.warns(UserWarning, match="cifar setup has no learning rates chosen"):
-        tuned = profiles.with_learning_rates(profile)
-    assert tuned.imagenet.lr_scales == entry["scales"] and tuned.cifar.lr_scales == {}
-    assert learning_rates.is_current(entry, tuned, "imagenet")
-    shown = learning_rates.table(tuned)
+        chosen = profiles.with_learning_rates(profile)
+    assert chosen.imagenet.lr_scales == entry.scales and chosen.cifar.lr_scales == {}
+    assert learning_rates.is_current(entry, chosen, "imagenet")
+    shown = learning_rates.table(chosen)
     assert len(shown.loc["imagenet_like"]) == 6 and set(shown.loc["imagenet_like", "chosen"]) <= {"x1", "x3"}
     assert [c for c in shown.columns if c.startswith("val")] == ["val x1", "val x3"]
     assert shown.loc["cifar100_like", "chosen"].str.contains("make calibrate").all()
@@ -119,37 +118,40 @@ def test_the_chosen_rates_leave_the_calibration_fingerprint_as_it_was():
 
 
 def test_the_committed_quick_choice_is_the_one_the_quick_profile_uses():
-    stored = json.loads(learning_rates.path_for("quick").read_text())["setups"]
+    stored = tuned.learning_rates("quick")
     for setup in QUICK.calibrated_setups:
         assert learning_rates.is_current(stored.get(setup), QUICK, setup), (
             f"experiments/calibrated/quick_learning_rates.json is stale for {setup}: run `make calibrate`")
-        assert getattr(QUICK, setup).lr_scales == stored[setup]["scales"]
-        for choice in stored[setup]["choices"]:
-            values = {float(m): v for m, v in choice["validation"].items() if v is not None}
+        assert getattr(QUICK, setup).lr_scales == stored[setup].scales
+        for choice in stored[setup].choices:
+            values = {float(m): v for m, v in choice.validation.items() if v is not None}
             best = [m for m, v in values.items() if v == max(values.values())]
-            assert choice["multiplier"] == min(best, key=lambda m: abs(math.log(m)))  # ties: the nearest 1
+            assert choice.multiplier == min(best, key=lambda m: abs(math.log(m)))  # ties: the nearest 1
 
 
 def test_a_verdict_quotes_ce_s_difficulty_at_the_one_it_chose_where_it_was_calibrated_at_another(monkeypatch):
     monkeypatch.setattr(calibration, "summary_line", lambda profile, setup: "calibrated at x1")
-    fitted = {"targets": [{**asdict(t), "ours": 0.0} for t in calibration.STAND_INS["imagenet"].targets]}
+    fitted = Calibration(targets=tuple(Number(**asdict(t), ours=0.0)
+                                       for t in calibration.STAND_INS["imagenet"].targets))
     monkeypatch.setattr(calibration, "current_entry", lambda profile, setup: fitted)
-    chosen = {"scales": {"cross_entropy top1": 3.0, "cross_entropy top5": 1.0},
-              "cross_entropy": {"top-1": {"ours": 74.24, "multiplier": 3.0},  # the paper's: 72.24 and 90.6
-                                "top-5 (selected on top-1)": {"ours": 90.6, "multiplier": 3.0}}}
+    chosen = LearningRates(scales={"cross_entropy top1": 3.0, "cross_entropy top5": 1.0},
+                           cross_entropy={"top-1": AtChosenRate(74.24, 3.0),  # the paper's: 72.24 and 90.6
+                                          "top-5 (selected on top-1)": AtChosenRate(90.6, 3.0)})
     monkeypatch.setattr(learning_rates, "current_entry", lambda profile, setup: chosen)
     assert learning_rates.summary_line(QUICK, "imagenet") == (
         "calibrated at x1; at the learning rate CE chose for the tables (x3): 1.4 points RMS, largest gap +2.0 (top-1)")
-    fitted["ce_multipliers"] = {"cross_entropy top1": 3.0}  # calibrated at the rate it chose: one line says it all
+    assert learning_rates.fitted_gap_at_chosen_rate(fitted.to_json(), chosen.to_json()) == \
+        learning_rates.fitted_gap_at_chosen_rate(fitted, chosen)  # their stored JSON: the same
+    fitted = replace(fitted, ce_multipliers={"cross_entropy top1": 3.0})  # calibrated at the rate it chose: one line
     assert learning_rates.summary_line(QUICK, "imagenet") == "calibrated at x1"
     monkeypatch.setattr(learning_rates, "current_entry", lambda profile, setup: None)
     assert learning_rates.summary_line(QUICK, "imagenet") == "calibrated at x1"
 
 
 def test_the_seeds_table_reads_the_tables_own_ce_runs_at_every_seed(monkeypatch):
-    fitted = {"dataset": "imagenet_like",
-              "targets": [{**asdict(t), "ours": 0.0} for t in calibration.STAND_INS["imagenet"].targets]}
-    chosen = {"scales": QUICK.imagenet.lr_scales}
+    fitted = Calibration(dataset="imagenet_like", targets=tuple(Number(**asdict(t), ours=0.0)
+                                                                for t in calibration.STAND_INS["imagenet"].targets))
+    chosen = LearningRates(scales=QUICK.imagenet.lr_scales)
     monkeypatch.setattr(calibration, "current_entry", lambda profile, setup: fitted if setup == "imagenet" else None)
     monkeypatch.setattr(learning_rates, "current_entry", lambda profile, setup: chosen)
     trained = []
@@ -171,7 +173,7 @@ def test_the_seeds_table_reads_the_tables_own_ce_runs_at_every_seed(monkeypatch)
 def test_a_stored_choice_is_stale_once_a_losss_options_change(monkeypatch):
     """A choice names the run it was made from: change a loss's options in the grid (here LDAM's largest margin) and
     the stored choice no longer applies, so ``make calibrate`` chooses again."""
-    entry = learning_rates.stored("quick")["setups"]["plantnet"]
+    entry = tuned.learning_rates("quick")["plantnet"]
     assert learning_rates.is_current(entry, QUICK, "plantnet")
     grid = learning_rates.SELECTION_GRIDS["plantnet"]
 
@@ -186,9 +188,9 @@ def test_a_stored_choice_is_stale_once_a_losss_options_change(monkeypatch):
 def test_a_stored_choice_whose_ce_numbers_are_not_every_seeds_mean_is_stale():
     """CE's numbers at the chosen rate are the mean of the setup's seeds, as the calibration's: numbers measured on
     fewer seeds (as before the calibration fitted the mean) make ``make calibrate`` measure them again."""
-    entry = learning_rates.stored("quick")["setups"]["plantnet"]
+    entry = tuned.learning_rates("quick")["plantnet"]
     assert learning_rates.is_current(entry, QUICK, "plantnet")
-    first_seed = {**entry, "cross_entropy": {label: {**number, "seeds": number["seeds"][:1]}
-                                             for label, number in entry["cross_entropy"].items()}}
+    first_seed = replace(entry, cross_entropy={label: replace(number, seeds=number.seeds[:1])
+                                               for label, number in entry.cross_entropy.items()})
     assert not learning_rates.is_current(first_seed, QUICK, "plantnet")
-    assert not learning_rates.is_current({**entry, "cross_entropy": {}}, QUICK, "plantnet")
+    assert not learning_rates.is_current(replace(entry, cross_entropy={}), QUICK, "plantnet")

@@ -1,41 +1,31 @@
 """Each synthetic stand-in's difficulty fitted to the paper's **cross-entropy** numbers alone, at a profile's scale.
 
-CE is the baseline the paper reports on every dataset and not the method under test, so fitting the data to it says
-nothing about the other losses: they are then judged on data as hard for CE as the real data. For each setup, the
-CE runs of the tables that report the fitted numbers (:mod:`experiments.spec.grids`, every seed of the setup: the tables
-show the seeds' mean, so that is what is fitted) are trained at candidate ``pixel_noise`` and ``class_contrast`` (and
-``ambiguity`` on the ImageNet stand-ins, ``contrast_spread`` on the long-tailed ones, ``superclass_mixing`` on the
-CIFAR-100 one: :mod:`data_prep.synthetic`) chosen by a compass search that minimises the root mean square gap, in
-points, between CE's numbers (the seeds' mean) and the paper's marked ``fitted``; held-out numbers, which show how
-faithful the stand-in is beyond the fit, are measured at the chosen knobs, and at every point when the fitted numbers'
-runs give them. Where a number stays unmatched, :func:`unmatched` says why from the points searched.
+CE is the paper's baseline on every dataset, not a method under test: fitting the data to it says nothing about the
+other losses, which are then judged on data as hard for CE as the real data. For each setup, the CE runs behind the
+tables' fitted numbers (every seed: the tables show the seeds' mean) are trained at candidate difficulty knobs
+(:mod:`data_prep.synthetic`) chosen by a compass search that minimises the RMS gap, in points, between CE's numbers and
+the paper's; held-out numbers show how faithful the stand-in is beyond the fit. Where a number stays unmatched,
+:func:`unmatched` says why from the points searched.
 
-CE trains at a learning rate: the first search uses the grid's, then :mod:`experiments.tuning.fixed_point` searches again
-at the rate CE chose on the calibrated stand-in (:mod:`experiments.tuning.learning_rates`), from the knobs found, until CE
-chooses the rate its difficulty was fitted at. Each entry, stored in ``experiments/calibrated/<profile>.json`` (read
-by :func:`experiments.spec.profiles.calibrated`), holds every evaluated point (the seeds' mean of each number), the chosen
-knobs, CE's learning-rate multipliers, the round, and the fingerprints of the setup and of this search. Runs go through
-the results store, so the chosen point's runs are the very runs the tables use.
+CE trains at a learning rate: the first search uses the grid's, and :mod:`experiments.tuning.fixed_point` searches again
+at the rate CE then chooses (:mod:`experiments.tuning.learning_rates`) until the two agree. The result of a search is a
+:class:`experiments.spec.tuned.Calibration`, stored in ``experiments/calibrated/<profile>.json``. Runs go through the
+results store, so the chosen point's runs are the very runs the tables use.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import pandas as pd
 
-from experiments.spec import grids, paper
-
-from experiments.tuning import profile_steps
-from experiments.paths import CALIBRATED
-from experiments.spec.profiles import SETUPS, Profile, untuned
 from experiments.provenance import git_commit
+from experiments.spec import grids, paper, tuned
+from experiments.spec.profiles import SETUPS, Profile, untuned
+from experiments.spec.tuned import Calibration, Number, Point
 
 #: how far (points) a CE number may be from the paper's and still count as matched: fitted, held out
 TOLERANCE = {True: 2.0, False: 5.0}
@@ -68,9 +58,10 @@ class StandIn:
     steps: dict  #: first step of each knob; halved twice, so a knob is chosen to a quarter of it
 
     def fingerprint(self) -> str:
-        spec = {"grid": self.grid.__name__, "targets": [asdict(t) for t in self.targets], "start": self.start,
-                "steps": self.steps, "knobs": tuple(self.start), "moves": MOVES_PER_STEP, "fits": "the seeds' mean"}
-        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+        """What a stored calibration was searched with: a changed search makes it stale."""
+        return tuned.fingerprint({"grid": self.grid.__name__, "targets": [asdict(t) for t in self.targets],
+                                  "start": self.start, "steps": self.steps, "knobs": tuple(self.start),
+                                  "moves": MOVES_PER_STEP, "fits": "the seeds' mean"})
 
 
 def _ce(table: dict, *index) -> float:
@@ -87,20 +78,17 @@ def _cifar_targets() -> tuple[Target, ...]:
                  for p in (0.0, 0.4, 0.2) for k, table in ((1, paper.TABLE_7), (5, paper.TABLE_4)))
 
 
-#: CIFAR-100's superclass noise: with superclasses that are the visual groups, CE's top-5 lost 1 to 5 points at
-#: p = 0.4 over the whole search, the paper's 10.6, and top-1 at most 12.5, the paper's 14.8 (``superclass_mixing``,
-#: searched as well). Its start, 0.3, is from a few CE runs tried by hand at the knobs chosen without it, with
-#: another draw of the mixed classes (2026-11-24, x3 the grid's rate: mixing 0.1, 0.2, 0.5, 0.75 and 1 moved top-1 at
-#: p = 0.4 from 63.9 to 62.4, 61.2, 57.4, 51.7, 56.6 and top-5 from 89.8 to 88.8, 88.0, 84.7, 82.8, 84.5).
+#: CIFAR-100's label noise redraws within a superclass (Tables 4 and 7): where superclasses are the stand-in's visual
+#: groups, CE at p = 0.4 loses far less than the paper's, so ``superclass_mixing`` (classes whose superclass is not
+#: their visual group) is searched as well.
 MIXED = {"pixel_noise": 0.4, "class_contrast": 0.4, "superclass_mixing": 0.2}
 #: ImageNet's groups of 10 look-alikes: top-1 turns on a narrow range of class contrast, so its steps are finer.
 #: Their errors are not all confusions within a group (which top-5 recovers): ``ambiguity``, images showing another
 #: class than their label's (ImageNet's multi-object images and label errors), is searched as well.
 FINE_CONTRAST = {"pixel_noise": 0.4, "class_contrast": 0.1, "ambiguity": 0.08}
-#: Pl@ntNet's few-, medium- and many-shot classes: with every class as distinct as the others, accuracy jumps from
-#: near 0 to near 100 over a narrow range of training images, so no setting of the two knobs gives the paper's three
-#: groups at once; ``contrast_spread`` (classes unequally distinct) is searched as well. Its start is the best of a
-#: few CE runs tried by hand on this setup (2026-11-23), the search goes on from there.
+#: Pl@ntNet's few-, medium- and many-shot classes (Table 5): with every class as distinct as the others, accuracy
+#: jumps from near 0 to near 100 over a narrow range of training images, so no setting of the two knobs gives the
+#: paper's three groups at once; ``contrast_spread`` (classes unequally distinct) is searched as well.
 SPREAD = {"pixel_noise": 0.4, "class_contrast": 0.1, "contrast_spread": 0.4}
 
 STAND_INS = {
@@ -114,10 +102,8 @@ STAND_INS = {
         Target("macro top-5", paper.TABLE_5[5]["cross_entropy"][0], (("K", 5),), ("macro_top", "5"), fitted=False),
         Target("top-5", paper.TABLE_8[5]["cross_entropy"][0], (("K", 5),), ("top", "5"), fitted=False),
     ), {"pixel_noise": 2.0, "class_contrast": 0.3, "contrast_spread": 1.0}, SPREAD),
-    # The top-5 of the run selected on top-1 (the paper's is selected on top-5; CE's two differ by < 1 point here):
-    # one run per point instead of two. Its shot groups are fitted with ``contrast_spread``, as Pl@ntNet's: with
-    # top-1 and top-5 alone, medium-shot classes stayed 10 points below the paper's and many-shot 12 above. The start
-    # adds a spread of 0.5 (the better of two CE runs tried by hand, at 0.5 and 1.0) to the knobs chosen without it.
+    # The top-5 of the run selected on top-1 (the paper's is selected on top-5): one run per point instead of two.
+    # Its shot groups (Table 6) are fitted with ``contrast_spread``, as Pl@ntNet's.
     "imagenet_lt": StandIn(grids.imagenet_lt, (
         Target("top-1", paper.TABLE_6[1]["cross_entropy"][0], (("K", 1),), ("top", "1")),
         *(Target(f"top-1, {group}-shot", paper.TABLE_6[1]["cross_entropy"][2][i], (("K", 1),),
@@ -155,15 +141,9 @@ def ce_keys(profile: Profile, setup: str) -> dict[str, str]:
     return {t.label: grids.choice_key(ce_config(profile, setup, t, {})) for t in STAND_INS[setup].targets}
 
 
-def calibrated_rates(entry: dict, profile: Profile, setup: str) -> dict:
-    """CE's learning-rate multipliers a stored entry was calibrated at, by choice key (entries stored before they were
-    recorded: the grid's rate, 1)."""
-    return {key: entry.get("ce_multipliers", {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
-
-
-def round_of(entry: dict) -> int:
-    """The round of :mod:`experiments.tuning.fixed_point` a stored entry was made in (entries stored before rounds: 1)."""
-    return entry.get("round", 1)
+def calibrated_rates(entry: Calibration, profile: Profile, setup: str) -> dict:
+    """CE's learning-rate multipliers a calibration was made at, by choice key (absent: the grid's rate, 1)."""
+    return {key: entry.ce_multipliers.get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
 
 
 def measure(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None,
@@ -223,11 +203,10 @@ def compass_search(error: Callable[[dict], float], start: dict, steps: dict, hal
 
 
 def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dict | None = None,
-              start: dict | None = None, round_: int = 1) -> dict:
+              start: dict | None = None, round_: int = 1) -> Calibration:
     """Search the knobs of ``setup``'s stand-in with CE at the learning-rate multipliers ``rates`` (by choice key;
     default: the grid's rate) from ``start`` (default: the stand-in's), then measure the held-out numbers at the chosen
-    knobs: the entry stored for it (every evaluated point, the chosen knobs, the gaps, CE's multipliers, the round of
-    :mod:`experiments.tuning.fixed_point`, the fingerprints)."""
+    knobs; ``round_`` is the round of :mod:`experiments.tuning.fixed_point`."""
     stand_in = STAND_INS[setup]
     rates = {key: (rates or {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
     start = dict(start or stand_in.start)
@@ -238,102 +217,96 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
 
     def error(knobs: dict) -> float:
         for point in points:
-            if point["knobs"] == knobs:
-                return point["rms_gap"]
+            if point.knobs == knobs:
+                return point.rms_gap
         values = measure_seeds(profile, setup, knobs, free, train, rates)
-        points.append({"knobs": knobs, "values": values, "rms_gap": rms_gap(values, fitted)})
-        return points[-1]["rms_gap"]
+        points.append(Point(knobs, values, rms_gap(values, fitted)))
+        return points[-1].rms_gap
 
     started = time.time()
     knobs = compass_search(error, start, stand_in.steps, halvings)
     values = measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
-    return {"dataset": getattr(profile, setup).dataset, "knobs": knobs, "start": start, "ce_multipliers": rates,
-            "round": round_,
-            "setup_fingerprint": getattr(profile, setup).fingerprint(), "search_fingerprint": stand_in.fingerprint(),
-            "targets": [{**asdict(t), "ours": values[t.label]} for t in stand_in.targets],
-            "rms_gap_fitted": rms_gap(values, fitted), "points": points, "commit": git_commit(),
-            "seconds": round(time.time() - started, 1)}  # wall time of this search: runs found in the store are free
+    return Calibration(dataset=getattr(profile, setup).dataset, knobs=knobs, start=start,
+                       targets=tuple(Number(**asdict(t), ours=values[t.label]) for t in stand_in.targets),
+                       rms_gap_fitted=rms_gap(values, fitted), points=tuple(points), ce_multipliers=rates,
+                       round=round_, setup_fingerprint=getattr(profile, setup).fingerprint(),
+                       search_fingerprint=stand_in.fingerprint(), commit=git_commit(),
+                       seconds=round(time.time() - started, 1))
 
 
-def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
-    """Whether a stored entry was made for this setup with this search."""
-    return bool(entry) and entry["setup_fingerprint"] == getattr(profile, setup).fingerprint() \
-        and entry["search_fingerprint"] == STAND_INS[setup].fingerprint()
+def is_current(entry: Calibration | None, profile: Profile, setup: str) -> bool:
+    """Whether a stored calibration was made for this setup with this search."""
+    return entry is not None and entry.is_current(getattr(profile, setup).fingerprint(), STAND_INS[setup].fingerprint())
 
 
-def earlier_search(profile: Profile, setup: str) -> dict | None:
-    """The stored entry of ``setup`` made for this setup by a search that has changed since, if any."""
-    entry = profile_steps.stored_entry(path_for(profile.name), setup)
-    return entry if entry and entry["setup_fingerprint"] == getattr(profile, setup).fingerprint() \
+def earlier_search(profile: Profile, setup: str) -> Calibration | None:
+    """The stored calibration of ``setup`` made for this setup by a search that has changed since, if any."""
+    entry = tuned.calibrations(profile.name).get(setup)
+    return entry if entry is not None and entry.fits(getattr(profile, setup).fingerprint()) \
         and not is_current(entry, profile, setup) else None
 
 
-def path_for(profile_name: str) -> Path:
-    return CALIBRATED / f"{profile_name}.json"
-
-
-def stored(profile_name: str) -> dict:
-    """The stored calibration of a profile ({} if none): {"profile", "setups": {setup: entry}}."""
-    return profile_steps.stored(path_for(profile_name))
-
-
-def table(entry: dict) -> pd.DataFrame:
+def table(entry: Calibration) -> pd.DataFrame:
     """One setup's calibration as the report shows it: each CE number, the paper's, ours, the gap, fitted or not."""
-    rows = [{"CE number": t["label"], "role": "fitted" if t["fitted"] else "held out", "paper (%)": t["published"],
-             "calibrated stand-in (%)": round(t["ours"], 1), "gap (points)": round(t["ours"] - t["published"], 1)}
-            for t in entry["targets"]]
+    rows = [{"CE number": t.label, "role": "fitted" if t.fitted else "held out", "paper (%)": t.published,
+             "calibrated stand-in (%)": round(t.ours, 1), "gap (points)": round(t.ours - t.published, 1)}
+            for t in entry.targets]
     return pd.DataFrame(rows).set_index("CE number")
 
 
-def unmatched(entry: dict) -> list[dict]:
-    """The CE numbers further from the paper's than :data:`TOLERANCE`, each with :func:`why_unmatched`."""
-    return [{"CE number": t["label"], "role": "fitted" if t["fitted"] else "held out",
-             "gap (points)": round(t["ours"] - t["published"], 1), "tolerance (points)": TOLERANCE[t["fitted"]],
+def unmatched(entry: Calibration | dict) -> list[dict]:
+    """The CE numbers further from the paper's than :data:`TOLERANCE`, each with :func:`why_unmatched` (``entry``:
+    a calibration, or its stored JSON)."""
+    entry = Calibration.of(entry)
+    return [{"CE number": t.label, "role": "fitted" if t.fitted else "held out",
+             "gap (points)": round(t.ours - t.published, 1), "tolerance (points)": TOLERANCE[t.fitted],
              "why": why_unmatched(entry, t)}
-            for t in entry["targets"] if abs(t["ours"] - t["published"]) > TOLERANCE[t["fitted"]]]
+            for t in entry.targets if abs(t.ours - t.published) > TOLERANCE[t.fitted]]
 
 
-def why_unmatched(entry: dict, target: dict) -> str:
+def why_unmatched(entry: Calibration, target: Number) -> str:
     """Why the search left ``target`` unmatched, read from the points it evaluated that hold it (a held-out number is
-    kept at every point only if its run is one of the fitted numbers'; the quick profile's stored searches predate
-    this and hold the fitted numbers alone). In order:
+    kept at every point only if its run is one of the fitted numbers'). In order:
 
     1. a difference between ``target`` and a fitted number that stayed on one side of the paper's at every point:
        no setting of the knobs matches both (the difference furthest from the paper's is given);
     2. no point brought ``target`` within its tolerance of the paper's;
     3. points that match it leave the fitted numbers further from the paper's: the search traded it for the others.
     """
-    label, tolerance = target["label"], TOLERANCE[target["fitted"]]
-    points = [point for point in entry["points"] if label in point["values"]]
+    label, tolerance = target.label, TOLERANCE[target.fitted]
+    points = [point for point in entry.points if label in point.values]
     if len(points) < 2:
         return "measured at the chosen knobs only (held out), so the search cannot tell whether other knobs match it"
-    fitted = {t["label"]: t["published"] for t in entry["targets"] if t["fitted"] and t["label"] != label}
+    fitted = {t.label: t.published for t in entry.fitted if t.label != label}
     settings = f"the {len(points)} knob settings tried"
     outside = []
     for other, published in fitted.items():
-        spread = [point["values"][label] - point["values"][other] for point in points]
-        paper = target["published"] - published
+        spread = [point.values[label] - point.values[other] for point in points]
+        paper = target.published - published
         outside.append((max(min(spread) - paper, paper - max(spread)), other, min(spread), max(spread), paper))
     if outside and max(outside)[0] > 0:
         _, other, low, high, paper = max(outside)
         return (f"{label} minus {other} stayed within [{low:.1f}, {high:.1f}] points over {settings}, the paper's is "
                 f"{paper:.1f}: no setting of the knobs searched gives the stand-in the paper's difference between them")
-    reached = [point for point in points if abs(point["values"][label] - target["published"]) <= tolerance]
+    reached = [point for point in points if abs(point.values[label] - target.published) <= tolerance]
     if not reached:
-        values = [point["values"][label] for point in points]
-        return (f"no knob setting tried brings it within {tolerance:g} points of the paper's {target['published']:g}: "
+        values = [point.values[label] for point in points]
+        return (f"no knob setting tried brings it within {tolerance:g} points of the paper's {target.published:g}: "
                 f"it ranged over [{min(values):.1f}, {max(values):.1f}] over {settings}")
-    best = min(reached, key=lambda point: point["rms_gap"])
-    worst = max(fitted, key=lambda other: abs(best["values"][other] - fitted[other]))
-    return (f"where it is matched ({', '.join(f'{k} {v:g}' for k, v in best['knobs'].items())}: "
-            f"{best['values'][label]:.1f}), {worst} is {best['values'][worst]:.1f} against the paper's "
-            f"{fitted[worst]:g}, and the fitted numbers are {best['rms_gap']:.1f} points RMS from the paper's "
-            f"({entry['rms_gap_fitted']:.1f} at the chosen knobs)")
+    best = min(reached, key=lambda point: point.rms_gap)
+    worst = max(fitted, key=lambda other: abs(best.values[other] - fitted[other]))
+    return (f"where it is matched ({_knobs_text(best.knobs)}: {best.values[label]:.1f}), {worst} is "
+            f"{best.values[worst]:.1f} against the paper's {fitted[worst]:g}, and the fitted numbers are "
+            f"{best.rms_gap:.1f} points RMS from the paper's ({entry.rms_gap_fitted:.1f} at the chosen knobs)")
 
 
-def current_entry(profile: Profile, setup: str) -> dict | None:
+def _knobs_text(knobs: dict) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in knobs.items())
+
+
+def current_entry(profile: Profile, setup: str) -> Calibration | None:
     """The stored calibration of ``setup``, if it is the one the profile uses."""
-    entry = profile_steps.stored_entry(path_for(profile.name), setup)
+    entry = tuned.calibrations(profile.name).get(setup)
     return entry if setup in profile.calibrated_setups and is_current(entry, profile, setup) else None
 
 
@@ -343,21 +316,21 @@ def report_table(profile: Profile) -> pd.DataFrame:
     for setup in SETUPS:
         entry, dataset = current_entry(profile, setup), getattr(profile, setup).dataset
         if entry:
-            part = table(entry).assign(knobs=", ".join(f"{k} {v:g}" for k, v in entry["knobs"].items()))
+            part = table(entry).assign(knobs=_knobs_text(entry.knobs))
             parts.append(part.rename(index=lambda label, dataset=dataset: f"{dataset}: {label}"))
         else:
             parts.append(pd.DataFrame({"role": [summary_line(profile, setup)]}, index=[dataset]))
     return pd.concat(parts).rename_axis("CE number")
 
 
-def current_entries(profile: Profile) -> list[dict]:
+def current_entries(profile: Profile) -> list[Calibration]:
     """The stored calibrations the profile uses (:func:`current_entry`), in the order of :data:`SETUPS`."""
     return [entry for entry in (current_entry(profile, setup) for setup in SETUPS) if entry]
 
 
 def unmatched_table(profile: Profile) -> pd.DataFrame:
     """Every calibrated setup's CE numbers outside :data:`TOLERANCE` of the paper's, and why (:func:`unmatched`)."""
-    rows = [{**row, "CE number": f"{entry['dataset']}: {row['CE number']}"}
+    rows = [{**row, "CE number": f"{entry.dataset}: {row['CE number']}"}
             for entry in current_entries(profile) for row in unmatched(entry)]
     return pd.DataFrame(rows, columns=["CE number", "role", "gap (points)", "tolerance (points)", "why"]
                         ).set_index("CE number")
@@ -365,9 +338,9 @@ def unmatched_table(profile: Profile) -> pd.DataFrame:
 
 def search_table(profile: Profile) -> pd.DataFrame:
     """Every point the searches evaluated, in order: the setup, the knobs, the RMS gap of the fitted numbers."""
-    rows = [{"data": entry["dataset"], **point["knobs"], "RMS gap (points)": round(point["rms_gap"], 2),
-             "chosen": point["knobs"] == entry["knobs"]}
-            for entry in current_entries(profile) for point in entry["points"]]
+    rows = [{"data": entry.dataset, **point.knobs, "RMS gap (points)": round(point.rms_gap, 2),
+             "chosen": point.knobs == entry.knobs}
+            for entry in current_entries(profile) for point in entry.points]
     return pd.DataFrame(rows)
 
 
@@ -378,11 +351,11 @@ def summary_line(profile: Profile, setup: str) -> str:
     entry = current_entry(profile, setup)
     if entry is None:
         return f"uncalibrated stand-in {getattr(profile, setup).dataset} (its CE difficulty was not fitted to the paper's)"
-    worst = max(entry["targets"], key=lambda target: abs(target["ours"] - target["published"]))
-    role = "fitted" if worst["fitted"] else "held out"
-    return (f"stand-in {entry['dataset']} calibrated on CE alone ({', '.join(f'{k} {v:g}' for k, v in entry['knobs'].items())}): "
-            f"CE's fitted numbers at {rate_text(calibrated_rates(entry, profile, setup))} {entry['rms_gap_fitted']:.1f} "
-            f"points RMS from the paper's, largest gap {worst['ours'] - worst['published']:+.1f} ({worst['label']}, {role})")
+    worst = max(entry.targets, key=lambda target: abs(target.ours - target.published))
+    role = "fitted" if worst.fitted else "held out"
+    return (f"stand-in {entry.dataset} calibrated on CE alone ({_knobs_text(entry.knobs)}): CE's fitted numbers at "
+            f"{rate_text(calibrated_rates(entry, profile, setup))} {entry.rms_gap_fitted:.1f} points RMS from the "
+            f"paper's, largest gap {worst.ours - worst.published:+.1f} ({worst.label}, {role})")
 
 
 def rate_text(rates: dict) -> str:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from experiments.tuning import calibration, learning_rates, profile_steps
-from experiments.spec.profiles import Profile, recalibrated
 from experiments.engine.train import run
+from experiments.spec import tuned
+from experiments.spec.profiles import Profile, recalibrated
+from experiments.tuning import calibration, learning_rates, profile_steps
 
 MAX_ROUNDS = 3  #: calibrations of a setup at most: the grid's rate, then CE's choices
 
@@ -51,16 +52,15 @@ def next_step(profile: Profile, setup: str) -> Step | None:
             return Step("calibrate")
         start = calibration.STAND_INS[setup].start
         return Step("calibrate", calibration.calibrated_rates(earlier, profile, setup),
-                    {**start, **{knob: value for knob, value in earlier["knobs"].items() if knob in start}})
+                    {**start, **{knob: value for knob, value in earlier.knobs.items() if knob in start}})
     if len(profile.lr_multipliers) == 1:
         return None
     chosen = learning_rates.current_entry(profile, setup)
     if chosen is None:
         return Step("choose")
-    if learning_rates.agrees(chosen, fitted, profile, setup) or calibration.round_of(fitted) >= MAX_ROUNDS:
+    if learning_rates.agrees(chosen, fitted, profile, setup) or fitted.round >= MAX_ROUNDS:
         return None
-    return Step("calibrate", learning_rates.ce_rates(chosen, profile, setup), fitted["knobs"],
-                calibration.round_of(fitted) + 1)
+    return Step("calibrate", learning_rates.ce_rates(chosen, profile, setup), fitted.knobs, fitted.round + 1)
 
 
 def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flush=True)) -> Profile:
@@ -74,14 +74,15 @@ def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flu
                 f" (round {step.round_}) ...")
             entry = calibration.calibrate(profile, setup, train, rates=step.rates, start=step.start,
                                           round_=step.round_)
-            profile_steps.keep(calibration.path_for(profile.name), profile.name, setup, entry)
+            tuned.keep(profile.name, setup, entry)
             say(calibration.table(entry).to_string())
         else:
             say(f"{setup}: choosing each loss's learning rate on validation data ({dataset}) ...")
             entry = learning_rates.choose(profile, setup, train)
-            entry["cross_entropy"] = learning_rates.cross_entropy_numbers(profile, setup, entry["scales"], train)
-            profile_steps.keep(learning_rates.path_for(profile.name), profile.name, setup, entry)
-            say(json.dumps(entry["scales"], indent=1))
+            entry = replace(entry, cross_entropy=learning_rates.cross_entropy_numbers(profile, setup, entry.scales,
+                                                                                      train))
+            tuned.keep(profile.name, setup, entry)
+            say(json.dumps(entry.scales, indent=1))
         profile = _reread(profile)
     return profile
 
@@ -105,8 +106,8 @@ def status(profile: Profile, setup: str) -> dict:
     elif learning_rates.agrees(chosen, fitted, profile, setup):
         state = "settled: CE chose the learning rate it was calibrated at"
     else:
-        state = f"not settled after {calibration.round_of(fitted)} calibrations: CE chose another rate"
-    return {"data": getattr(profile, setup).dataset, "round": calibration.round_of(fitted) if fitted else None,
+        state = f"not settled after {fitted.round} calibrations: CE chose another rate"
+    return {"data": getattr(profile, setup).dataset, "round": fitted.round if fitted else None,
             "CE calibrated at": _rates(calibration.calibrated_rates(fitted, profile, setup) if fitted else None),
             "CE chose": _rates(learning_rates.ce_rates(chosen, profile, setup) if chosen else None), "state": state}
 

@@ -1,49 +1,41 @@
 """Each loss's learning rate at a profile's short schedule, chosen on the validation set alone.
 
-The paper trains every loss of a table at one learning rate for hundreds of epochs (CIFAR-100: 300), long enough for
-a loss whose gradient is small to converge: the smoothed hinge's is about 1/K of cross-entropy's (its softplus takes
-the scores divided by K tau, then is multiplied by tau). At the quick profile's 10-12 epochs one rate for all judges
-such a loss before it has learnt: the stored validation values show how far (the smoothed hinge at the grid's rate
-and at 10 times it, on the CIFAR-100 stand-in).
+The paper trains every loss of a table at one learning rate for hundreds of epochs, long enough for a loss whose
+gradient is small to converge: the smoothed hinge's is about 1/K of cross-entropy's (its softplus takes the scores
+divided by K tau, then is multiplied by tau: Berrada et al., 2018, Eqs. 10-11). At a short schedule, one rate for all
+would judge such a loss before it has learnt.
 
 So a profile with ``lr_multipliers`` trains, on each setup, the first seed of each loss and model-selection metric
 (:func:`experiments.spec.grids.choice_key`) of the setup's table, without label noise, at the grid's learning rate times
 each multiplier, and keeps the multiplier whose run reaches the best validation value of its selection metric (ties:
-the one nearest 1, the grid's own rate). Every loss is chosen the same way, cross-entropy included, on validation data only; the choice then
-applies to every run of that loss and metric on the setup, all seeds and noise levels (:mod:`experiments.spec.grids`).
-Cross-entropy's difficulty is calibrated at a learning rate (:mod:`experiments.tuning.calibration`), and
-:mod:`experiments.tuning.fixed_point` calibrates again at the one CE chooses here until the two agree; CE's calibration
-numbers at the rate it chose (:func:`cross_entropy_numbers`) are stored with the choice, and a verdict quotes them
-where they differ from the calibration's (:func:`summary_line`).
+the one nearest 1, the grid's own rate). Every loss is chosen the same way, cross-entropy included, on validation
+data only; the choice applies to every run of that loss and metric on the setup, all seeds and noise levels
+(:mod:`experiments.spec.grids`). CE's calibration numbers at the rate it chose (:func:`cross_entropy_numbers`) are
+stored with the choice, and a verdict quotes them where that rate is not the one CE's difficulty was fitted at
+(:func:`summary_line`, :mod:`experiments.tuning.fixed_point`).
 
-Every run's validation value and the choices are stored in ``experiments/calibrated/<profile>_learning_rates.json``
-with the fingerprint of the calibrated setup (read by :func:`experiments.spec.profiles.with_learning_rates`). Runs go
-through the results store, so the chosen runs are the tables' own.
+The choices are a :class:`experiments.spec.tuned.LearningRates` per setup, stored in
+``experiments/calibrated/<profile>_learning_rates.json``. Runs go through the results store, so the chosen runs are
+the tables' own.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 
 import pandas as pd
 
-from experiments.spec import grids
-
-from experiments.tuning import calibration, profile_steps
-from experiments.paths import CALIBRATED
-from experiments.spec.profiles import Profile, untuned
-from experiments.provenance import git_commit
 from experiments.engine.train import selection_value
+from experiments.provenance import git_commit
+from experiments.spec import grids, tuned
+from experiments.spec.profiles import Profile, untuned
+from experiments.spec.tuned import AtChosenRate, Calibration, Choice, LearningRates
+from experiments.tuning import calibration
 
 #: the table each setup's learning rates are chosen on
 SELECTION_GRIDS = {"cifar": grids.label_noise, "plantnet": grids.plantnet, "imagenet_lt": grids.imagenet_lt,
                    "imagenet": grids.imagenet}
-
-
-def path_for(profile_name: str) -> Path:
-    return CALIBRATED / f"{profile_name}_learning_rates.json"
 
 
 def base_cells(profile: Profile, setup: str) -> list[grids.Cell]:
@@ -63,10 +55,11 @@ def best_validation(record: dict) -> float:
     return max(selection_value(epoch["val"], metric) for epoch in record["history"])
 
 
-def choose(profile: Profile, setup: str, train) -> dict:
+def choose(profile: Profile, setup: str, train) -> LearningRates:
     """Train each :func:`base_cells` run at each of the profile's multipliers (``train(config)`` gives a run's record)
-    and keep, per choice key, the multiplier of the best validation value (ties: the one nearest 1; a run whose loss became
-    NaN is never chosen, its value stored as None): the entry stored for the setup."""
+    and keep, per choice key, the multiplier of the best validation value (ties: the one nearest 1; a run whose loss
+    became NaN is never chosen, its value stored as None); CE's numbers at the chosen rates are left to
+    :func:`cross_entropy_numbers`."""
     started, choices = time.time(), []
     for cell in base_cells(profile, setup):
         values = {}
@@ -79,54 +72,46 @@ def choose(profile: Profile, setup: str, train) -> dict:
         if best is None:
             raise FloatingPointError(f"{grids.choice_key(cell.config)} on {setup}: the loss became NaN at every "
                                      f"learning-rate multiplier {sorted(values)} of {cell.config.lr:g}")
-        choices.append({"choice": grids.choice_key(cell.config), "lr": cell.config.lr, "multiplier": best,
-                        "validation": {f"{m:g}": value for m, value in values.items()}, "run": cell.config.key()})
-    return {"dataset": getattr(profile, setup).dataset, "setup_fingerprint": getattr(profile, setup).tuned_fingerprint(),
-            "multipliers": list(profile.lr_multipliers), "scales": {c["choice"]: c["multiplier"] for c in choices},
-            "choices": choices, "commit": git_commit(), "seconds": round(time.time() - started, 1)}
+        choices.append(Choice(grids.choice_key(cell.config), cell.config.lr, best,
+                              {f"{m:g}": value for m, value in values.items()}, cell.config.key()))
+    return LearningRates(dataset=getattr(profile, setup).dataset, multipliers=tuple(profile.lr_multipliers),
+                         scales={c.choice: c.multiplier for c in choices}, choices=tuple(choices),
+                         setup_fingerprint=getattr(profile, setup).tuned_fingerprint(), commit=git_commit(),
+                         seconds=round(time.time() - started, 1))
 
 
-def cross_entropy_numbers(profile: Profile, setup: str, scales: dict, train) -> dict:
+def cross_entropy_numbers(profile: Profile, setup: str, scales: dict, train) -> dict[str, AtChosenRate]:
     """Cross-entropy's calibration numbers (percent, :data:`experiments.tuning.calibration.STAND_INS`) on the calibrated
     stand-in at the learning rates it chose (``scales``), each with its multiplier and the seeds it is the mean of: the
     tables' own CE runs, averaged as the calibration averages them."""
     values = calibration.measure_seeds(profile, setup, {}, calibration.STAND_INS[setup].targets, train, scales)
-    seeds = list(getattr(profile, setup).seeds)
-    return {label: {"ours": values[label], "multiplier": scales[key], "seeds": seeds}
+    seeds = tuple(getattr(profile, setup).seeds)
+    return {label: AtChosenRate(values[label], scales[key], seeds)
             for label, key in calibration.ce_keys(profile, setup).items()}
 
 
-def ce_rates(entry: dict, profile: Profile, setup: str) -> dict:
-    """The multipliers a stored choice gives the CE runs behind ``setup``'s calibration numbers, by choice key."""
-    return {key: entry["scales"][key] for key in set(calibration.ce_keys(profile, setup).values())}
+def ce_rates(entry: LearningRates, profile: Profile, setup: str) -> dict:
+    """The multipliers a choice gives the CE runs behind ``setup``'s calibration numbers, by choice key."""
+    return {key: entry.scales[key] for key in set(calibration.ce_keys(profile, setup).values())}
 
 
-def agrees(chosen: dict, fitted: dict, profile: Profile, setup: str) -> bool:
-    """Whether CE chose (``chosen``: a stored entry of this module) the learning rates its stored calibration
-    (``fitted``) was made at: :mod:`experiments.tuning.fixed_point` has settled."""
+def agrees(chosen: LearningRates, fitted: Calibration, profile: Profile, setup: str) -> bool:
+    """Whether CE chose the learning rates its calibration (``fitted``) was made at: :mod:`experiments.tuning.
+    fixed_point` has settled."""
     return ce_rates(chosen, profile, setup) == calibration.calibrated_rates(fitted, profile, setup)
 
 
-def is_current(entry: dict | None, profile: Profile, setup: str) -> bool:
-    """Whether a stored entry was chosen for this setup (its difficulty included), these multipliers and the runs its
-    table has now (each choice key's run at the grid's rate: a loss whose options changed is chosen again), with CE's
-    numbers at the chosen rates averaged over the setup's seeds."""
-    seeds, numbers = list(getattr(profile, setup).seeds), (entry or {}).get("cross_entropy")
-    return bool(entry) and entry["setup_fingerprint"] == getattr(profile, setup).tuned_fingerprint() \
-        and entry["multipliers"] == list(profile.lr_multipliers) \
-        and bool(numbers) and all(number.get("seeds") == seeds for number in numbers.values()) \
-        and {c["choice"]: c.get("run") for c in entry["choices"]} == {
-            grids.choice_key(c.config): c.config.key() for c in base_cells(profile, setup)}
+def is_current(entry: LearningRates | None, profile: Profile, setup: str) -> bool:
+    """Whether a stored choice was made for this setup (its difficulty included), these multipliers and the runs its
+    table has now (:meth:`experiments.spec.tuned.LearningRates.is_current`)."""
+    runs = {grids.choice_key(c.config): c.config.key() for c in base_cells(profile, setup)}
+    return entry is not None and entry.is_current(getattr(profile, setup).tuned_fingerprint(), profile.lr_multipliers,
+                                                  runs, getattr(profile, setup).seeds)
 
 
-def stored(profile_name: str) -> dict:
-    """The stored choices of a profile ({} if none): {"profile", "setups": {setup: entry}}."""
-    return profile_steps.stored(path_for(profile_name))
-
-
-def current_entry(profile: Profile, setup: str) -> dict | None:
+def current_entry(profile: Profile, setup: str) -> LearningRates | None:
     """The stored choice of ``setup``, if it is the one the profile uses."""
-    entry = profile_steps.stored_entry(path_for(profile.name), setup)
+    entry = tuned.learning_rates(profile.name).get(setup)
     return entry if is_current(entry, profile, setup) else None
 
 
@@ -146,14 +131,13 @@ def cross_entropy_table(profile: Profile) -> pd.DataFrame:
         if fitted is None or chosen is None:
             continue
         rates, keys = calibration.calibrated_rates(fitted, profile, setup), calibration.ce_keys(profile, setup)
-        for target in fitted["targets"]:
-            at_chosen, calibrated_at = chosen["cross_entropy"][target["label"]], rates[keys[target["label"]]]
-            rows.append({"data": fitted["dataset"], "CE number": target["label"],
-                         "role": "fitted" if target["fitted"] else "held out", "paper (%)": target["published"],
-                         "calibration (%)": round(target["ours"], 1), "calibrated at": f"x{calibrated_at:g}",
-                         "tables, chosen lr (%)": round(at_chosen["ours"], 1),
-                         "chosen": f"x{at_chosen['multiplier']:g}",
-                         "gap at chosen lr (points)": round(at_chosen["ours"] - target["published"], 1)})
+        for target in fitted.targets:
+            at_chosen, calibrated_at = chosen.cross_entropy[target.label], rates[keys[target.label]]
+            rows.append({"data": fitted.dataset, "CE number": target.label,
+                         "role": "fitted" if target.fitted else "held out", "paper (%)": target.published,
+                         "calibration (%)": round(target.ours, 1), "calibrated at": f"x{calibrated_at:g}",
+                         "tables, chosen lr (%)": round(at_chosen.ours, 1), "chosen": f"x{at_chosen.multiplier:g}",
+                         "gap at chosen lr (points)": round(at_chosen.ours - target.published, 1)})
     return _ce_frame(rows, profile)
 
 
@@ -167,11 +151,11 @@ def cross_entropy_seeds_table(profile: Profile, train) -> pd.DataFrame:
         if fitted is None or chosen is None:
             continue
         targets = calibration.STAND_INS[setup].targets
-        by_seed = calibration.measure_each_seed(profile, setup, {}, targets, train, chosen["scales"])
+        by_seed = calibration.measure_each_seed(profile, setup, {}, targets, train, chosen.scales)
         means = calibration.seeds_mean(by_seed)
         for target in targets:
             values, mean = [numbers[target.label] for numbers in by_seed], means[target.label]
-            rows.append({"data": fitted["dataset"], "CE number": target.label,
+            rows.append({"data": fitted.dataset, "CE number": target.label,
                          "role": "fitted" if target.fitted else "held out", "paper (%)": target.published,
                          "each seed (%)": ", ".join(f"{value:.1f}" for value in values), "mean (%)": round(mean, 1),
                          "seeds' range (points)": round(max(values) - min(values), 1),
@@ -179,14 +163,15 @@ def cross_entropy_seeds_table(profile: Profile, train) -> pd.DataFrame:
     return _ce_frame(rows, profile)
 
 
-def fitted_gap_at_chosen_rate(fitted: dict, chosen: dict) -> tuple[float, str, float, str]:
-    """CE's fitted numbers at the learning rates it chose (``chosen``: a stored entry of this module) against the
-    paper's (``fitted``: the setup's stored calibration): the RMS gap in points, the number furthest from the paper's
-    and its gap, and the multipliers ("x3" or "x1, x3")."""
-    targets = [t for t in fitted["targets"] if t["fitted"]]
-    gaps = {t["label"]: chosen["cross_entropy"][t["label"]]["ours"] - t["published"] for t in targets}
+def fitted_gap_at_chosen_rate(fitted: Calibration | dict,
+                              chosen: LearningRates | dict) -> tuple[float, str, float, str]:
+    """CE's fitted numbers at the learning rates it chose (``chosen``) against the paper's (``fitted``: the setup's
+    calibration), each typed or its stored JSON: the RMS gap in points, the number furthest from the paper's and its
+    gap, and the multipliers ("x3" or "x1, x3")."""
+    fitted, chosen = Calibration.of(fitted), LearningRates.of(chosen)
+    gaps = {t.label: chosen.cross_entropy[t.label].ours - t.published for t in fitted.fitted}
     worst = max(gaps, key=lambda label: abs(gaps[label]))
-    multipliers = sorted({chosen["cross_entropy"][label]["multiplier"] for label in gaps})
+    multipliers = sorted({chosen.cross_entropy[label].multiplier for label in gaps})
     return (math.sqrt(sum(gap * gap for gap in gaps.values()) / len(gaps)), worst, gaps[worst],
             ", ".join(f"x{m:g}" for m in multipliers))
 
@@ -217,10 +202,10 @@ def table(profile: Profile) -> pd.DataFrame:
             rows.append({"data": getattr(profile, setup).dataset, "loss, selected on": "",
                          "chosen": "not chosen for this setup: run `make calibrate`"})
             continue
-        rows += [{"data": entry["dataset"], "loss, selected on": c["choice"], "grid's lr": c["lr"],
-                  **{f"val x{m:g}": _percent(c["validation"][f"{m:g}"]) for m in entry["multipliers"]},
-                  "chosen": f"x{c['multiplier']:g}", "lr": float(f"{c['lr'] * c['multiplier']:.4g}")}
-                 for c in entry["choices"]]
+        rows += [{"data": entry.dataset, "loss, selected on": c.choice, "grid's lr": c.lr,
+                  **{f"val x{m:g}": _percent(c.validation[f"{m:g}"]) for m in entry.multipliers},
+                  "chosen": f"x{c.multiplier:g}", "lr": float(f"{c.lr * c.multiplier:.4g}")}
+                 for c in entry.choices]
     return pd.DataFrame(rows).set_index(["data", "loss, selected on"])
 
 

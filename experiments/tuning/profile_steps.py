@@ -1,16 +1,16 @@
-"""What the steps run once per profile before its notebooks (:mod:`experiments.tuning.fixed_point`: the calibration and the
-learning rates) share: their command line and how they keep what they chose."""
+"""The command line of the steps run once per profile before its notebooks (:mod:`experiments.tuning.fixed_point`) and
+of the probes run beside them: ``PROFILE [--store DIR] [--device D]``. What the steps choose is read and written by
+:mod:`experiments.spec.tuned`."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from experiments.engine.store import ResultsStore
 from experiments.paths import RESULTS
 from experiments.spec.profiles import Profile, get_profile
-from experiments.engine.store import ResultsStore, atomic_write
 
 
 def parse_command(prog: str, description: str, argv: list[str] | None) -> tuple[Profile, ResultsStore, str] | None:
@@ -27,21 +27,3 @@ def parse_command(prog: str, description: str, argv: list[str] | None) -> tuple[
         print(f"error: {error}", file=sys.stderr)
         return None
     return profile, ResultsStore(Path(args.store) if args.store else RESULTS / profile.name), args.device
-
-
-def stored(path: Path) -> dict:
-    """What a step stored for a profile in ``path`` ({} if nothing): {"profile", "setups": {setup: entry}}."""
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def stored_entry(path: Path, setup: str) -> dict | None:
-    """The entry a step stored for ``setup`` in ``path`` (:func:`stored`), or None."""
-    return stored(path).get("setups", {}).get(setup)
-
-
-def keep(path: Path, profile_name: str, setup: str, entry: dict) -> None:
-    """Store ``entry`` as ``setup``'s in ``path``, as JSON written in one step: an interrupted write leaves the
-    previous file whole."""
-    kept = stored(path) or {"profile": profile_name, "setups": {}}
-    kept["setups"][setup] = entry
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n"))
