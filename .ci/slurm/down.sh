@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Stop the one-node CI Slurm cluster started by .ci/slurm/up.sh: cancel this user's remaining jobs, then stop slurmd,
+# slurmctld, slurmdbd, the private mariadbd and munged (each through its pid file). Idempotent; never fails, also when
+# nothing runs or Slurm is not installed. Kept: the configs in /etc/slurm, the munge key, the saved controller state
+# (/var/spool/slurmctld: job ids go on counting), the accounting DB (/var/lib/slurm-ci-db) and the logs in
+# ${SLURM_CI_LOG_DIR:-/tmp/slurm-ci}.
+set -uo pipefail
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+if command -v scontrol >/dev/null && timeout 10 scontrol ping 2>/dev/null | grep -q 'is UP'; then
+    timeout 10 scancel --user="$(id -un)" 2>/dev/null || true
+    # give the cancelled jobs' steps a moment to die, so no slurmstepd outlives slurmd
+    for _ in $(seq 40); do [ -z "$(timeout 5 squeue -h -u "$(id -un)" -t RUNNING,COMPLETING 2>/dev/null)" ] && break; sleep 0.25; done
+fi
+
+stop_pidfile() {   # stop_pidfile NAME PIDFILE: SIGTERM the daemon named in PIDFILE, SIGKILL after 20 s
+    local name=$1 pf=$2 pid
+    $SUDO test -s "$pf" || return 0
+    pid=$($SUDO cat "$pf" 2>/dev/null) || return 0
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+    # only a live process that really is that daemon (pid files can be stale)
+    if $SUDO kill -0 "$pid" 2>/dev/null && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ]; then
+        $SUDO kill "$pid" 2>/dev/null
+        for _ in $(seq 80); do $SUDO kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+        ! $SUDO kill -0 "$pid" 2>/dev/null || $SUDO kill -9 "$pid" 2>/dev/null
+        echo "down.sh: stopped $name ($pid)"
+    fi
+    $SUDO rm -f "$pf"
+}
+
+stop_pidfile slurmd /run/slurmd.pid
+stop_pidfile slurmctld /run/slurmctld.pid
+stop_pidfile slurmdbd /run/slurmdbd.pid
+stop_pidfile mariadbd /run/slurm-ci-db/mariadbd.pid
+stop_pidfile munged /run/munge/munged.pid
+echo "down.sh: Slurm stopped"
+exit 0

@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# Start a real one-node Slurm cluster on localhost (Debian's slurm-wlm 22.05 + munge), for CI tests of a Slurm executor.
+# Idempotent: installs what is missing, (re)writes /etc/slurm/slurm.conf (and slurmdbd.conf), starts the daemons and
+# waits until `sinfo` shows the node usable. A second run while the cluster is up with the same config is a no-op.
+# Stop it with .ci/slurm/down.sh. Run as root or as a user with passwordless sudo.
+#
+# The config sits where Debian's slurm looks (/etc/slurm/slurm.conf): sbatch/squeue/scontrol/sinfo/sacct need no env.
+# Daemons are started directly (no systemd needed, also where systemd runs), as root, each daemonizing itself:
+#   munged (as user munge), [mariadbd + slurmdbd], slurmctld, slurmd.
+# Accounting (default on, SLURM_CI_ACCOUNTING=0 to skip): a private MariaDB (own datadir /var/lib/slurm-ci-db, TCP
+# 127.0.0.1:${SLURM_CI_DB_PORT:-13306}, own socket; no system service) + slurmdbd, so that `sacct` answers. submitit
+# learns job states only from `sacct` (see README.md); without accounting `sacct` fails and every state is UNKNOWN.
+# Logs: ${SLURM_CI_LOG_DIR:-/tmp/slurm-ci}/{slurmctld,slurmd,slurmdbd,mariadb}.log, apt.log; munged: /var/log/munge/.
+# Other knobs: SLURM_CI_TIMEOUT (s to wait for the node, 60), SLURM_CI_SELECT (select/cons_tres or select/linear),
+# SLURM_CI_CRED_EXPIRE (s, 5: sets how long a requeued job waits before it may start again).
+set -euo pipefail
+
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+LOG_DIR=${SLURM_CI_LOG_DIR:-/tmp/slurm-ci}
+ACCT=${SLURM_CI_ACCOUNTING:-1}
+TIMEOUT=${SLURM_CI_TIMEOUT:-60}
+CONF_DIR=/etc/slurm
+CONF=$CONF_DIR/slurm.conf
+DBD_CONF=$CONF_DIR/slurmdbd.conf
+DB_DIR=/var/lib/slurm-ci-db
+DB_RUN=/run/slurm-ci-db
+DB_PORT=${SLURM_CI_DB_PORT:-13306}
+DB_PASS=slurmci                                   # local throwaway DB, reachable from 127.0.0.1 only
+MARK="# written by .ci/slurm/up.sh"
+NODE=$(hostname -s)
+t0=$(date +%s%N)
+elapsed() { awk -v ms="$(( ($(date +%s%N) - t0) / 1000000 ))" 'BEGIN {printf "%.1f s", ms / 1000}'; }
+pid_alive() { $SUDO test -s "$1" && $SUDO kill -0 "$($SUDO cat "$1")" 2>/dev/null; }
+die() {   # die MESSAGE: print the state and the logs, exit 1
+    echo "up.sh: $1" >&2
+    sinfo -N -l 2>&1 || true; scontrol show node "$NODE" 2>&1 || true
+    for f in "$LOG_DIR"/slurmctld.log "$LOG_DIR"/slurmd.log "$LOG_DIR"/slurmdbd.log "$LOG_DIR"/mariadb.log \
+             /var/log/munge/munged.log; do
+        $SUDO test -e "$f" || continue
+        echo "===== $f"; $SUDO tail -n 60 "$f" 2>&1 || true
+    done
+    exit 1
+}
+wait_for() {   # wait_for SECONDS WHAT CMD...: poll CMD every 0.5 s
+    local secs=$1 what=$2 until=$(( $(date +%s) + $1 )); shift 2
+    until "$@" >/dev/null 2>&1; do
+        [ "$(date +%s)" -lt "$until" ] || die "$what not ready after $secs s"
+        sleep 0.5
+    done
+}
+write_if_changed() {   # write_if_changed FILE MODE CONTENT: returns 0 when the file changed
+    local file=$1 mode=$2 content=$3
+    [ "$($SUDO cat "$file" 2>/dev/null)" != "$content" ] || return 1
+    if $SUDO test -e "$file" && ! $SUDO grep -qF "$MARK" "$file" && ! $SUDO test -e "$file.orig"; then
+        $SUDO cp -p "$file" "$file.orig"
+    fi
+    printf '%s\n' "$content" | $SUDO tee "$file" >/dev/null
+    $SUDO chmod "$mode" "$file"
+}
+$SUDO mkdir -p "$LOG_DIR"; $SUDO chmod 1777 "$LOG_DIR"
+
+# ---------------------------------------------------------------- install (only what is missing)
+pkgs=(slurm-wlm munge); bins=(/usr/sbin/slurmctld /usr/sbin/slurmd /usr/bin/sbatch /usr/sbin/munged)
+if [ "$ACCT" = 1 ]; then
+    pkgs+=(slurmdbd mariadb-server-core mariadb-client-core)   # the -core packages: binaries only, no service
+    bins+=(/usr/sbin/slurmdbd /usr/sbin/mariadbd /usr/bin/mariadb-install-db /usr/bin/mariadb)
+fi
+missing=""; for b in "${bins[@]}"; do [ -x "$b" ] || missing=1; done
+if [ -n "$missing" ]; then
+    echo "up.sh: installing ${pkgs[*]} ..."
+    # keep the packages' maintainer scripts from starting daemons (munge, slurm*) before a config exists
+    made_policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+        $SUDO chmod 755 /usr/sbin/policy-rc.d; made_policy=1
+    fi
+    apt_install() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+                      "${pkgs[@]}" >"$LOG_DIR/apt.log" 2>&1; }
+    rc=0
+    apt_install || { $SUDO apt-get update -q >"$LOG_DIR/apt-update.log" 2>&1 && apt_install; } || rc=$?
+    [ -z "$made_policy" ] || $SUDO rm -f /usr/sbin/policy-rc.d
+    if [ "$rc" -ne 0 ]; then tail -n 40 "$LOG_DIR/apt.log"; echo "up.sh: apt-get install failed" >&2; exit 1; fi
+    echo "up.sh: installed in $(elapsed)"
+fi
+
+# ---------------------------------------------------------------- config
+CPUS=$(nproc)
+MEM_MB=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
+REAL_MB=$(( MEM_MB * 9 / 10 ))                   # a bit below the real memory, or slurmd drains the node
+DEF_MEM=$(( REAL_MB / CPUS )); [ "$DEF_MEM" -le 1024 ] || DEF_MEM=1024   # jobs without --mem get this per CPU
+SELECT=${SLURM_CI_SELECT:-select/cons_tres}
+if [ "$SELECT" = select/linear ]; then SELECT_PARAMS=CR_Memory; else SELECT_PARAMS=CR_Core_Memory; fi
+CRED_EXPIRE=${SLURM_CI_CRED_EXPIRE:-5}
+if [ "$ACCT" = 1 ]; then
+    ACCT_CONF="# Accounting through slurmdbd (SLURM_CI_ACCOUNTING=1): sacct works. No resource usage is gathered.
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1"
+else
+    ACCT_CONF="# No accounting (SLURM_CI_ACCOUNTING=0): no slurmdbd, so sacct fails (\"Slurm accounting storage is disabled\").
+AccountingStorageType=accounting_storage/none"
+fi
+
+slurm_conf=$(cat <<CONF
+$MARK -- do not edit by hand, rerun up.sh.
+# One node ($NODE, $CPUS CPUs, ${REAL_MB} MB), one partition (debug), everything as root, no cgroups (containers).
+ClusterName=ci
+SlurmctldHost=$NODE(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+MpiDefault=none
+SwitchType=switch/none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SelectType=$SELECT
+SelectTypeParameters=$SELECT_PARAMS
+DefMemPerCPU=$DEF_MEM
+JobRequeue=1
+ReturnToService=2
+MailProg=/bin/true
+# scancel/requeue/timeout send SIGTERM, then SIGKILL after KillWait (default 30 s). submitit's workers ignore SIGTERM,
+# so a cancelled or requeued submitit task holds its CPU (and may even finish) for KillWait: keep it short.
+KillWait=5
+# Requeue delay: a requeued job stays PENDING (Reason=BeginTime) until requeue time + cred_expire + 1 s (default
+# cred_expire 120 s), then for the next full pass of the main scheduler (sched_interval, default 60 s; the backfill
+# loop skips it when nothing else changed). Here: about 5 + 1 + <=2 s.
+AuthInfo=cred_expire=$CRED_EXPIRE
+SchedulerParameters=sched_interval=2,bf_interval=5
+$ACCT_CONF
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+SlurmctldLogFile=$LOG_DIR/slurmctld.log
+SlurmdLogFile=$LOG_DIR/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$REAL_MB State=UNKNOWN
+PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+CONF
+)
+dbd_conf=$(cat <<CONF
+$MARK -- do not edit by hand, rerun up.sh.
+AuthType=auth/munge
+DbdHost=$NODE
+DbdAddr=127.0.0.1
+SlurmUser=root
+PidFile=/run/slurmdbd.pid
+LogFile=$LOG_DIR/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=$DB_PASS
+StorageLoc=slurm_acct_db
+CONF
+)
+$SUDO mkdir -p "$CONF_DIR"
+conf_changed=""; dbd_changed=""
+write_if_changed "$CONF" 644 "$slurm_conf" && conf_changed=1
+if [ "$ACCT" = 1 ]; then write_if_changed "$DBD_CONF" 600 "$dbd_conf" && dbd_changed=1; fi
+
+# ---------------------------------------------------------------- already up with this config? then nothing to do
+node_state() { sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n1; }
+node_ok() { [[ "$(node_state)" =~ ^(idle|mixed|allocated|completing)$ ]]; }
+munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+acct_ok() { [ "$ACCT" != 1 ] || sacctmgr -n -P list cluster format=cluster 2>/dev/null | grep -qx ci; }
+if [ -z "$conf_changed$dbd_changed" ] && munge_ok && scontrol ping 2>/dev/null | grep -q 'is UP' && node_ok \
+   && acct_ok; then
+    echo "up.sh: already up (node $NODE $(node_state)); nothing to do ($(elapsed))"
+    exit 0
+fi
+
+# ---------------------------------------------------------------- munge
+$SUDO mkdir -p /etc/munge /run/munge /var/lib/munge /var/log/munge /var/spool/slurmctld /var/spool/slurmd
+$SUDO chown munge:munge /run/munge /var/lib/munge /var/log/munge
+$SUDO chmod 755 /run/munge /var/spool/slurmctld /var/spool/slurmd
+if ! $SUDO test -s /etc/munge/munge.key; then
+    if [ -x /usr/sbin/mungekey ]; then $SUDO /usr/sbin/mungekey --create --keyfile=/etc/munge/munge.key
+    else $SUDO dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none; fi
+fi
+$SUDO chown munge:munge /etc/munge/munge.key
+$SUDO chmod 400 /etc/munge/munge.key
+if ! munge_ok; then
+    $SUDO rm -f /run/munge/munged.pid
+    $SUDO runuser -u munge -- /usr/sbin/munged
+    wait_for 10 munged munge_ok
+fi
+
+stop_pidfile() {   # stop_pidfile PIDFILE: stop a daemon of an older config
+    local pid
+    pid_alive "$1" || return 0
+    pid=$($SUDO cat "$1"); $SUDO kill "$pid"
+    for _ in $(seq 50); do $SUDO kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
+    $SUDO kill -9 "$pid" 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------- accounting: private MariaDB + slurmdbd
+if [ "$ACCT" = 1 ]; then
+    db() { $SUDO mariadb --no-defaults --socket="$DB_RUN/mysqld.sock" -u root "$@"; }
+    $SUDO mkdir -p "$DB_RUN"
+    if ! $SUDO test -d "$DB_DIR/mysql"; then
+        $SUDO mariadb-install-db --no-defaults --user=root --datadir="$DB_DIR" --auth-root-authentication-method=socket \
+            --skip-test-db >"$LOG_DIR/mariadb-install.log" 2>&1 || { cat "$LOG_DIR/mariadb-install.log"; die "mariadb-install-db failed"; }
+    fi
+    if ! db -e 'SELECT 1' >/dev/null 2>&1; then
+        $SUDO rm -f "$DB_RUN/mysqld.sock" "$DB_RUN/mariadbd.pid"
+        $SUDO setsid /usr/sbin/mariadbd --no-defaults --user=root --datadir="$DB_DIR" --socket="$DB_RUN/mysqld.sock" \
+            --pid-file="$DB_RUN/mariadbd.pid" --bind-address=127.0.0.1 --port="$DB_PORT" --skip-name-resolve \
+            --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 --log-error="$LOG_DIR/mariadb.log" \
+            </dev/null >/dev/null 2>&1 &
+        wait_for 30 mariadbd db -e 'SELECT 1'
+    fi
+    db -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+           CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+           GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+    [ -z "$dbd_changed" ] || stop_pidfile /run/slurmdbd.pid
+    if ! pid_alive /run/slurmdbd.pid; then $SUDO /usr/sbin/slurmdbd; fi
+    # slurmdbd creates its tables on first start (a few seconds), then answers sacctmgr
+    wait_for "$TIMEOUT" slurmdbd sacctmgr -n list cluster
+    sacctmgr -n -P list cluster format=cluster | grep -qx ci || $SUDO sacctmgr -i add cluster ci >/dev/null
+fi
+
+# ---------------------------------------------------------------- slurmctld, slurmd
+if [ -n "$conf_changed" ]; then stop_pidfile /run/slurmd.pid; stop_pidfile /run/slurmctld.pid; fi
+pid_alive /run/slurmctld.pid || $SUDO /usr/sbin/slurmctld   # daemonizes; recovers saved jobs if any
+pid_alive /run/slurmd.pid || $SUDO /usr/sbin/slurmd
+
+# ---------------------------------------------------------------- wait until the node is usable
+deadline=$(( $(date +%s) + TIMEOUT ))
+until node_ok; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "node $NODE not usable after $TIMEOUT s (state: '$(node_state)')"
+    sleep 0.5
+done
+echo "up.sh: Slurm up in $(elapsed) (accounting: $([ "$ACCT" = 1 ] && echo slurmdbd || echo none)):" \
+     "$(sinfo -h -o '%P %a %D %T %N' | head -n1)"
