@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
 MODULES := torch torchvision numpy numba scipy pandas matplotlib seaborn jupyterlab papermill nbconvert nbformat ipykernel \
-	pytest xdist hypothesis pytopk tqdm PIL latex2mathml
+	pytest xdist hypothesis pytopk tqdm PIL latex2mathml submitit
 # Statistical and property tests are seeded; `make test PYTEST_ARGS="-m 'not slow'"` skips the long ones.
 PYTEST_ARGS ?=
 # A checkout of github oval-group/smooth-topk outside this project, for `make bench` (optional).
@@ -63,22 +63,22 @@ test: $(STAMP) ## Run the test suite (the paper's propositions as tests) on 2 pr
 	PYTHONPATH=$$hidden HYPOTHESIS_PROFILE=ci $(PY) -m pytest -n 2 -p no:cacheprovider -q topk/tests $(PYTEST_ARGS)
 
 bench: $(STAMP) ## Loss benchmarks vs pytopk, the smoothed hinge's reference (REFERENCE=path) and CE (CSV in benchmarks/results/)
-	$(PY) benchmarks/bench_noised_losses.py
-	$(PY) benchmarks/bench_smooth_hinge.py $(if $(REFERENCE),--reference $(REFERENCE))
+	$(PY) -m benchmarks.bench_noised_losses
+	$(PY) -m benchmarks.bench_smooth_hinge $(if $(REFERENCE),--reference $(REFERENCE))
 	$(MAKE) --no-print-directory readme
 
 readme: | $(STAMP) ## Regenerate the README's numbers from the committed results (figures/quick, benchmarks/results)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.publishing.readme
 
 profile-time: $(STAMP) ## Estimate a stand-in profile's hours on this machine [PROFILE=quick|gpu DEVICE=cpu|cuda THREADS=n]
-	PYTHONPATH=$(CURDIR) $(PY) benchmarks/bench_profile_time.py $(PROFILE) --device $(DEVICE) --threads $(THREADS)
+	$(PY) -m benchmarks.bench_profile_time $(PROFILE) --device $(DEVICE) --threads $(THREADS)
 
 bench-gpu: $(STAMP) ## On a CUDA machine: the fused kernel's grid and Fig. 3 in GPU seconds (CSV in benchmarks/results/)
-	$(PY) benchmarks/bench_fused_kernel.py --device cuda
-	PYTHONPATH=$(CURDIR) $(PY) benchmarks/bench_epoch_time.py --device cuda
+	$(PY) -m benchmarks.bench_fused_kernel --device cuda
+	$(PY) -m benchmarks.bench_epoch_time --device cuda
 
 kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU needed) and print their registers and spills
-	env -u TRITON_INTERPRET $(PY) benchmarks/kernel_resources.py --arch 90 --check
+	env -u TRITON_INTERPRET $(PY) -m benchmarks.kernel_resources --arch 90 --check
 
 calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers and choose each loss's learning rate, until CE's agree (experiments/calibrated/; no-op when current)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.tuning.fixed_point $(PROFILE) --device $(DEVICE)

@@ -90,9 +90,10 @@ def in_memory_child() -> bool:
     return os.environ.get("MALLOC_MMAP_THRESHOLD_") == str(MMAP_THRESHOLD)
 
 
-def peak_extra_bytes(call: Callable[[], object], device: torch.device, script: str, spec: dict) -> float:
+def peak_extra_bytes(call: Callable[[], object], device: torch.device, module: str, spec: dict) -> float:
     """Peak extra bytes of ``call``. On CPU, unless already in a measuring child, runs
-    ``python script --memory-of json(spec)`` in a child process and reads the last line it prints."""
+    ``python -m module --memory-of json(spec)`` in a child process (``module``: the calling script's
+    ``__spec__.name``; the child starts in the parent's directory) and reads the last line it prints."""
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -102,7 +103,7 @@ def peak_extra_bytes(call: Callable[[], object], device: torch.device, script: s
         return float(torch.cuda.max_memory_allocated() - before)
     if not in_memory_child():
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
-        child = subprocess.run([sys.executable, script, "--memory-of", json.dumps(spec)],
+        child = subprocess.run([sys.executable, "-m", module, "--memory-of", json.dumps(spec)],
                                env=env, capture_output=True, text=True)
         if child.returncode:
             raise RuntimeError(f"memory child failed for {spec}:\n{child.stderr[-2000:]}")

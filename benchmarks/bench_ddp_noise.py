@@ -2,7 +2,7 @@
 each process's batch, averaged over the processes, as DDP averages) when every process draws from the same seed,
 against independent seeds (:func:`experiments.engine.train.reseed_process`). Printed as a ratio, per logit scale.
 
-    python benchmarks/bench_ddp_noise.py [--processes 8] [--repeats 200]
+    python -m benchmarks.bench_ddp_noise [--processes 8] [--repeats 200]
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def variance_ratio(scale: float, processes: int, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()

@@ -7,26 +7,22 @@ is (batch 8 x L 100, K 5, B 10). Before timing, it counts what one step dispatch
 On a CPU the fused kernels' launches are replaced by stubs that only fill their outputs (Triton's interpreter would
 otherwise be what is timed), so its row measures everything around the launch; on CUDA nothing is replaced.
 
-    python benchmarks/bench_dispatch.py [--device cpu|cuda] [--budget-s 2]
+    python -m benchmarks.bench_dispatch [--device cpu|cuda] [--budget-s 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections import Counter
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _measure import interleaved_median_seconds  # noqa: E402
-
-from topk import _ops, fused  # noqa: E402
-from topk.losses import noised_hinge  # noqa: E402
+from benchmarks._measure import interleaved_median_seconds
+from topk import _ops, fused
+from topk.losses import noised_hinge
 
 
 class _LaunchStub:
@@ -86,7 +82,8 @@ def count_dispatches(step) -> tuple[Counter, Counter]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--budget-s", type=float, default=2.0, help="timing budget per method (5 to 50 rounds)")
     args = parser.parse_args()

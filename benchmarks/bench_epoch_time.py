@@ -8,8 +8,8 @@ included. The images are synthetic, which is honest for timing: it does not depe
 (a fresh model) trains ``--epochs`` whole epochs, compiled with ``--compile MODE`` (``eager``: not compiled); the last
 epoch is the one reported, the first ones absorb compilation and warm-up.
 
-    python benchmarks/bench_epoch_time.py                                  # on CUDA, the paper's K grid
-    python benchmarks/bench_epoch_time.py --device cpu --model small_cnn --images 256 --ks 1 5 --compile eager
+    python -m benchmarks.bench_epoch_time                                  # on CUDA, the paper's K grid
+    python -m benchmarks.bench_epoch_time --device cpu --model small_cnn --images 256 --ks 1 5 --compile eager
 
 Rows are appended to ``--out`` as they finish, with the device's name; a rerun skips the rows already there. At the
 end it prints cross-entropy's epoch time and each loss's overhead over it, with the targets (an epoch in at most
@@ -21,24 +21,21 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _fig3_setup import add_setup_arguments, checked_device, paper_model_and_optimiser, points  # noqa: E402
-from _measure import append_csv_row  # noqa: E402
-
-from data_prep.common import TensorImages  # noqa: E402
-from data_prep.transforms import augment_and_normalise  # noqa: E402
-from experiments.engine.batches import InMemoryBatches, order_seed  # noqa: E402
-from experiments.spec.profiles import PAPER  # noqa: E402
-from experiments.analysis.timings import TRAIN_IMAGES  # noqa: E402
-from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
-from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch  # noqa: E402
-from topk.losses import build_loss  # noqa: E402
+from benchmarks._fig3_setup import add_setup_arguments, checked_device, paper_model_and_optimiser, points
+from benchmarks._measure import append_csv_row
+from data_prep.common import TensorImages
+from data_prep.transforms import augment_and_normalise
+from experiments.engine.batches import InMemoryBatches, order_seed
+from experiments.spec.profiles import PAPER
+from experiments.analysis.timings import TRAIN_IMAGES
+from experiments.provenance import STAMP_FIELDS, stamp
+from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
+from topk.losses import build_loss
 
 FIELDS = [*STAMP_FIELDS, "model", "compile", "loss", "backend", "K", "B", "batch_size", "images", "epochs",
           "epoch_seconds", "loss_seconds"]
@@ -88,7 +85,8 @@ def print_targets(rows: list[dict], on_gpu: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add_setup_arguments(parser, ks=list(PAPER.figure3_ks))
     parser.add_argument("--images", type=int, default=TRAIN_IMAGES, help="training images per epoch")
     parser.add_argument("--epochs", type=int, default=2, help="epochs per point; the last one is reported")

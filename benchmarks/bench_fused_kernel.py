@@ -12,10 +12,10 @@ On CUDA the fused step is also timed as the replay of a CUDA graph that captured
 time without the host's, which an eager step below about 2 ms mostly is (``NOTES.md`` §6).
 Ratios printed: fused / each floor, pytopk / fused, torch / fused, fused / cross-entropy, fused_graph / the floors.
 
-    python benchmarks/bench_fused_kernel.py                    # the issue's grid on CUDA, every kind of input
-    python benchmarks/bench_fused_kernel.py --grid headline    # batch 256, L 10^4, K 5, B 10
-    python benchmarks/bench_fused_kernel.py --grid focus       # B 10, K 5 and 50, batch 256 and 4096, L 10^3 to 10^6
-    TRITON_INTERPRET=1 python benchmarks/bench_fused_kernel.py --device cpu --grid smoke   # the script itself, on CPU
+    python -m benchmarks.bench_fused_kernel                    # the issue's grid on CUDA, every kind of input
+    python -m benchmarks.bench_fused_kernel --grid headline    # batch 256, L 10^4, K 5, B 10
+    python -m benchmarks.bench_fused_kernel --grid focus       # B 10, K 5 and 50, batch 256 and 4096, L 10^3 to 10^6
+    TRITON_INTERPRET=1 python -m benchmarks.bench_fused_kernel --device cpu --grid smoke   # the script itself, on CPU
 
 Every finished configuration is appended to the CSV at once (``--out``); a rerun skips the configurations
 already there, so an interrupted run loses nothing. A method whose working set would not fit in the
@@ -36,14 +36,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _measure import append_csv_row, median_seconds  # noqa: E402
-
-from experiments.analysis import kernel_targets  # noqa: E402
-from experiments.analysis.kernel_targets import key  # noqa: E402
-from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
-from topk.losses import noised_hinge  # noqa: E402
-from topk.operators import CHUNK_ELEMENTS  # noqa: E402
+from benchmarks._measure import append_csv_row, median_seconds
+from experiments.analysis import kernel_targets
+from experiments.analysis.kernel_targets import key
+from experiments.provenance import STAMP_FIELDS, stamp
+from topk.losses import noised_hinge
+from topk.operators import CHUNK_ELEMENTS
 
 #: (logit scale, eps): standard normal scores with eps = 1; a trained network's spread with the paper's eps values.
 INPUTS = ((1.0, 1.0), (5.0, 0.2), (20.0, 0.01))
@@ -128,7 +126,7 @@ def copy_bandwidth(device: torch.device) -> float:
 
 def noise_floor(n_normals: int, device: torch.device, budget_s: float) -> float:
     """Seconds to draw ``n_normals`` with ``tl.randn4x`` and sum them (``_noise_floor.py``)."""
-    from _noise_floor import draw_normals, programs
+    from benchmarks._noise_floor import draw_normals, programs
 
     seed = torch.tensor([1], dtype=torch.int64, device=device)
     out = torch.empty(programs(n_normals), dtype=torch.float32, device=device)
@@ -205,7 +203,8 @@ def summarise(out: Path, device_type: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", choices=sorted(GRIDS), default="issue")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     parser.add_argument("--budget-s", type=float, default=0.5, help="timing budget per method and configuration")

@@ -3,8 +3,8 @@
 All three are measured in the same process, interleaved, on the same inputs; the ratios printed are
 pytopk / topk (speed-up) and topk / pytopk (memory). Not a test: timings depend on the machine.
 
-    python benchmarks/bench_noised_losses.py                 # the full grid on CPU (and CUDA if present)
-    python benchmarks/bench_noised_losses.py --headline      # batch 128, L 1000, K 5, B 10, logits x2, eps 0.2
+    python -m benchmarks.bench_noised_losses                 # the full grid on CPU (and CUDA if present)
+    python -m benchmarks.bench_noised_losses --headline      # batch 128, L 1000, K 5, B 10, logits x2, eps 0.2
 
 Scores are ``logit_scale x N(0, 1)``: standard normal with eps = 1, and a trained network's spread with the paper's
 eps = 0.2 (CIFAR-100), where the exact candidate pruning of :mod:`topk._bounded_noise` leaves few classes to perturb.
@@ -25,12 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _measure import interleaved_median_seconds, peak_extra_bytes, selected_devices  # noqa: E402
-from experiments.engine.store import write_csv  # noqa: E402
-
-from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
-from topk.losses import noised_hinge  # noqa: E402
+from benchmarks._measure import interleaved_median_seconds, peak_extra_bytes, selected_devices
+from experiments.engine.store import write_csv
+from experiments.provenance import STAMP_FIELDS, stamp
+from topk.losses import noised_hinge
 
 #: (logit scale, eps) pairs: standard normal scores with eps = 1; a trained network's spread with the paper's eps.
 INPUTS = ((1.0, 1.0), (5.0, 0.2))
@@ -80,7 +78,7 @@ def _memory_of(spec: str) -> None:
     loss = _methods()[config["method"]]
     step = lambda: _step(loss, s, y, config["k"], config["n_samples"], config["epsilon"])  # noqa: E731
     step()
-    print(peak_extra_bytes(step, device, __file__, config))
+    print(peak_extra_bytes(step, device, __spec__.name, config))
 
 
 def run(grid: dict, devices: list[torch.device], max_elements: int, out: Path) -> list[dict]:
@@ -104,7 +102,7 @@ def run(grid: dict, devices: list[torch.device], max_elements: int, out: Path) -
                      for name, loss in methods.items()}
             result = {}
             for name, seconds in interleaved_median_seconds(steps, device).items():
-                peak = peak_extra_bytes(steps[name], device, __file__, {"method": name, **config})
+                peak = peak_extra_bytes(steps[name], device, __spec__.name, {"method": name, **config})
                 result[name] = (seconds, peak)
                 rows.append({**provenance, **config, "method": name, "status": "ok", "ms": round(seconds * 1e3, 4),
                              "peak_extra_mb": round(peak / 2**20, 2)})
@@ -121,7 +119,8 @@ def run(grid: dict, devices: list[torch.device], max_elements: int, out: Path) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--headline", action="store_true", help="only batch 128, L 1000, K 5, B 10")
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--max-elements", type=int, default=1 << 26, help="skip configurations with a larger noise tensor")

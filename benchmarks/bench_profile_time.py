@@ -2,33 +2,31 @@
 :mod:`experiments.analysis.workload` counts for each notebook, for the learning-rate choice's runs beyond theirs and for one point
 of the calibration.
 
-    python benchmarks/bench_profile_time.py gpu --device cuda
-    python benchmarks/bench_profile_time.py quick --device cpu --threads 1    # as `make -j2 paper-figures THREADS=1`
+    python -m benchmarks.bench_profile_time gpu --device cuda
+    python -m benchmarks.bench_profile_time quick --device cpu --threads 1    # as `make -j2 paper-figures THREADS=1`
 
 A training step is the engine's (:func:`experiments.engine.train.train_epoch`): the setup's model and batch size, channels-last
 and bfloat16 autocast on CUDA, cross-entropy, SGD with Nesterov momentum; evaluation is its forward pass in eval mode.
 The images are random (the augmentation's cost is left out) and the loss is cross-entropy: the paper's losses add
-their own cost (Fig. 3; `benchmarks/bench_epoch_time.py`). The estimate is compared with a measured profile in the
+their own cost (Fig. 3; :mod:`benchmarks.bench_epoch_time`). The estimate is compared with a measured profile in the
 README. Not a test: timings depend on the machine. Rows go to benchmarks/results/profile_time_<profile>_<device>.csv.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from experiments.engine.models import build_model  # noqa: E402
-from experiments.spec.profiles import SETUPS, get_profile  # noqa: E402
-from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
-from experiments.engine.store import write_csv  # noqa: E402
-from experiments.spec.grids import NOTEBOOK_GRIDS  # noqa: E402
-from experiments.analysis.workload import CALIBRATION_POINT, CHOICE, profile_work, stand_in_size  # noqa: E402
+from experiments.engine.models import build_model
+from experiments.spec.profiles import SETUPS, get_profile
+from experiments.provenance import STAMP_FIELDS, stamp
+from experiments.engine.store import write_csv
+from experiments.spec.grids import NOTEBOOK_GRIDS
+from experiments.analysis.workload import CALIBRATION_POINT, CHOICE, profile_work, stand_in_size
 
 FIELDS = [*STAMP_FIELDS, "profile", "notebook", "setup", "runs", "epochs", "train_images", "eval_images",
           "train_images_per_s", "eval_images_per_s", "hours"]
@@ -84,7 +82,8 @@ def setup_rates(setup, device: torch.device, budget_s: float) -> tuple[float, fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("profile")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")

@@ -4,8 +4,8 @@ ours against the reference implementation (github oval-group/smooth-topk), the n
 Everything is measured in one process, interleaved, on the same inputs (batch 128, standard normal scores,
 tau = 1, alpha = 1). Printed ratios are reference / ours (speed-up). Not a test: timings depend on the machine.
 
-    python benchmarks/bench_smooth_hinge.py --reference PATH     # the grid K x L on CPU (and CUDA if present)
-    python benchmarks/bench_smooth_hinge.py --headline ...       # K 5, L 1000 only
+    python -m benchmarks.bench_smooth_hinge --reference PATH     # the grid K x L on CPU (and CUDA if present)
+    python -m benchmarks.bench_smooth_hinge --headline ...       # K 5, L 1000 only
 
 PATH is a checkout of github oval-group/smooth-topk kept outside this project (never commit it); it needs
 `pip install future`. Without --reference the reference rows are left out.
@@ -37,14 +37,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _measure import interleaved_median_seconds, peak_extra_bytes, selected_devices  # noqa: E402
-from experiments.engine.store import write_csv  # noqa: E402
-
-from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
-from topk import fused  # noqa: E402
-from topk.elementary_symmetric import log_elementary_symmetric  # noqa: E402
-from topk.losses import noised_hinge, smooth_hinge  # noqa: E402
+from benchmarks._measure import interleaved_median_seconds, peak_extra_bytes, selected_devices
+from experiments.engine.store import write_csv
+from experiments.provenance import STAMP_FIELDS, stamp
+from topk import fused
+from topk.elementary_symmetric import log_elementary_symmetric
+from topk.losses import noised_hinge, smooth_hinge
 
 GRID = {"n_classes": (100, 1000, 10_000), "k": (1, 2, 5, 10, 20, 50)}
 HEADLINE = {"n_classes": (1000,), "k": (5,)}
@@ -134,7 +132,7 @@ def _memory_of(spec: str) -> None:
     loss = _methods(config["k"], config["n_classes"], device, svm)[config["method"]]
     s, y = _inputs(device, config["n_classes"])
     _step(loss, s, y)
-    print(peak_extra_bytes(lambda: _step(loss, s, y), device, __file__, config))
+    print(peak_extra_bytes(lambda: _step(loss, s, y), device, __spec__.name, config))
 
 
 def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Path) -> list[dict]:
@@ -156,7 +154,7 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
             for name, seconds in interleaved_median_seconds(steps, device).items():
                 loss = methods[name]
                 spec = {**config, "method": name, "reference": str(reference) if reference else ""}
-                peak = peak_extra_bytes(steps[name], device, __file__, spec)
+                peak = peak_extra_bytes(steps[name], device, __spec__.name, spec)
                 errors = {}
                 if name in ("smooth_hinge", "smooth_hinge_triton", "reference"):
                     errors = {f"grad_error_x{c}": _gradient_error(loss, exact[c], device, n_classes, c)
@@ -178,7 +176,8 @@ def run(grid: dict, devices: list[torch.device], reference: Path | None, out: Pa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reference", type=Path, help="checkout of github oval-group/smooth-topk (outside the project)")
     parser.add_argument("--headline", action="store_true", help="only K 5, L 1000")
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")

@@ -10,8 +10,8 @@ latter on the fused kernel (``auto``) and on the PyTorch path (``torch``) on CUD
 device: timing does not depend on their content. Each point runs ``--warmup`` untimed steps (compilation
 included), then times ``--steps`` steps between two CUDA events (one synchronisation per point).
 
-    python benchmarks/bench_training_step.py                      # on CUDA: DenseNet-40-40, K in {5, 50}
-    python benchmarks/bench_training_step.py --device cpu --model small_cnn --steps 3 --warmup 2   # check the script
+    python -m benchmarks.bench_training_step                      # on CUDA: DenseNet-40-40, K in {5, 50}
+    python -m benchmarks.bench_training_step --device cpu --model small_cnn --steps 3 --warmup 2   # check the script
 
 Rows are appended to ``--out`` as they finish (device, versions, commit); the overheads are printed at the end.
 """
@@ -19,18 +19,15 @@ Rows are appended to ``--out`` as they finish (device, versions, commit); the ov
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _fig3_setup import add_setup_arguments, checked_device, paper_model_and_optimiser, points  # noqa: E402
-from _measure import append_csv_row  # noqa: E402
-
-from experiments.provenance import STAMP_FIELDS, stamp  # noqa: E402
-from topk.losses import build_loss  # noqa: E402
+from benchmarks._fig3_setup import add_setup_arguments, checked_device, paper_model_and_optimiser, points
+from benchmarks._measure import append_csv_row
+from experiments.provenance import STAMP_FIELDS, stamp
+from topk.losses import build_loss
 
 FIELDS = [*STAMP_FIELDS, "model", "mode", "compiler", "loss", "backend", "K", "B", "batch_size", "steps", "ms_per_step",
           "overhead_vs_ce"]
@@ -79,7 +76,8 @@ def time_steps(step, batches: list, warmup: int, steps: int, device: torch.devic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add_setup_arguments(parser, ks=[5, 50])
     parser.add_argument("--steps", type=int, default=200, help="timed steps per point")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps before each point (compilation included)")

@@ -4,15 +4,17 @@
 #   tests   the library's tests on CUDA: the kernel compiled, sync debug mode, CUDA-graph replays, reduce-overhead steps;
 #           then the training engine's on CUDA (autocast, siblings, a killed run resumed to the same result), then
 #           the README's examples (its compiled CUDA-graph training step)
-#   step    benchmarks/bench_training_step.py: ms per DenseNet-40-40 step, eager and compiled, overheads over CE
+#   step    benchmarks.bench_training_step: ms per DenseNet-40-40 step, eager and compiled, overheads over CE
 #   kernel  the fused kernel's grids with their memory and noise floors, every kind of input (resumable: rerun to
 #           finish); the headline and the issue's grid, or the grids named after the time limit
 #   fig3    Fig. 3 in GPU seconds
 #   hinge   the smoothed hinge on CUDA, tree against Triton kernel, against CE (headline, then the grid until the limit)
-#   profile the gpu profile's hours on this GPU (bench_profile_time.py: each setup's images/s times its workload)
-#   host    an eager step's host time: through the custom operators against direct calls (bench_dispatch.py), and
-#           each loss's step, enqueue and kernel times with the profiler's table (profile_loss_overhead.py)
+#   profile the gpu profile's hours on this GPU (benchmarks.bench_profile_time: each setup's images/s times its
+#           workload)
+#   host    an eager step's host time: through the custom operators against direct calls (benchmarks.bench_dispatch),
+#           and each loss's step, enqueue and kernel times with the profiler's table (benchmarks.profile_loss_overhead)
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
+# Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
 #   "headline issue"]
 # pytopk (pure Python) can be put on PYTHONPATH beforehand for the kernel comparison; without it, that column is skipped.
@@ -34,29 +36,29 @@ case "${1:-tests}" in
     python3 -m pytest -q -p no:cacheprovider experiments/tests/test_readme.py -k examples 2>&1 \
       | tee "$out/readme_examples.log" || status=1 ;;
   step)
-    python3 benchmarks/bench_training_step.py --device cuda --out "$out/training_step.csv" 2>&1 \
+    python3 -m benchmarks.bench_training_step --device cuda --out "$out/training_step.csv" 2>&1 \
       | tee "$out/training_step.log" || status=1 ;;
   kernel)
     for grid in ${3:-headline issue}; do
-      timeout "${2:-240}" python3 benchmarks/bench_fused_kernel.py --device cuda --grid "$grid" \
+      timeout "${2:-240}" python3 -m benchmarks.bench_fused_kernel --device cuda --grid "$grid" \
         --out "$out/fused_kernel.csv" 2>&1 | tee -a "$out/fused_kernel.log"
     done ;;
   fig3)
-    python3 benchmarks/bench_epoch_time.py --device cuda --out "$out/fig3_epoch_time.csv" 2>&1 \
+    python3 -m benchmarks.bench_epoch_time --device cuda --out "$out/fig3_epoch_time.csv" 2>&1 \
       | tee "$out/fig3_epoch_time.log" || status=1 ;;
   hinge)
-    python3 benchmarks/bench_smooth_hinge.py --device cuda --headline --out "$out/smooth_hinge_cuda_headline.csv" 2>&1 \
+    python3 -m benchmarks.bench_smooth_hinge --device cuda --headline --out "$out/smooth_hinge_cuda_headline.csv" 2>&1 \
       | tee "$out/smooth_hinge_cuda.log" || status=1
-    timeout "${2:-300}" python3 benchmarks/bench_smooth_hinge.py --device cuda --out "$out/smooth_hinge_cuda.csv" 2>&1 \
+    timeout "${2:-300}" python3 -m benchmarks.bench_smooth_hinge --device cuda --out "$out/smooth_hinge_cuda.csv" 2>&1 \
       | tee -a "$out/smooth_hinge_cuda.log" ;;
   profile)
-    python3 benchmarks/bench_profile_time.py gpu --device cuda --out "$out/profile_time_gpu_cuda.csv" 2>&1 \
+    python3 -m benchmarks.bench_profile_time gpu --device cuda --out "$out/profile_time_gpu_cuda.csv" 2>&1 \
       | tee "$out/profile_time_gpu_cuda.log" || status=1 ;;
   host)
-    python3 benchmarks/bench_dispatch.py --device cuda 2>&1 | tee "$out/dispatch_cuda.log" || status=1
+    python3 -m benchmarks.bench_dispatch --device cuda 2>&1 | tee "$out/dispatch_cuda.log" || status=1
     for size in 1000 100000; do
-      python3 benchmarks/profile_loss_overhead.py --batch 256 --classes $size > "$out/profile_overhead_256x$size.txt" 2>&1 \
-        || status=1
+      python3 -m benchmarks.profile_loss_overhead --batch 256 --classes $size \
+        > "$out/profile_overhead_256x$size.txt" 2>&1 || status=1
     done
     grep -h "^==" "$out"/profile_overhead_*.txt ;;
   *)

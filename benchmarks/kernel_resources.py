@@ -3,9 +3,9 @@
 
 No GPU is needed: Triton compiles to PTX and its bundled ``ptxas`` assembles it for the target, whose
 ``-v`` report gives the registers per thread and any spill to local memory. This is the static half of
-the GPU work; the timings need the device (``benchmarks/bench_fused_kernel.py``).
+the GPU work; the timings need the device (:mod:`benchmarks.bench_fused_kernel`).
 
-    python benchmarks/kernel_resources.py [--arch 90] [--check]
+    python -m benchmarks.kernel_resources [--arch 90] [--check]
 
 ``--check`` exits 1 if a float32, float16 or bfloat16 configuration spills (the training dtypes; the float64
 path, kept for exact tests, is reported but not checked). Run without ``TRITON_INTERPRET`` set. The smoothed
@@ -25,9 +25,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from experiments.provenance import git_commit, short_commit  # noqa: E402
-from topk import elementary_symmetric, fused  # noqa: E402
+from experiments.provenance import git_commit, short_commit
+from topk import elementary_symmetric, fused
 
 TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
@@ -143,7 +142,7 @@ def _report_row(label: str, dtype: torch.dtype, k: str, n_samples: str, noise: s
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200) or 80 (A100)")
     parser.add_argument("--check", action="store_true", help="exit 1 if a configuration other than float64 spills")
     args = parser.parse_args()

@@ -5,23 +5,20 @@ one, and the device time of its kernels (``torch.profiler``, summed over the ste
 table of the host-side operators by self time. A step whose enqueue time is close to its wall time and far above its
 kernels' time is bound by the host: the kernels wait for the launches.
 
-    python benchmarks/profile_loss_overhead.py [--batch 256] [--classes 1000] [--k 5] [--samples 10] [--rows 25]
+    python -m benchmarks.profile_loss_overhead [--batch 256] [--classes 1000] [--k 5] [--samples 10] [--rows 25]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from topk.losses import noised_hinge, smooth_hinge  # noqa: E402
+from topk.losses import noised_hinge, smooth_hinge
 
 
 def losses(k: int, n_samples: int) -> dict:
@@ -47,7 +44,8 @@ def _median_ms(call, repeats: int, synchronise: bool) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--k", type=int, default=5)

@@ -1,6 +1,6 @@
-"""The benchmark scripts' tests import the project's packages from its root, as the scripts do."""
+"""The benchmark scripts' tests draw figures without a display: Matplotlib's Agg backend, chosen before any import of
+pyplot."""
 
-import sys
-from pathlib import Path
+import matplotlib
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+matplotlib.use("Agg")

@@ -9,21 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import matplotlib
 import pytest
 import torch
 
-matplotlib.use("Agg")
+from experiments.analysis import claims, plots, summary, timings
+from experiments.provenance import STAMP_FIELDS, git_commit
 
-from experiments.analysis import claims, plots, summary, timings  # noqa: E402
-from experiments.provenance import STAMP_FIELDS, git_commit  # noqa: E402
-
-SCRIPTS = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(script: str, *arguments: str, environment: dict | None = None) -> subprocess.CompletedProcess:
-    run = subprocess.run([sys.executable, str(SCRIPTS / script), *arguments], env=environment, capture_output=True,
-                         text=True, timeout=600)
+    """``python -m benchmarks.<script> arguments`` from the repository root, as a user runs it."""
+    run = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", *arguments], cwd=ROOT, env=environment,
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     return run
 
@@ -39,22 +37,22 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_kernel_compiles_for_sm90_without_register_spills():
-    """Every launch configuration of ``kernel_resources.py`` compiles for the H100/H200 target (sm_90a, by Triton
-    and its bundled ptxas; no GPU needed) and, in the training dtypes, keeps all its values in registers. Checked
-    with the installed Triton; the committed reports in ``benchmarks/results/`` show the same with Triton 3.6
-    (torch 2.11) and 3.8."""
+    """Every launch configuration of ``benchmarks.kernel_resources`` compiles for the H100/H200 target (sm_90a, by
+    Triton and its bundled ptxas; no GPU needed) and, in the training dtypes, keeps all its values in registers.
+    Checked with the installed Triton; the committed reports in ``benchmarks/results/`` show the same with Triton
+    3.6 (torch 2.11) and 3.8."""
     environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    run = _run("kernel_resources.py", "--arch", "90", "--check", environment=environment)
+    run = _run("kernel_resources", "--arch", "90", "--check", environment=environment)
     assert run.stdout.count("\n") >= 2 + 7 + 20, run.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA, run the script itself")
 def test_fused_kernel_benchmark_appends_each_configuration_once(tmp_path):
-    """``bench_fused_kernel.py`` on its smoke grid (the kernel interpreted on CPU): one CSV row per method and
+    """``benchmarks.bench_fused_kernel`` on its smoke grid (the kernel interpreted on CPU): one CSV row per method and
     configuration, and a rerun skips what is already there."""
     out = tmp_path / "bench.csv"
     for _ in range(2):
-        _run("bench_fused_kernel.py", "--device", "cpu", "--grid", "smoke", "--budget-s", "0.01", "--out", str(out),
+        _run("bench_fused_kernel", "--device", "cpu", "--grid", "smoke", "--budget-s", "0.01", "--out", str(out),
              environment={**os.environ, "TRITON_INTERPRET": "1"})
     rows = _rows(out)
     methods = {row["method"] for row in rows}
@@ -65,10 +63,10 @@ def test_fused_kernel_benchmark_appends_each_configuration_once(tmp_path):
 
 
 def test_epoch_time_benchmark_is_read_back_drawn_and_judged(tmp_path):
-    """``bench_epoch_time.py`` on a small model: the rows Fig. 3 and claim 4 are made of."""
+    """``benchmarks.bench_epoch_time`` on a small model: the rows Fig. 3 and claim 4 are made of."""
     out = tmp_path / "fig3.csv"
     for _ in range(2):  # the second call finds every point done and appends nothing
-        _run("bench_epoch_time.py", "--device", "cpu", "--model", "small_cnn", "--batch-size", "16", "--images", "64",
+        _run("bench_epoch_time", "--device", "cpu", "--model", "small_cnn", "--batch-size", "16", "--images", "64",
              "--epochs", "1", "--compile", "eager", "--ks", "1", "5", "--samples", "3", "--out", str(out))
     assert len(_rows(out)) == 1 + 2 * 3
     assert timings.load_epoch_times(out, device="cuda") is None
@@ -92,10 +90,10 @@ def test_epoch_time_benchmark_is_read_back_drawn_and_judged(tmp_path):
 
 
 def test_training_step_benchmark_writes_each_loss_with_its_overhead_over_cross_entropy(tmp_path):
-    """``bench_training_step.py`` with a small model, eager and compiled (``aot_eager``, fast to compile): one row
-    per mode and loss, each with its overhead over the same mode's cross-entropy step."""
+    """``benchmarks.bench_training_step`` with a small model, eager and compiled (``aot_eager``, fast to compile):
+    one row per mode and loss, each with its overhead over the same mode's cross-entropy step."""
     out = tmp_path / "step.csv"
-    run = _run("bench_training_step.py", "--device", "cpu", "--model", "small_cnn", "--batch-size", "8", "--steps", "2",
+    run = _run("bench_training_step", "--device", "cpu", "--model", "small_cnn", "--batch-size", "8", "--steps", "2",
                "--warmup", "1", "--ks", "5", "--samples", "3", "--compiler", "aot_eager", "--out", str(out))
     rows = _rows(out)
     assert [(row["mode"], row["loss"]) for row in rows] == [
@@ -108,10 +106,10 @@ def test_training_step_benchmark_writes_each_loss_with_its_overhead_over_cross_e
 
 
 def test_profile_time_estimate_writes_one_row_per_notebook_and_setup(tmp_path):
-    """``bench_profile_time.py`` on the smoke profile: every row of the workload gets a measured rate and hours equal
-    to its images divided by those rates."""
+    """``benchmarks.bench_profile_time`` on the smoke profile: every row of the workload gets a measured rate and
+    hours equal to its images divided by those rates."""
     out = tmp_path / "profile.csv"
-    _run("bench_profile_time.py", "smoke", "--device", "cpu", "--budget", "0.05", "--out", str(out))
+    _run("bench_profile_time", "smoke", "--device", "cpu", "--budget", "0.05", "--out", str(out))
     rows = _rows(out)
     assert {row["notebook"] for row in rows} == {"table2_fig2_epsilon", "table3_samples", "fig3_epoch_time",
                                                  "table4_table7_label_noise", "table5_table8_plantnet",
@@ -123,9 +121,9 @@ def test_profile_time_estimate_writes_one_row_per_notebook_and_setup(tmp_path):
 
 
 def test_dispatch_benchmark_prints_each_path_through_the_operators_and_direct():
-    """``bench_dispatch.py`` on a CPU: a line per path with what one step dispatches (the fused path: one launch
-    forward, one backward) and both host times with their ratio."""
-    run = _run("bench_dispatch.py", "--budget-s", "0.01")
+    """``benchmarks.bench_dispatch`` on a CPU: a line per path with what one step dispatches (the fused path: one
+    launch forward, one backward) and both host times with their ratio."""
+    run = _run("bench_dispatch", "--budget-s", "0.01")
     for path, launches in (("fused kernel", 2), ("PyTorch path", 0), ("CPU kernel", 0)):
         counted = re.search(rf"^{path}, one forward \+ backward: (\d+) ATen operators besides views \((.*)\), \d+ views, "
                             rf"(\d+) Triton launches$", run.stdout, re.M)
@@ -138,7 +136,7 @@ def test_dispatch_benchmark_prints_each_path_through_the_operators_and_direct():
 
 
 def test_ddp_noise_benchmark_prints_a_variance_ratio_per_logit_scale():
-    run = _run("bench_ddp_noise.py", "--processes", "2", "--repeats", "3")
+    run = _run("bench_ddp_noise", "--processes", "2", "--repeats", "3")
     ratios = re.findall(r"^2 processes, logits ([\d.]+) x N\(0, 1\), .*: variance with shared noise / independent "
                         r"x(\d+\.\d\d)$", run.stdout, re.M)
     assert [scale for scale, _ in ratios] == ["0.05", "1", "5"], run.stdout

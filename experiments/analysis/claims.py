@@ -159,7 +159,7 @@ def claim_4(figure3: pd.DataFrame, device: str = "cuda") -> Verdict:
 
 
 def claim_4_measured(times: pd.DataFrame) -> Verdict:
-    """Claim 4 on epoch times measured outside training (``benchmarks/bench_epoch_time.py`` on a GPU): the same
+    """Claim 4 on epoch times measured outside training (``python -m benchmarks.bench_epoch_time`` on a GPU): the same
     test, valid at any profile since a timing does not depend on how long the model was trained. The noised loss is
     judged in the library's default implementation; its PyTorch-path rows ("(torch path)") are left out."""
     default = times[~times["loss"].str.endswith("(torch path)")]

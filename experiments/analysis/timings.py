@@ -1,4 +1,5 @@
-"""Fig. 3 measured on a GPU by ``benchmarks/bench_epoch_time.py``, read back for the ``fig3_epoch_time`` notebook."""
+"""Fig. 3 measured on a GPU by ``python -m benchmarks.bench_epoch_time``, read back for the ``fig3_epoch_time``
+notebook."""
 
 from __future__ import annotations
 
@@ -36,5 +37,5 @@ def describe(rows: pd.DataFrame) -> str:
     first = rows.iloc[0]
     return (f"synthetic CIFAR-100-shaped uint8 images ({first['images']:,}, augmented on the device) on "
             f"{first['device_name']}, {first['model']}, batch {first['batch_size']}, the last of {first['epochs']} whole "
-            f"epochs of the training engine ({first['compile']}; benchmarks/bench_epoch_time.py, torch {first['torch']}, "
-            f"commit {str(first['commit'])[:8]})")
+            f"epochs of the training engine ({first['compile']}; python -m benchmarks.bench_epoch_time, "
+            f"torch {first['torch']}, commit {str(first['commit'])[:8]})")

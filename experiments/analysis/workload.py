@@ -4,8 +4,8 @@ metric: :meth:`experiments.engine.config.RunConfig.siblings`) and the images the
 an evaluation; the learning-rate choice's runs beyond the tables' own (trained only when the choice is made again:
 :mod:`experiments.tuning.learning_rates`); and one point of the calibration's search.
 
-``benchmarks/bench_profile_time.py`` measures how fast a machine trains each setup and turns these counts into hours.
-Only stand-in profiles can be counted: a real dataset's size is known from its files.
+``python -m benchmarks.bench_profile_time`` measures how fast a machine trains each setup and turns these counts into
+hours. Only stand-in profiles can be counted: a real dataset's size is known from its files.
 
     python -m experiments.analysis.workload gpu
 """
@@ -19,9 +19,9 @@ from functools import cache
 
 import data_prep
 from experiments.spec import grids
-from experiments.tuning import learning_rates
 from experiments.spec.grids import NOTEBOOK_GRIDS
 from experiments.spec.profiles import SETUPS, Profile, Setup, get_profile
+from experiments.tuning import learning_rates
 
 
 CHOICE = "learning-rate choice"
