@@ -9,7 +9,7 @@ cross-entropy and two floors, measured in one process on one device.
 The scores are ``logit_scale x N(0, 1)`` with a given eps: standard normal with eps = 1, and a trained network's
 spread with the paper's eps (0.2 on CIFAR-100, 1e-2 on Pl@ntNet), where the exact pruning leaves few candidates.
 On CUDA the fused step is also timed as the replay of a CUDA graph that captured it (``fused_graph``): the device's
-time without the host's, which an eager step below about 2 ms mostly is (``NOTES.md`` §6).
+time without the host's, which dominates a short eager step (``NOTES.md`` §6).
 Ratios printed: fused / each floor, pytopk / fused, torch / fused, fused / cross-entropy, fused_graph / the floors.
 
     python -m benchmarks.bench_fused_kernel                    # the grid on CUDA, every kind of input

@@ -96,7 +96,7 @@ def run(grid: dict, devices: list[torch.device], max_elements: int, out: Path) -
                              "status": f"skipped: noise has {batch * n_classes * n_samples:.2e} numbers"})
                 continue
             # each method on its own copy of the inputs: a step frees its own previous gradient, not another method's
-            # (freeing pytopk's took 2.6 ms in some processes, charged to whichever method ran next)
+            # (whose cost would otherwise be charged to whichever method ran next)
             inputs = {name: _inputs(device, batch, n_classes, scale) for name in methods}
             steps = {name: lambda loss=loss, inputs=inputs[name]: _step(loss, *inputs, k, n_samples, epsilon)
                      for name, loss in methods.items()}
