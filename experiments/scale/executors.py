@@ -40,6 +40,8 @@ class TrainOptions:
 
 def train_run(run: PlannedRun, options: TrainOptions, device: str | None = None) -> dict:
     """``run``'s record, trained (or read back) with ``options``; waits for another process that holds its claim."""
+    if options.threads:
+        torch.set_num_threads(options.threads)
     return train_once(run.config, ResultsStore(options.store), device=device or options.device,
                       data_root=run.data_root(options.data_root), num_workers=options.workers,
                       compile_mode=options.compile_mode)
@@ -59,8 +61,6 @@ def _log_failure(options: TrainOptions, run: PlannedRun, error: BaseException) -
 
 def inline(runs: list[PlannedRun], options: TrainOptions, progress: Progress) -> None:
     """Train ``runs`` one after another in this process."""
-    if options.threads:
-        torch.set_num_threads(options.threads)
     for run in runs:
         progress.start(run)
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -102,6 +103,9 @@ class RunTask:
         self.options = options
 
     def __call__(self, run: PlannedRun) -> str:
+        # submitit ignores SIGTERM, so a requeued or preempted task would go on training until Slurm's KillWait;
+        # it stops at once instead: the epochs it finished are in its checkpoint.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         train_run(run, self.options)
         return run.key
 

@@ -1,0 +1,96 @@
+"""The slurm executor on a real one-node Slurm cluster (``.ci/slurm/up.sh``; ``.ci/run`` starts and stops it): array
+tasks give the inline records, through submitit and through the plain sbatch script, and a running task requeued
+by ``scontrol requeue`` resumes to the same record. Skipped where no cluster answers, unless
+``TOPK_REQUIRE_SLURM=1`` (CI), where that is a failure."""
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+
+from experiments.engine.config import RunConfig
+from experiments.engine.store import ResultsStore
+from experiments.scale import executors, slurm
+from experiments.scale.plan import PlannedRun, plan
+from experiments.scale.progress import Progress
+from experiments.spec.profiles import get_profile
+from experiments.tests.test_scale import TINY, _computed
+
+
+def _cluster_answers() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    listing = subprocess.run(["sinfo", "--noheader", "--format=%t"], capture_output=True, text=True)
+    return listing.returncode == 0 and any(state in listing.stdout for state in ("idle", "mix", "alloc"))
+
+
+if not _cluster_answers():
+    if os.environ.get("TOPK_REQUIRE_SLURM") == "1":
+        pytest.fail("TOPK_REQUIRE_SLURM=1 but no Slurm cluster answers: start one with .ci/slurm/up.sh",
+                    pytrace=False)
+    pytestmark = pytest.mark.skip(reason="no Slurm cluster answers (start one with .ci/slurm/up.sh)")
+
+
+def _inline(runs: list[PlannedRun], store) -> ResultsStore:
+    threads = torch.get_num_threads()
+    try:
+        executors.inline(runs, executors.TrainOptions(str(store), threads=1), Progress(runs))
+    finally:
+        torch.set_num_threads(threads)
+    return ResultsStore(store)
+
+
+def _options(tmp_path, name: str) -> tuple[executors.TrainOptions, slurm.SlurmOptions]:
+    return (executors.TrainOptions(str(tmp_path / name), threads=1),
+            slurm.SlurmOptions(str(tmp_path / name / "slurm"), cpus_per_task=1, mem_gb=1, time_min=10, poll=1.0))
+
+
+def test_the_smoke_profiles_missing_runs_as_an_array_give_the_inline_records(tmp_path):
+    runs = plan(get_profile("smoke"))[:3]  # a part of the profile, to keep the test short on 2 cores
+    inline = _inline(runs, tmp_path / "inline")
+    options, slurm_options = _options(tmp_path, "slurm")
+    progress = Progress(runs)
+    slurm.train(runs, options, progress, slurm_options, profile="smoke")
+    assert progress.done == 3 and not progress.failed, progress.summary()
+    for run in runs:
+        assert _computed(ResultsStore(options.store).finished(run.key)) == _computed(inline.finished(run.key))
+
+
+def test_the_plain_sbatch_script_runs_the_same_runs_through_run_one(tmp_path):
+    runs = plan(get_profile("smoke"))[3:5]
+    inline = _inline(runs, tmp_path / "inline")
+    options, slurm_options = _options(tmp_path, "sbatch")
+    script = slurm.sbatch_script(runs, options, slurm_options, "smoke", "runs")
+    done = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for run in runs:
+        assert _computed(ResultsStore(options.store).finished(run.key)) == _computed(inline.finished(run.key))
+
+
+def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
+    run = PlannedRun(RunConfig(**{**TINY, "epochs": 8, "milestones": (4,)}), ("test",), None, 0)
+    inline = _inline([run], tmp_path / "inline")
+    options, slurm_options = _options(tmp_path, "requeued")
+    store, progress = ResultsStore(options.store), Progress([run])
+    follower = threading.Thread(target=slurm.train, args=([run], options, progress, slurm_options),
+                                kwargs={"profile": "test"})
+    follower.start()
+    deadline = time.time() + 300
+    while not store.checkpoint_path(run.key).exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert store.finished(run.key) is None, "the task finished before it could be requeued"
+    job = subprocess.run(["squeue", "--noheader", "--format=%i", "--name=topk-test-runs"], capture_output=True,
+                         text=True).stdout.split()
+    assert len(job) == 1, job
+    requeue = subprocess.run(["scontrol", "requeue", job[0]], capture_output=True, text=True)
+    assert requeue.returncode == 0, requeue.stderr
+    follower.join(timeout=600)
+    assert progress.done == 1 and not progress.failed, progress.summary()
+    starts = sum(path.read_text().count("Starting with JobEnvironment")
+                 for path in (tmp_path / "requeued" / "slurm" / "submitit").glob("*_log.out"))
+    assert starts == 2  # the task ran twice: before and after its requeue
+    assert _computed(store.finished(run.key)) == _computed(inline.finished(run.key))
