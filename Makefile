@@ -26,6 +26,18 @@ THREADS ?= 0
 # compiles the training step with torch.compile (default: eager).
 WORKERS ?=
 COMPILE ?=
+# EXECUTOR=inline|local|slurm trains every run of the profile before the notebooks, which then read them from the store
+# (empty: each notebook trains its own runs, one after another). JOBS=N worker processes (local), PER_GPU=M runs on
+# each visible GPU (local), SLURM="--partition gpu --gpus-per-task 1 --time-min 600 ..." (slurm: `python -m
+# experiments train --help` lists the options).
+EXECUTOR ?=
+JOBS ?= 1
+PER_GPU ?=
+SLURM ?=
+TRAIN := PYTHONPATH=$(CURDIR) $(PY) -m experiments train $(PROFILE) --executor $(or $(EXECUTOR),inline) --device $(DEVICE) \
+	$(if $(filter local,$(EXECUTOR)),$(if $(PER_GPU),--per-gpu $(PER_GPU),--jobs $(JOBS))) $(if $(DATA),--data-root $(abspath $(DATA))) \
+	$(if $(WORKERS),--workers $(WORKERS)) $(if $(COMPILE),--compile $(COMPILE)) $(if $(filter-out 0,$(THREADS)),--threads $(THREADS)) \
+	$(if $(filter slurm,$(EXECUTOR)),$(SLURM))
 NOTEBOOKS := $(basename $(notdir $(wildcard notebooks/*.ipynb)))
 EXECUTED := $(patsubst %,build/$(PROFILE)/%.ipynb,$(NOTEBOOKS))
 SOURCES := $(filter-out %/tests/%,$(wildcard topk/*.py topk/*/*.py data_prep/*.py experiments/*.py experiments/*/*.py)) $(wildcard experiments/calibrated/*.json)
@@ -34,7 +46,7 @@ PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-pr
 	$(if $(WORKERS),-p workers $(WORKERS)) $(if $(COMPILE),-p compile_mode $(COMPILE))
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test bench bench-gpu profile-time readme kernel-resources calibrate paper-figures notebooks report check-report lab clean \
+.PHONY: help venv test plan train bench bench-gpu profile-time readme kernel-resources calibrate paper-figures notebooks report check-report lab clean \
 	clean-results
 
 help: ## List the targets
@@ -80,11 +92,18 @@ bench-gpu: $(STAMP) ## On a CUDA machine: the fused kernel's grid and Fig. 3 in 
 kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU needed) and print their registers and spills
 	env -u TRITON_INTERPRET $(PY) -m benchmarks.kernel_resources --arch 90 --check
 
+plan: | $(STAMP) ## List every run of PROFILE, the notebooks that read it and what the store holds of it
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments plan $(PROFILE)
+
+train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default inline) [JOBS=n PER_GPU=m SLURM="..."]
+	$(TRAIN)
+
 calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers and choose each loss's learning rate, until CE's agree (experiments/calibrated/; no-op when current)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.tuning.fixed_point $(PROFILE) --device $(DEVICE)
 
-paper-figures: $(STAMP) ## Calibrate the stand-ins and their learning rates, run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode PY=python3], render build/report/index.html
+paper-figures: $(STAMP) ## Calibrate the stand-ins and their learning rates, [train every run through EXECUTOR,] run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode EXECUTOR=local JOBS=n PY=python3], render build/report/index.html
 	@status=0; $(MAKE) --no-print-directory calibrate || status=$$?; \
+	if [ -n "$(EXECUTOR)" ]; then $(TRAIN) || status=$$?; fi; \
 	$(MAKE) --no-print-directory -k notebooks || status=$$?; \
 	$(MAKE) --no-print-directory report; \
 	if [ "$(PROFILE)" = quick ]; then \
