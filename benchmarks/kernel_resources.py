@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from experiments.provenance import git_commit, short_commit
-from topk import elementary_symmetric, fused
+from topk import _esp_launch, fused
 
 TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
@@ -105,13 +105,13 @@ def compile_esp_kernel(name: str, dtype: torch.dtype, k: int | None, loss: bool,
                  "label_ptr": "*i64", **{arg: "i32" for arg in ("n", "span", "n_chunks") if arg in kernel.arg_names},
                  **{arg: "fp64" for arg in ("scale", "tau", "alpha_over_tau") if arg in kernel.arg_names}}
     if name == "hinge_shift":
-        constants, options = {"READ": elementary_symmetric.ESP_READ}, elementary_symmetric.SHIFT_COMPILE_OPTIONS
+        constants, options = {"READ": _esp_launch.ESP_READ}, _esp_launch.SHIFT_COMPILE_OPTIONS
     else:
-        constants = {"ABSENT": elementary_symmetric.ESP_ABSENT, "BLOCK": elementary_symmetric.esp_block(k),
-                     "LOSS": loss, "K": k, "SLICE": elementary_symmetric.combine_slice(k)}
+        constants = {"ABSENT": _esp_launch.ESP_ABSENT, "BLOCK": _esp_launch.esp_block(k),
+                     "LOSS": loss, "K": k, "SLICE": _esp_launch.combine_slice(k)}
         constants = {arg: value for arg, value in constants.items() if arg in kernel.arg_names}
-        options = (elementary_symmetric.combine_compile_options(k) if name == "log_esp_combine"
-                   else elementary_symmetric.ESP_COMPILE_OPTIONS)
+        options = (_esp_launch.combine_compile_options(k) if name == "log_esp_combine"
+                   else _esp_launch.ESP_COMPILE_OPTIONS)
     return _compile(kernel, signature, constants, arch, options)
 
 
@@ -171,7 +171,7 @@ def main() -> int:
     for name, dtype, k, loss in ESP_CONFIGURATIONS:
         start = time.perf_counter()
         compiled = compile_esp_kernel(name, dtype, k, loss, args.arch)
-        block = f"{elementary_symmetric.ESP_READ}" if k is None else f"1x1x{elementary_symmetric.esp_block(k)}"
+        block = f"{_esp_launch.ESP_READ}" if k is None else f"1x1x{_esp_launch.esp_block(k)}"
         spilled |= _report_row(f"{name} ({'loss' if loss else 'pair'})", dtype, "  -" if k is None else f"{k:3d}",
                                "  -", "-", "-", block, compiled, args.arch, start)
     return 1 if args.check and spilled else 0

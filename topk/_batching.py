@@ -1,4 +1,5 @@
-"""Batching rules for the custom operators of :mod:`topk._ops`, so that ``torch.func.vmap`` takes every loss.
+"""Batching rules for the custom operators of :mod:`topk._ops` (each rule is named in its operator's entry of
+:data:`topk._ops.SPECS`), so that ``torch.func.vmap`` takes every loss.
 
 Every operator already works on a batch of rows, so each rule moves the vmapped dimension in front of the rows (behind
 the noise samples' dimension where a tensor has one: the noise, the selected positions), runs the operator once on the
@@ -14,27 +15,9 @@ shared and every element must see the same noise, so the operator runs once per 
 (``"error"``) PyTorch refuses to draw, and says so.
 """
 
-from __future__ import annotations
-
 from typing import Callable, Optional, Sequence
 
 import torch
-
-from topk import _ops
-
-#: Where the vmapped dimension goes in each argument of an operator that takes any leading batch shape: 0 (the first
-#: batch dimension), 1 (behind the samples' dimension) or None (not a tensor, or a seed).
-_LEADING = {
-    _ops.perturbed_top: ((0, 1, None, None, None, 0), (0, 1)),
-    _ops.pruned_perturbed_top: ((0, None, None, None, None, None, 0), (0, 1)),
-    _ops.fused_perturbed_top: ((0, None, 1, None, None, None, 0), (0, 1)),
-    _ops.perturbed_top_backward: ((0, 1, 0, None), 0),
-    _ops.fused_perturbed_top_backward: ((0, 1, 0, None), 0),
-}
-#: The operators on ``[rows, ...]`` tensors: the vmapped dimension is folded into the rows of every tensor argument.
-_ROWS = (_ops.log_esp_pair, _ops.log_esp_pair_backward, _ops.smooth_hinge_rows, _ops.smooth_hinge_rows_backward)
-#: The position of the seed among the seeded operators' arguments.
-_SEED = 1
 
 
 def _at(tensor: Optional[torch.Tensor], in_dim: Optional[int], batch_size: int, place: int) -> Optional[torch.Tensor]:
@@ -46,13 +29,18 @@ def _at(tensor: Optional[torch.Tensor], in_dim: Optional[int], batch_size: int, 
     return tensor.movedim(in_dim, place)
 
 
-def _leading_rule(operator, places: Sequence[Optional[int]], out_dims) -> Callable:
-    def rule(info, in_dims, *args):
-        if operator in (_ops.pruned_perturbed_top, _ops.fused_perturbed_top) and args[_SEED] is not None:
-            if in_dims[_SEED] is None:  # randomness="same": every element the same noise
+def leading(places: Sequence[Optional[int]], out_dims, seed: Optional[int] = None) -> Callable:
+    """The rule of an operator that takes any leading batch shape. ``places``: where the vmapped dimension goes in each
+    argument, 0 (the first batch dimension), 1 (behind the samples' dimension) or None (not a tensor, or a seed);
+    ``out_dims``: where it lies in the outputs; ``seed``: the position of the seed among a seeded operator's
+    arguments."""
+
+    def rule(operator, info, in_dims, *args):
+        if seed is not None and args[seed] is not None:
+            if in_dims[seed] is None:  # randomness="same": every element the same noise
                 return _per_element(operator, info.batch_size, in_dims, args)
             # randomness="different": one call from the first element's seed, its own draws for every row
-            args = (*args[:_SEED], args[_SEED].select(in_dims[_SEED], 0), *args[_SEED + 1:])
+            args = (*args[:seed], args[seed].select(in_dims[seed], 0), *args[seed + 1:])
         batched = [arg if place is None else _at(arg, in_dim, info.batch_size, place)
                    for arg, in_dim, place in zip(args, in_dims, places)]
         return operator(*batched), out_dims
@@ -68,21 +56,13 @@ def _per_element(operator, batch_size: int, in_dims, args) -> tuple[tuple[torch.
     return tuple(torch.stack(parts) for parts in zip(*outputs)), (0,) * len(outputs[0])
 
 
-def _rows_rule(operator) -> Callable:
-    def rule(info, in_dims, *args):
-        size = info.batch_size
-        batched = [_at(arg, in_dim, size, 0).flatten(0, 1) if isinstance(arg, torch.Tensor) else arg
-                   for arg, in_dim in zip(args, in_dims)]  # [V, rows, ...] -> [V * rows, ...]
-        outputs = operator(*batched)
-        if isinstance(outputs, torch.Tensor):
-            return outputs.unflatten(0, (size, -1)), 0
-        return tuple(output.unflatten(0, (size, -1)) for output in outputs), (0,) * len(outputs)
-
-    return rule
-
-
-#: Each operator's batching rule: registered with the operator, and called by :class:`topk._ops._EagerCall`'s.
-RULES = {**{operator: _leading_rule(operator, places, out_dims) for operator, (places, out_dims) in _LEADING.items()},
-         **{operator: _rows_rule(operator) for operator in _ROWS}}
-for _operator, _rule in RULES.items():
-    _operator.register_vmap(_rule)
+def rows(operator, info, in_dims, *args):
+    """The rule of an operator on ``[rows, ...]`` tensors: the vmapped dimension folded into the rows of every tensor
+    argument."""
+    size = info.batch_size
+    batched = [_at(arg, in_dim, size, 0).flatten(0, 1) if isinstance(arg, torch.Tensor) else arg
+               for arg, in_dim in zip(args, in_dims)]  # [V, rows, ...] -> [V * rows, ...]
+    outputs = operator(*batched)
+    if isinstance(outputs, torch.Tensor):
+        return outputs.unflatten(0, (size, -1)), 0
+    return tuple(output.unflatten(0, (size, -1)) for output in outputs), (0,) * len(outputs)

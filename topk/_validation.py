@@ -180,7 +180,7 @@ def choose_backend(backend: object, s: torch.Tensor, rank: int, epsilon: float) 
     installed, PyTorch otherwise. ``"triton"`` is refused, with the reason, where the kernel cannot run: without
     the package, on CPU scores (unless ``TRITON_INTERPRET=1`` runs it in Triton's interpreter), or above ``MAX_K``.
     """
-    from topk import fused
+    from topk import fused  # at first use: it imports torch._dynamo, hence Triton, which `import topk` must not
 
     check_hyperparameter("backend", backend)
     if backend == "auto":

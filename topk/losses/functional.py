@@ -18,6 +18,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from topk import _ops
+from topk._labels import is_true, true_scores
+from topk._smooth_hinge_tree import smooth_hinge_tree
 from topk._validation import (
     check_generator,
     check_hyperparameter,
@@ -29,7 +32,6 @@ from topk._validation import (
     choose_backend,
 )
 from topk.operators import exact_top, monte_carlo_top
-from topk.elementary_symmetric import absent_log, log_elementary_symmetric_pair
 
 __all__ = [
     "zero_one_topk",
@@ -58,22 +60,13 @@ def _checked(s, y, reduction):
     return check_labels(y, s), check_hyperparameter("reduction", reduction)
 
 
-def _true_scores(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return s.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # [..., L] -> [...]
-
-
 def _without_true(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``s`` with the true class's score set to -inf: it can never be selected among the others."""
     return s.scatter(-1, y.unsqueeze(-1), float("-inf"))
 
 
-def _is_true(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The boolean one-hot of ``y``, shape ``s.shape`` (``F.one_hot`` would read the labels' range on the host)."""
-    return torch.arange(s.shape[-1], device=s.device) == y.unsqueeze(-1)
-
-
 def _log_softmax_true(s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return _true_scores(F.log_softmax(s, dim=-1), y)
+    return true_scores(F.log_softmax(s, dim=-1), y)
 
 
 def zero_one_topk(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "mean") -> torch.Tensor:
@@ -87,7 +80,7 @@ def zero_one_topk(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = 
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1], " (the number of classes)")
     with torch.no_grad():
-        loss = (exact_top(s, k) > _true_scores(s, y)).to(s.dtype)
+        loss = (exact_top(s, k) > true_scores(s, y)).to(s.dtype)
         loss = torch.where(torch.isnan(s).any(-1), torch.full_like(loss, float("nan")), loss)
     return _reduce(loss, reduction)
 
@@ -131,7 +124,7 @@ def ldam(
     margins = check_margins(margins, s)
     scale = check_hyperparameter("scale", scale)
     per_class = margins.to(s.dtype) if isinstance(margins, torch.Tensor) else margins
-    shifted = s - _is_true(s, y).to(s.dtype) * per_class  # subtract m_y from s_y only
+    shifted = s - is_true(s, y).to(s.dtype) * per_class  # subtract m_y from s_y only
     return _reduce(-_log_softmax_true(scale * shifted, y), reduction)
 
 
@@ -139,22 +132,22 @@ def lapin_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "m
     """Top-K hinge ``(1 + top_K(s without y) - s_y)_+`` (Eq. 4, Lapin et al., 2015); needs ``k <= L - 1``."""
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1] - 1, " (the number of classes other than the true one)")
-    return _reduce(F.relu(1 + exact_top(_without_true(s, y), k) - _true_scores(s, y)), reduction)
+    return _reduce(F.relu(1 + exact_top(_without_true(s, y), k) - true_scores(s, y)), reduction)
 
 
 def convex_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "mean") -> torch.Tensor:
     """Convexified top-K hinge ``(topSigma_K(1 - e_y + s) / K - s_y)_+`` (Table 1, Lapin et al., 2015)."""
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1], " (the number of classes)")
-    with_margin = s + 1 - _is_true(s, y).to(s.dtype)
-    return _reduce(F.relu(exact_top(with_margin, k, sum_top=True) / k - _true_scores(s, y)), reduction)
+    with_margin = s + 1 - is_true(s, y).to(s.dtype)
+    return _reduce(F.relu(exact_top(with_margin, k, sum_top=True) / k - true_scores(s, y)), reduction)
 
 
 def calibrated_hinge(s: torch.Tensor, y: torch.Tensor, k: int, *, reduction: str = "mean") -> torch.Tensor:
     """Top-K calibrated hinge ``(1 + top_{K+1}(s) - s_y)_+`` (Eq. 5, Yang & Koyejo, 2020); needs ``k + 1 <= L``."""
     y, reduction = _checked(s, y, reduction)
     k = check_int(k, "k", 1, s.shape[-1] - 1, " (k + 1 must not exceed the number of classes)")
-    return _reduce(F.relu(1 + (exact_top(s, k + 1) - _true_scores(s, y))), reduction)
+    return _reduce(F.relu(1 + (exact_top(s, k + 1) - true_scores(s, y))), reduction)
 
 
 def smooth_hinge(
@@ -202,34 +195,13 @@ def smooth_hinge(
     backend = choose_backend(backend, s, k + 1, tau)
     scores = s.to(torch.promote_types(s.dtype, torch.float32))
     if k > 1 and backend == "triton":  # the whole loss of each row in three launches, its gradient in one more
-        from topk import _ops
-
         rows = scores.reshape(-1, scores.shape[-1])  # [..., L] -> [rows, L]
         loss = _ops.call(_ops.smooth_hinge_rows, rows, y.reshape(-1), k, tau, alpha)[0].reshape(scores.shape[:-1])
     else:
-        loss = _smooth_hinge_tree(scores, y, k, tau, alpha)
+        loss = smooth_hinge_tree(scores, y, k, tau, alpha)
     if hard_switch:
         loss = torch.where(_separated(scores, k, tau), _tuple_hinge(scores, y, k, alpha), loss)
     return _reduce(loss.to(s.dtype), reduction)
-
-
-def _smooth_hinge_tree(scores: torch.Tensor, y: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
-    """:func:`smooth_hinge` per sample in PyTorch operations, the polynomials on the tree of
-    :func:`log_elementary_symmetric_pair`."""
-    is_true = _is_true(scores, y)
-    gaps = scores - _true_scores(scores, y).unsqueeze(-1)  # s_j - s_y, exact to the rounding of one subtraction
-    # Both forms are invariant to shifting the gaps by a constant, so shifting by the (detached) largest one keeps
-    # every exponent <= 0, whatever tau, and leaves the values and the autograd gradient exact.
-    if k == 1:
-        logits = gaps + alpha * ~is_true
-        top = logits.amax(-1, keepdim=True).detach()
-        return (top + tau * torch.logsumexp((logits - top) / tau, dim=-1, keepdim=True)).squeeze(-1)
-    others = gaps.masked_fill(is_true, float("-inf"))
-    top = others.amax(-1, keepdim=True).detach()
-    x = ((others - top) / (k * tau)).masked_fill(is_true, absent_log(scores.dtype))  # e_y = 0: y is left out
-    log_sigma = log_elementary_symmetric_pair(x, k, backend="torch")  # [..., L] -> [..., 2]
-    z = (alpha + top.squeeze(-1) / k) / tau + log_sigma[..., 1] - log_sigma[..., 0]
-    return tau * torch.logaddexp(z, torch.zeros_like(z))  # softplus(z), exact also for z > 20 in float64
 
 
 def _separated(s: torch.Tensor, k: int, tau: float) -> torch.Tensor:
@@ -240,7 +212,7 @@ def _separated(s: torch.Tensor, k: int, tau: float) -> torch.Tensor:
 
 def _tuple_hinge(s: torch.Tensor, y: torch.Tensor, k: int, alpha: float) -> torch.Tensor:
     """Berrada et al.'s hard top-k hinge (their Eq. 8), ``(alpha + (top_k(s without y) - s_y) / k)_+``."""
-    return F.relu(alpha + (exact_top(_without_true(s, y), k) - _true_scores(s, y)) / k)
+    return F.relu(alpha + (exact_top(_without_true(s, y), k) - true_scores(s, y)) / k)
 
 
 def noised_hinge(
@@ -289,7 +261,7 @@ def noised_hinge(
     backend = choose_backend(backend, s, k + 1, epsilon)
     true_margin = margins.to(s.dtype)[y] if isinstance(margins, torch.Tensor) else margins
     if epsilon == 0.0 and backend == "torch":
-        violation = exact_top(s, k + 1) - _true_scores(s, y)
+        violation = exact_top(s, k + 1) - true_scores(s, y)
     else:  # top_{K+1,eps,B}(s) - s_y, and in backward the whole gradient of Eq. 12 in one pass
         violation = monte_carlo_top(s, k + 1, epsilon, n_samples, generator=generator, noise=noise, labels=y,
                                     backend=backend)

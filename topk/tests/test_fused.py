@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import topk
-from topk import _ops, fused, losses
+from topk import _perturbed_top, fused, losses
 from topk._validation import choose_backend
 from topk.tests.optional import require
 
@@ -116,7 +116,7 @@ def test_gradient_kernel_equals_the_scatter_bit_for_bit(kernel_device, dtype, wi
     positions[:5] = 1500  # five samples on one class
     labels = torch.tensor([1500, 0, n_classes - 1, 1200]) if with_labels else None
     grad = torch.randn(n_rows, generator=generator, dtype=dtype)
-    expected = _ops._perturbed_top_backward(grad, positions.unsqueeze(-1), labels, n_classes)
+    expected = _perturbed_top.perturbed_top_backward(grad, positions.unsqueeze(-1), labels, n_classes)
     device = lambda t: t.to(kernel_device) if t is not None else None  # noqa: E731
     got = fused.kth_gradient(device(grad), device(positions).int(), device(labels), n_classes)
     assert torch.equal(got.cpu(), expected)

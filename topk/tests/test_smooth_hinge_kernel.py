@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from topk import _ops
+from topk import _esp_launch, _ops
 from topk.elementary_symmetric import absent_log, log_elementary_symmetric_pair
 from topk.losses import SmoothHinge, smooth_hinge
 from topk.tests.optional import require
@@ -88,12 +88,10 @@ def test_rows_cut_in_chunks_equal_the_tree_in_float64(kernel_device, monkeypatch
     """Chunks of ``span`` entries (one entry each: the label alone in its chunk; uneven last chunks), for the pair of
     polynomials and the whole loss, values and gradients; the chunks' products multiplied a quarter of the degrees at
     a time (as for K >= 32, where a whole product would not fit in registers)."""
-    from topk import elementary_symmetric
-
-    monkeypatch.setattr(elementary_symmetric, "esp_span", lambda n: span)
-    monkeypatch.setattr(elementary_symmetric, "combine_slice", lambda k: elementary_symmetric.esp_block(k) // 4)
+    monkeypatch.setattr(_esp_launch, "esp_span", lambda n: span)
+    monkeypatch.setattr(_esp_launch, "combine_slice", lambda k: _esp_launch.esp_block(k) // 4)
     n = 30
-    assert elementary_symmetric.esp_chunks(n) == -(-n // span)
+    assert _esp_launch.esp_chunks(n) == -(-n // span)
     g = torch.Generator().manual_seed(span)
     s = (5 * torch.randn(4, n, generator=g, dtype=torch.float64)).to(kernel_device)
     y = torch.randint(0, n, (4,), generator=g).to(kernel_device)
@@ -208,8 +206,8 @@ def test_module_takes_the_backend_and_compiles_as_one_graph(kernel_device):
 def test_auto_backend_takes_the_kernel_only_for_cuda_scores(kernel_device, monkeypatch):
     """``auto`` on CPU scores is the tree even with the interpreter on; ``triton`` on CPU needs the interpreter."""
     calls = []
-    monkeypatch.setattr(_ops.elementary_symmetric, "launch_hinge_forward",
-                        lambda *args, launch=_ops.elementary_symmetric.launch_hinge_forward: calls.append(1) or launch(*args))
+    monkeypatch.setattr(_esp_launch, "_launch_forward",
+                        lambda *args, launch=_esp_launch._launch_forward: calls.append(1) or launch(*args))
     s = torch.randn(2, 10, device=kernel_device)
     smooth_hinge(s, torch.tensor([1, 2], device=kernel_device), 3, 1.0)
     assert len(calls) == (1 if kernel_device.type == "cuda" else 0)

@@ -1,0 +1,173 @@
+"""The package's imports go one way. Every module sits on a floor, device code at the bottom and the public API at the
+top, and imports only from its own floor or lower ones; no module imports one that imports it back, directly or
+through others. The imports are read from the source with :mod:`ast`, not imported, so that an import inside a
+function counts as much as one at the top of a module.
+
+An import of ``topk.a.b`` is an edge to the module ``topk.a.b`` (its parent packages, which Python runs first, are
+not counted: every module would otherwise import ``topk`` and with it the public API); ``from topk.a import b`` is an
+edge to ``topk.a.b`` when ``b`` is a module, to ``topk.a`` otherwise; relative imports are resolved against the
+importing module's package.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import topk
+
+DEVICE, LAUNCHERS, REGISTRATION, PUBLIC = range(4)
+FLOOR_NAMES = ("device code", "launchers and PyTorch references", "operator registration", "public API")
+
+#: Each module's floor.
+FLOORS = {
+    # the kernels themselves (Triton, Numba) and the noise they draw
+    "topk._fused_kernel": DEVICE,
+    "topk._esp_kernel": DEVICE,
+    "topk._cpu_kernel": DEVICE,
+    "topk._bounded_noise": DEVICE,
+    # the kernels' launchers, and the computations in PyTorch operations the operators run or differentiate
+    "topk.fused": LAUNCHERS,
+    "topk._esp_launch": LAUNCHERS,
+    "topk._esp_tree": LAUNCHERS,
+    "topk._labels": LAUNCHERS,
+    "topk._perturbed_top": LAUNCHERS,
+    "topk._smooth_hinge_tree": LAUNCHERS,
+    # the custom operators: fake implementations, autograd, batching rules, eager calls
+    "topk._batching": REGISTRATION,
+    "topk._ops": REGISTRATION,
+    # what users import, and the argument checks of the public functions
+    "topk": PUBLIC,
+    "topk._validation": PUBLIC,
+    "topk.operators": PUBLIC,
+    "topk.elementary_symmetric": PUBLIC,
+    "topk.layers": PUBLIC,
+    "topk.metrics": PUBLIC,
+    "topk.losses": PUBLIC,
+    "topk.losses.functional": PUBLIC,
+    "topk.losses.modules": PUBLIC,
+    "topk.losses.registry": PUBLIC,
+}
+
+#: The modules a function may import on first use rather than at the top: those that import Triton, an optional
+#: dependency that reads ``TRITON_INTERPRET`` when it is imported, so that ``import topk`` must not import it: the
+#: kernels' sources, and :mod:`topk.fused` (its ``torch.compiler.assume_constant_result`` imports ``torch._dynamo``,
+#: which imports Triton).
+LAZY = {"topk._fused_kernel", "topk._esp_kernel", "topk.fused"}
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the package but its tests, by dotted name (a package by its own name)."""
+    root = Path(topk.__file__).parent
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if "tests" in parts:
+            continue
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imports_of(name: str, source: str, modules) -> list[tuple[str, bool]]:
+    """The package's modules that ``source`` (the module ``name``) imports, each with whether the import is inside a
+    function."""
+    package = name if name in modules and modules[name].name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        found.extend((target, in_function) for target in targets if target in modules and target != name)
+        inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside)
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def import_graph() -> dict[str, list[tuple[str, bool]]]:
+    modules = package_modules()
+    return {name: imports_of(name, path.read_text(), modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` as the list of its modules, the first repeated at the end, or None."""
+    on_path, done = [], set()
+
+    def walk(node: str) -> list[str] | None:
+        if node in on_path:
+            return on_path[on_path.index(node):] + [node]
+        if node in done:
+            return None
+        on_path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if cycle := walk(target):
+                return cycle
+        on_path.pop()
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        if cycle := walk(start):
+            return cycle
+    return None
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles of ``graph``, each found after cutting the last edge of the one before, until none is left."""
+    graph = {node: set(targets) for node, targets in graph.items()}
+    cycles = []
+    while cycle := find_cycle(graph):
+        cycles.append(cycle)
+        graph[cycle[-2]].discard(cycle[-1])
+    return cycles
+
+
+def test_the_walker_sees_every_kind_of_import():
+    modules = {name: Path(f"{name}.py") for name in ("topk", "topk.a", "topk.b", "topk.c", "topk.d", "topk.e")}
+    modules["topk"] = Path("__init__.py")
+    source = ("import topk.a\nfrom topk import b\nfrom . import c\nfrom .d import something\n"
+              "def f():\n    from topk import e\n")
+    assert sorted(imports_of("topk.x", source, modules)) == [
+        ("topk.a", False), ("topk.b", False), ("topk.c", False), ("topk.d", False), ("topk.e", True)]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}}) is None
+    assert find_cycles({"a": {"b"}, "b": {"a", "c"}, "c": {"b"}}) == [["a", "b", "a"], ["b", "c", "b"]]
+
+
+def test_every_module_has_a_floor():
+    assert set(package_modules()) == set(FLOORS), "declare each new module's floor in FLOORS (and drop gone ones)"
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph = {name: {target for target, _ in imports} for name, imports in import_graph().items()}
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_every_import_goes_to_the_same_floor_or_a_lower_one():
+    upward = [f"{name} ({FLOOR_NAMES[FLOORS[name]]}) imports {target} ({FLOOR_NAMES[FLOORS[target]]})"
+              for name, imports in import_graph().items() for target, _ in imports
+              if name in FLOORS and target in FLOORS and FLOORS[target] > FLOORS[name]]
+    assert not upward, "imports going up a floor:\n" + "\n".join(upward)
+
+
+def test_a_function_imports_only_what_imports_triton():
+    late = sorted({f"{name} imports {target} inside a function" for name, imports in import_graph().items()
+                   for target, in_function in imports if in_function and target not in LAZY})
+    assert not late, "import these at the top of the module (a circle is not a reason):\n" + "\n".join(late)
+
+
+@pytest.mark.parametrize("module", sorted(LAZY))
+def test_what_imports_triton_is_imported_only_inside_functions(module):
+    """So that ``import topk`` works without Triton and leaves ``TRITON_INTERPRET`` to be read at first use."""
+    at_top = [name for name, imports in import_graph().items() if (module, False) in imports]
+    assert not at_top, f"{module} imported at the top of {at_top}"
