@@ -12,8 +12,7 @@ materialises the same draws for checking.
 perturbed value (``s_j + eps Z_MAX``, widened by the rounding slack) is not below the least the ``k``-th largest score
 can reach (``s_[k] - eps Z_MAX``, likewise). Each sample draws the noise of the ``k`` largest scores first; the ``k``-th
 largest of those perturbed values is a floor for its result, and only the listed classes whose largest perturbed value
-reaches that floor get a draw. Exact given the bounded noise: about 30 draws per row and sample at batch 128, L 1000,
-k 6, logits x2, eps 0.2.
+reaches that floor get a draw: exact given the bounded noise.
 
 Rows are split in blocks over ``torch.get_num_threads()`` threads when the work is large enough (the compiled function
 releases the GIL). Scores in float32 and float64 are computed in their dtype, ``s + eps z`` rounded twice (product,
@@ -36,8 +35,8 @@ __all__ = ["perturbed_top", "normals"]
 
 #: Each thread gets at least this much work, counted as scores read plus noise draws (estimated from the candidates of
 #: the first PROBE_ROWS rows). Below it a call runs on one thread: after a parallel PyTorch operation, PyTorch's OpenMP
-#: workers keep spinning for a while on the other cores, and a pool thread sharing a core with one of them made a step
-#: at batch 128 x L 1000, logits x2, eps 0.2 (about 230,000 of work) no faster on two threads than on one.
+#: workers keep spinning for a while on the other cores, and a pool thread sharing a core with one of them gains
+#: nothing on a small step.
 MIN_WORK_PER_THREAD = 1 << 19
 PROBE_ROWS = 8
 _GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)

@@ -1,4 +1,4 @@
-"""The Triton source of the smoothed hinge's kernels (:mod:`topk.elementary_symmetric`), imported on first use so
+"""The Triton source of the smoothed hinge's kernels (launched by :mod:`topk._esp_launch`), imported on first use so
 that ``TRITON_INTERPRET`` is read then.
 
 Each row ``x`` of length ``n`` is cut into chunks of ``span`` entries, one program per (row, chunk), so that a long

@@ -99,8 +99,8 @@ def _launch_backward(x, prefix, complement, pair, grad, k: int, hinge: Optional[
 
 
 def log_esp_pair(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(log sigma_{k-1}, log sigma_k)`` of ``exp(x)`` for each row of ``x`` (``[rows, n]`` -> ``[rows, 2]``), then what
-    the backward reads (not differentiable): the prefix products ``[rows, n, esp_block(k)]`` and each chunk's
+    """``(log sigma_{k-1}, log sigma_k)`` of ``exp(x)`` for each row of ``x`` (``[rows, n]`` -> ``[rows, 2]``), then
+    what the backward reads (not differentiable): the prefix products ``[rows, n, esp_block(k)]`` and each chunk's
     complement ``[rows, esp_chunks(n), esp_block(k)]``."""
     pair, prefix, complement, _, _ = _launch_forward(x.contiguous(), k, None)
     return pair, prefix, complement

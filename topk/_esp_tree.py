@@ -28,7 +28,8 @@ BACKWARDS = ("saved_weights", "autograd")
 
 
 def absent_log(dtype: torch.dtype) -> float:
-    """The log of an absent coefficient: finite, and far enough from the dtype's limit that a sum of three stays finite."""
+    """The log of an absent coefficient: finite, and far enough from the dtype's limit that a sum of three stays
+    finite."""
     return torch.finfo(dtype).min / 16
 
 
@@ -111,7 +112,8 @@ def _log_product(a: torch.Tensor, b: torch.Tensor, product_degree: int, absent: 
 class _LogProduct(torch.autograd.Function):
     """:func:`_log_product` whose backward reuses the softmax weights of the forward pass. A backward that must be
     differentiable itself (``create_graph=True``, or under ``torch.func``) is the vector-Jacobian product of
-    :func:`_log_product` instead, from the saved factors: exact to any order. Its forward and backward are PyTorch operations, which ``torch.func.vmap`` batches."""
+    :func:`_log_product` instead, from the saved factors: exact to any order. Its forward and backward are PyTorch
+    operations, which ``torch.func.vmap`` batches."""
 
     generate_vmap_rule = True
 

@@ -1,35 +1,27 @@
-"""A fused Triton kernel for the perturbed K-th largest score, behind the noised hinge losses on CUDA.
+"""The fused Triton kernel of the perturbed K-th largest score (:mod:`topk._fused_kernel`) and its launchers: the noised
+hinge losses' estimate on CUDA (Garcin et al., ICML 2022, Eq. 10-13).
 
-The noised losses of Garcin et al. (ICML 2022, Eq. 10 and 13) need, for every row ``s`` of scores and every
-noise sample ``b``, the (K+1)-th largest entry of ``s + eps Z_b`` and its position (Eq. 11-12). The PyTorch
-path (:mod:`topk.operators`) materialises the perturbed scores and calls ``torch.topk`` on them. This kernel
-reads each score once and keeps nothing of size ``n_samples x L``:
+For every row ``s`` of scores and noise sample ``b`` the kernel finds the K-th largest of ``s + eps Z_b`` and its
+position (Eq. 11-12), reading each score once and storing nothing of size ``n_samples x L`` (the PyTorch path
+materialises the perturbed scores and calls ``torch.topk``):
 
-- the noise is generated in the kernel by Philox from one seed (``tl.randn4x``: four normals per counter),
-  never stored; an explicit ``noise`` tensor can be given instead, so the kernel can be tested exactly
-  against the PyTorch path (``s + eps z`` is rounded twice, product then sum, as PyTorch does: the kernel is
-  compiled without fused multiply-adds);
-- each program streams its rows' scores tile by tile and keeps, per noise sample, the K largest perturbed
-  values seen so far with their positions; a tile value enters only if it beats the current K-th largest,
-  and at most K enter per tile, so no sort is done; one reduction over the tile tells whether any enters, and
-  each insertion is one reduction over the tile (its largest value with its position) and one over the K;
-- long rows are split into chunks handled by separate programs, whose K candidates are merged on the host
-  (``torch.topk`` over ``n_chunks x K`` numbers per row and sample);
-- exact pruning: Triton's ``tl.randn4x`` is Box-Muller with the uniform clamped at 1e-7, so its draws satisfy
-  ``|Z| <= Z_MAX = sqrt(2 ln 1e7) ~ 5.68`` (a true N(0, 1) exceeds that radius with probability 1e-7, which
-  this noise puts on the radius itself). A tile whose largest score ``+ eps Z_MAX`` is below every sample's
-  current K-th largest cannot change the result, so its noise is not generated. This is exact, not
-  probable, for the in-kernel noise; it saves work when most scores lie far below the top (many classes,
-  wide logits, small eps) and never applies to explicit noise.
+- the noise is drawn in the kernel by Philox from one seed (``tl.randn4x``: four normals per counter), never stored;
+  explicit ``noise`` can be given instead, to test the kernel exactly against the PyTorch path (``s + eps z`` is
+  rounded twice, product then sum, as PyTorch rounds it: the kernel is compiled without fused multiply-adds);
+- each program streams its rows tile by tile and keeps, per sample, the K largest values so far; a value enters only
+  if it beats the current K-th largest, at most K per tile, so nothing is sorted (one reduction tells whether any value
+  of a tile enters, and each insertion is one reduction over the tile and one over the K);
+- long rows are cut in chunks handled by separate programs, whose K candidates are merged on the host;
+- exact pruning (in-kernel noise only): that noise is bounded by ``Z_MAX`` (:mod:`topk._bounded_noise`), so a tile
+  whose largest score plus ``eps Z_MAX`` is below every sample's current K-th largest, or below the row's hard K-th
+  largest minus ``eps Z_MAX``, cannot change the result and draws no noise: the less work, the more scores lie far
+  below the top.
 
-The output is the K-th largest perturbed value (in float32, float64 for float64 scores) and its position
-(int32), shape ``(n_samples, rows)``. The gradient, ``grad / B`` at those positions (minus ``grad`` at the label for
-the losses), is written by a second kernel in one launch, zeros included (:func:`kth_gradient`). The losses reach
-both through the custom operators ``topk::fused_perturbed_top`` and ``topk::fused_perturbed_top_backward``
-(:mod:`topk._ops`).
-
-Triton is optional: :func:`available` says whether it can be used. On a CPU the kernel runs under Triton's
-interpreter (``TRITON_INTERPRET=1`` set before the first call), which is how its tests run without a GPU.
+The gradient, ``grad / B`` at the positions (Prop. 3.3) and ``-grad`` at the label (Eq. 12), is written by a second
+kernel in one launch, zeros included (:func:`kth_gradient`). The losses reach both through the operators
+``topk::fused_perturbed_top`` and ``topk::fused_perturbed_top_backward`` (:mod:`topk._ops`). Triton is optional
+(:func:`available`); on a CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` set before the first
+call), as their tests do without a GPU.
 """
 
 from __future__ import annotations
@@ -49,10 +41,8 @@ __all__ = ["available", "perturbed_kth_largest", "kth_gradient", "MAX_K", "Z_MAX
 #: The largest K handled by the kernel; the buffer of the K largest values lives in registers.
 MAX_K = 128
 #: Perturbed values in one tile of one program (samples x classes, four quarters of classes), a power of two, and
-#: the warps of a program: 16 values per thread. Compiled for sm_90 (``benchmarks/kernel_resources.py``) with at most
-#: MAX_REGISTERS registers per thread, float32/16/bf16 tiles of 2048 values need 135-165 registers with the Triton
-#: that ships with torch 2.11 (3.6) and 112-125 with Triton 3.8, and spill with neither. Without the explicit bound,
-#: Triton 3.6's ptxas capped them at 128 and spilled (4096-value tiles: 36 bytes at K = 6, B = 10).
+#: the warps of a program: 16 values per thread, which fit in MAX_REGISTERS registers without spilling
+#: (``benchmarks/kernel_resources.py`` checks the compiled kernels).
 TILE_ELEMENTS = 2048
 NUM_WARPS = 4
 #: ``maxnreg`` of the compiled kernel: the hardware's limit per thread, so that ptxas never trades spills for occupancy.
@@ -79,8 +69,7 @@ def available() -> bool:
 def interpreter_problem() -> str | None:
     """Why Triton's interpreter cannot run the kernels here, or None. Triton 3.6's interpreter hands a kernel's scalar
     arguments over as one-element arrays and converts them back with ``int()``, which NumPy 2.4 refuses (``TypeError:
-    only 0-dimensional arrays can be converted to Python scalars``; measured with torch 2.11, Triton 3.6: every kernel
-    test fails with NumPy 2.4.6 and passes with 2.3.5; Triton 3.8 runs with NumPy 2.4)."""
+    only 0-dimensional arrays can be converted to Python scalars``); Triton 3.8's does not."""
     import numpy
     import triton
 
@@ -94,7 +83,7 @@ def interpreter_problem() -> str | None:
 
 @functools.cache
 def _kernel():
-    """The jitted kernel, imported on first use, so that ``TRITON_INTERPRET`` is read when it is needed."""
+    """The jitted kernel, imported on first use: Triton is optional, and reads ``TRITON_INTERPRET`` when imported."""
     from topk._fused_kernel import perturbed_kth_largest
 
     return perturbed_kth_largest
@@ -102,6 +91,7 @@ def _kernel():
 
 @functools.cache
 def _gradient_kernel():
+    """The jitted gradient kernel, imported on first use (as :func:`_kernel`)."""
     from topk._fused_kernel import kth_gradient
 
     return kth_gradient
