@@ -33,8 +33,8 @@ from data_prep.common import TensorImages
 from experiments.engine.batches import batches, order_seed
 from experiments.engine.config import SELECTION, RunConfig, selection_metrics
 from experiments.engine.models import build_model, parameter_count
-from experiments.provenance import device_name, git_commit, versions
 from experiments.engine.store import ResultsStore
+from experiments.provenance import device_name, git_commit, versions
 from topk.losses import build_loss
 from topk.metrics import MacroTopKAccuracy, TopKAccuracy, TopKCoverage
 

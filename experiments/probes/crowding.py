@@ -1,18 +1,16 @@
 """Classes crowding every top K under the noised losses, and how far the noise reaches: a probe of eps.
 
-At the quick profile some noised-loss runs end with a few classes in the top K of most test images, whatever the image
-(:meth:`topk.metrics.TopKCoverage.crowded_classes`), and the true class gets the places that remain: the noised loss
-(K = 5, eps = 0.2, B = 10) of Tables 4 and 7 under label noise p >= 0.2, and, until its margins and eps were put in
-cosine units (commit 254ac9c), the noised imbalanced loss of Table 6 at K = 3 and 5. The losses allow it: their
-gradient (Prop. 3.7) pushes down only the class at the (K+1)-th place of each perturbed score vector, so nothing pulls
-down a class that sits above that place by more than the noise ``eps Z`` reaches.
+A noised loss's gradient (Prop. 3.7) pushes down only the class at the (K+1)-th place of each perturbed score vector,
+so nothing pulls down a class that sits above that place by more than the noise ``eps Z`` reaches: a run can end with
+a few classes in the top K of most test images, whatever the image (:meth:`topk.metrics.TopKCoverage.crowded_classes`),
+the true class getting the places that remain. Larger eps reaches further.
 
-:data:`PROBES` trains those tables' runs (every seed and level, the learning rate chosen for the loss, nothing else
-changed) at other eps beside the paper's, with the tables' CE runs for reference: larger on the CIFAR-100 stand-in;
-smaller on the ImageNet-LT one, down to 0.002, the paper's 0.1 divided by the scale 50, which is what the noise
-reached when our tables applied eps to the scaled scores; on the Pl@ntNet-300K one the paper's own grid for the
-imbalanced loss (0.01, its choice, 0.05 and 0.1; Appendix E), where one seed crowds at K = 3. Nothing is fitted; the
-tables and verdicts keep the paper's eps.
+:data:`PROBES` trains the noised-loss runs of Tables 4 and 7 (label noise), 6 (ImageNet-LT) and 5 (Pl@ntNet-300K),
+every seed and level at the learning rate chosen for the loss, nothing else changed, at other eps beside the paper's,
+with the tables' CE runs for reference: larger eps on the CIFAR-100 stand-in; smaller on the ImageNet-LT one, down to
+0.002, the paper's 0.1 divided by the cosine head's scale 50 (eps on the scaled scores rather than the cosines); on
+the Pl@ntNet-300K one, the paper's own grid for the imbalanced loss (0.01, its choice, 0.05 and 0.1; Appendix E).
+Nothing is fitted; the tables and verdicts keep the paper's eps.
 
 ``python -m experiments.probes.crowding PROFILE`` trains what the results store lacks and writes
 ``benchmarks/results/crowding_<profile>.csv``, each row stamped with its run's device, commit and versions; the
@@ -25,16 +23,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.spec import grids
-
-from experiments.tuning import profile_steps
-from experiments.engine.config import RunConfig
-from experiments.paths import BENCHMARK_RESULTS
-from experiments.spec.profiles import Profile
-from experiments.provenance import RECORD_STAMP_FIELDS, record_stamp
-from experiments.engine.store import write_csv
 from experiments.analysis.summary import mean_interval
+from experiments.engine.config import RunConfig
+from experiments.engine.store import write_csv
 from experiments.engine.train import run
+from experiments.paths import BENCHMARK_RESULTS
+from experiments.provenance import RECORD_STAMP_FIELDS, record_stamp
+from experiments.spec import grids
+from experiments.spec.profiles import Profile
+from experiments.tuning import profile_steps
 
 
 @dataclass(frozen=True)

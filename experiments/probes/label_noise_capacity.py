@@ -1,10 +1,10 @@
-"""Why label noise costs the CIFAR-100 stand-in's cross-entropy less than the paper's: a probe of capacity.
+"""Why label noise may cost the CIFAR-100 stand-in's cross-entropy less than the paper's: a probe of capacity.
 
-At the quick profile, superclass label noise p = 0.4 costs CE a few points of test top-1 and top-5 on the calibrated
-stand-in, the paper's DenseNet-40-40 (Tables 4 and 7) 14.8 and 10.6; the quick model predicts the true class of most
-flipped training images and the noisy label of few (``label_noise_fit`` in the run records). Networks that can fit
-random labels lose accuracy under label noise by memorising it (Zhang et al. 2017), so the reading to test is: a
-network able to memorise the flipped labels loses what the paper's loses.
+From p = 0 to p = 0.4 of superclass label noise, the paper's DenseNet-40-40 loses 14.8 points of CE test top-1 and
+10.6 of top-5 (Tables 4 and 7). Networks that can fit random labels lose accuracy under label noise by memorising it
+(Zhang et al. 2017): a small model that predicts the true class of most flipped training images (``label_noise_fit``
+in the run records) loses less. The reading to test: a network able to memorise the flipped labels loses what the
+paper's loses.
 
 :data:`VARIANTS` train the tables' CE runs at p = 0 and p = 0.4 (first seed, the calibrated knobs, CE's chosen
 learning rate, selected on validation top-5 as in Table 4) with the profile's model and schedule, then with longer
@@ -25,15 +25,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.spec import grids, paper
-
-from experiments.tuning import profile_steps
 from experiments.engine.config import RunConfig
-from experiments.paths import BENCHMARK_RESULTS
-from experiments.spec.profiles import Profile
-from experiments.provenance import RECORD_STAMP_FIELDS, record_stamp
 from experiments.engine.store import write_csv
 from experiments.engine.train import run
+from experiments.paths import BENCHMARK_RESULTS
+from experiments.provenance import RECORD_STAMP_FIELDS, record_stamp
+from experiments.spec import grids, paper
+from experiments.spec.profiles import Profile
+from experiments.tuning import profile_steps
 
 NOISE = 0.4  #: the paper's strongest label noise (Tables 4 and 7), against p = 0
 #: The top-5 losses of Table 4, trained with the last of :data:`VARIANTS` beside CE.
@@ -144,7 +143,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    command = profile_steps.parse_command("python -m experiments.probes.label_noise_capacity", __doc__.split("\n\n")[0], argv)
+    command = profile_steps.parse_command("python -m experiments.probes.label_noise_capacity",
+                                          __doc__.split("\n\n")[0], argv)
     if command is None:
         return 2
     profile, store, device = command

@@ -8,12 +8,11 @@ A :class:`Setup` is one dataset with its model and training schedule; a notebook
 hyperparameters are the paper's at every profile; only the data, the model and the schedule shrink, and where the
 schedule is short (``lr_multipliers``) each loss's learning rate is chosen on validation data.
 
-A profile that judges training claims on synthetic stand-ins takes their difficulty knobs from
-``experiments/calibrated/<profile>.json``, written by :mod:`experiments.tuning.fixed_point` (cross-entropy alone fitted to
-the paper's cross-entropy numbers, :mod:`experiments.tuning.calibration`), and only for the very setup they were chosen
-for. A profile with a short schedule takes each loss's learning rate, chosen on validation data, from
-``experiments/calibrated/<profile>_learning_rates.json`` (:mod:`experiments.tuning.learning_rates`), likewise only for the
-setup (difficulty included) it was chosen on.
+A profile that judges training claims on synthetic stand-ins takes their difficulty knobs (cross-entropy alone fitted
+to the paper's cross-entropy numbers: :mod:`experiments.tuning.calibration`) and, where its schedule is short, each
+loss's learning rate (chosen on validation data: :mod:`experiments.tuning.learning_rates`) from what
+:mod:`experiments.tuning.fixed_point` stored for it (:mod:`experiments.spec.tuned`), and only for the very setup they
+were chosen for (:meth:`Setup.fingerprint`, :meth:`Setup.tuned_fingerprint`).
 """
 
 from __future__ import annotations
@@ -41,7 +40,8 @@ class Setup:
     model_options: dict = field(default_factory=dict)
     data_subdir: str = ""  #: where a real dataset lives under the data root (its ``data_prep --root``)
     difficulty: dict = field(default_factory=dict)  #: a stand-in's calibrated knobs (:mod:`data_prep.synthetic`)
-    #: learning-rate multipliers chosen on validation data (:mod:`experiments.tuning.learning_rates`), by "<loss> <selection>"
+    #: learning-rate multipliers chosen on validation data (:mod:`experiments.tuning.learning_rates`), by
+    #: "<loss> <selection>"
     lr_scales: dict = field(default_factory=dict)
     # A model option may name a file in the dataset's folder as "{data_root}/name": the config's key stays the same
     # on every machine and the training loop resolves it (ImageNet weights for Pl@ntNet's ResNet-50).
@@ -91,8 +91,8 @@ class Profile:
     level_set_points: int  #: subdivisions of the simplex's sides in Figs. 1, 4, 5, 6
     replications: int  #: noise draws averaged in the level sets of Figs. 1 and 6 (the paper: 100)
     bound_samples: int  #: Monte Carlo samples per point of the Prop. 3.5 check
-    #: multipliers of each loss's learning rate tried on validation data (:mod:`experiments.tuning.learning_rates`); (1.0,):
-    #: every loss trains at the learning rate the grids give it, as in the paper
+    #: multipliers of each loss's learning rate tried on validation data (:mod:`experiments.tuning.learning_rates`);
+    #: (1.0,): every loss trains at the learning rate the grids give it, as in the paper
     lr_multipliers: tuple[float, ...] = (1.0,)
 
     @property
@@ -149,7 +149,8 @@ def with_learning_rates(profile: Profile) -> Profile:
 
 def recalibrated(profile: Profile) -> Profile:
     """``profile`` with its stand-ins' knobs and learning rates read afresh from the stored files (:func:`calibrated`
-    of the profile without them): what a new process would use after :mod:`experiments.tuning.fixed_point` wrote them."""
+    of the profile without them): what a new process would use after :mod:`experiments.tuning.fixed_point` stored
+    them."""
     bare = {name: replace(getattr(profile, name), difficulty={}, lr_scales={}) for name in profile.calibrated_setups}
     return calibrated(replace(profile, **bare))
 

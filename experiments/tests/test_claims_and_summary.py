@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 
 from experiments.analysis import claims, summary
-
 from experiments.spec import paper
 
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.probes import crowding
-
-from experiments.publishing import readme
-
-from experiments.spec import grids
-from experiments.spec.profiles import QUICK, SMOKE
 from experiments.engine.store import ResultsStore, write_csv
 from experiments.engine.train import run
+from experiments.probes import crowding
+from experiments.publishing import readme
+from experiments.spec import grids
+from experiments.spec.profiles import QUICK, SMOKE
 
 LABEL_NOISE, IMAGENET_LT, PLANTNET = crowding.PROBES
 

@@ -13,14 +13,13 @@ import torch
 
 from data_prep.common import MissingDataError, TensorImages
 from data_prep.transforms import augment_and_normalise
+from experiments.__main__ import main as experiments_main
 from experiments.engine import config as config_module
 from experiments.engine.config import RunConfig
-from experiments.engine.store import ResultsStore
-from experiments.harness import flatten
-from experiments.engine.train import flipped_label_fit, reseed_process, run
-from experiments.engine.store import DamagedStoreWarning
-from experiments.__main__ import main as experiments_main
 from experiments.engine.models import build_model, parameter_count
+from experiments.engine.store import DamagedStoreWarning, ResultsStore
+from experiments.engine.train import flipped_label_fit, reseed_process, run
+from experiments.harness import flatten
 from topk.losses import noised_hinge
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.probes import label_noise_capacity
-
-from experiments.publishing import readme
-
-from experiments.spec import grids
-from experiments.probes.label_noise_capacity import NOISE, Variant
-from experiments.spec.profiles import QUICK, SMOKE
 from experiments.engine.store import ResultsStore, write_csv
 from experiments.engine.train import run
+from experiments.probes import label_noise_capacity
+from experiments.probes.label_noise_capacity import NOISE, Variant
+from experiments.publishing import readme
+from experiments.spec import grids
+from experiments.spec.profiles import QUICK, SMOKE
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", *label_noise_capacity.COMPARED])

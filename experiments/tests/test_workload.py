@@ -5,8 +5,8 @@ import pytest
 import data_prep
 from experiments.analysis import workload
 from experiments.spec import grids
-from experiments.tuning import learning_rates
 from experiments.spec.profiles import GPU, PAPER, QUICK, SMOKE
+from experiments.tuning import learning_rates
 
 
 def test_a_stand_in_size_is_its_generator_s_at_any_image_size():

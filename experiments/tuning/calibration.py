@@ -122,8 +122,8 @@ STAND_INS = {
 def ce_config(profile: Profile, setup: str, target: Target, knobs: dict, rates: dict | None = None,
               seed: int | None = None):
     """The config of the CE run behind ``target`` (the setup's ``seed``, by default its first) with the difficulty
-    ``knobs``, at the grid's learning rate times its multiplier in ``rates`` (by :func:`experiments.spec.grids.choice_key`;
-    absent: 1)."""
+    ``knobs``, at the grid's learning rate times its multiplier in ``rates`` (by
+    :func:`experiments.spec.grids.choice_key`; absent: 1)."""
     seed = getattr(profile, setup).seeds[0] if seed is None else seed
     cells = [c for c in STAND_INS[setup].grid(untuned(profile, setup)) if c.labels["loss"] == "cross_entropy"
              and c.labels["seed"] == seed and all(c.labels[k] == v for k, v in target.cell)]

@@ -1,18 +1,19 @@
 """Each stand-in's difficulty and the learning rates chosen on it, alternated until cross-entropy's rate agrees.
 
-The difficulty is fitted with cross-entropy at a learning rate (:mod:`experiments.tuning.calibration`); each loss's learning
-rate, CE's included, is then chosen on the calibrated stand-in (:mod:`experiments.tuning.learning_rates`). Where CE chooses
-another rate than the one it was calibrated at, the tables show CE on data fitted for a rate they do not use. So each
-setup alternates: calibrate (first at the grid's rate, from the stand-in's start; where only the search has changed
-since the setup's stored calibration, at the rates and from the knobs that one ended at), choose, and while CE's
-choice for the runs behind its calibration numbers differs from the rates they were calibrated at, calibrate again at
-the chosen rates from the knobs found, and choose again: at most :data:`MAX_ROUNDS` calibrations. Where the rounds
-run out (the choice goes back and forth), the last calibration and the choice made on it are kept, and a verdict
-quotes CE's numbers at both rates (:func:`experiments.tuning.learning_rates.summary_line`).
+The difficulty is fitted with cross-entropy at a learning rate (:mod:`experiments.tuning.calibration`); each loss's
+learning rate, CE's included, is then chosen on the calibrated stand-in (:mod:`experiments.tuning.learning_rates`).
+Where CE chooses another rate than the one it was calibrated at, the tables show CE on data fitted for a rate they do
+not use. So each setup alternates: calibrate (first at the grid's rate, from the stand-in's start; where only the search
+has changed since the setup's stored calibration, at the rates and from the knobs that one ended at), choose, and while
+CE's choice for the runs behind its calibration numbers differs from the rates they were calibrated at, calibrate again
+at the chosen rates from the knobs found, and choose again: at most :data:`MAX_ROUNDS` calibrations. Where the rounds
+run out (the choice goes back and forth), the last calibration and the choice made on it are kept, and a verdict quotes
+CE's numbers at both rates (:func:`experiments.tuning.learning_rates.summary_line`).
 
-``python -m experiments.tuning.fixed_point PROFILE`` (``make calibrate``, run first by ``make paper-figures``) does what is
-left: a setup whose stored calibration and choice are current and agree (or that used its rounds) is not touched;
-each step is stored as soon as it is done, so an interrupted run resumes from the last one.
+``python -m experiments.tuning.fixed_point PROFILE`` (``make calibrate``, run first by ``make paper-figures``) does
+what is left: a setup whose stored calibration and choice are current and agree (or that used its rounds) is not
+touched; each step is stored (:func:`experiments.spec.tuned.keep`) as soon as it is done, so an interrupted run resumes
+from the last one.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ class Step:
 
 
 def next_step(profile: Profile, setup: str) -> Step | None:
-    """The step ``setup`` needs, from what is stored (``profile`` as :func:`experiments.spec.profiles.recalibrated` reads
-    it); None when its calibration and choice agree on CE's rate or the rounds are used."""
+    """The step ``setup`` needs, from what is stored (``profile`` as :func:`experiments.spec.profiles.recalibrated`
+    reads it); None when its calibration and choice agree on CE's rate or the rounds are used."""
     fitted = calibration.current_entry(profile, setup)
     if fitted is None:
         earlier = calibration.earlier_search(profile, setup)

@@ -178,8 +178,8 @@ def fitted_gap_at_chosen_rate(fitted: Calibration | dict,
 
 def summary_line(profile: Profile, setup: str) -> str:
     """What a verdict on ``setup``'s data says about its difficulty: the calibration's line
-    (:func:`experiments.tuning.calibration.summary_line`), then CE's fitted numbers at the learning rates it chose for the
-    tables where these are not the ones it was calibrated at (:mod:`experiments.tuning.fixed_point` not settled)."""
+    (:func:`experiments.tuning.calibration.summary_line`), then CE's fitted numbers at the learning rates it chose for
+    the tables where these are not the ones it was calibrated at (:mod:`experiments.tuning.fixed_point` not settled)."""
     line, chosen, fitted = (calibration.summary_line(profile, setup), current_entry(profile, setup),
                             calibration.current_entry(profile, setup))
     if chosen is None or fitted is None or agrees(chosen, fitted, profile, setup):
