@@ -48,6 +48,11 @@ class _Entry:
         """``entry`` itself, or the typed form of a stored entry's JSON."""
         return entry if isinstance(entry, cls) else cls.from_json(entry)
 
+    @classmethod
+    def load(cls, path: Path) -> dict:
+        """The entries of the file ``path``, by setup ({} without a file); ValueError if it cannot be read."""
+        return _read(cls, path)[1]
+
     def to_json(self) -> dict:
         return asdict(self)
 
@@ -184,10 +189,10 @@ def _path(kind: type[_Entry], profile_name: str) -> Path:
     return (calibration_path if kind is Calibration else learning_rates_path)(profile_name)
 
 
-def _read(kind: type[_Entry], profile_name: str) -> tuple[str, dict]:
-    path = _path(kind, profile_name)
+def _read(kind: type[_Entry], path: Path) -> tuple[str | None, dict]:
+    """The profile named in the file ``path`` (None without a file) and its entries, by setup."""
     if not path.exists():
-        return profile_name, {}
+        return None, {}
     try:
         stored = json.loads(path.read_text())
         return stored["profile"], {setup: kind.from_json(entry) for setup, entry in stored["setups"].items()}
@@ -197,18 +202,19 @@ def _read(kind: type[_Entry], profile_name: str) -> tuple[str, dict]:
 
 def calibrations(profile_name: str) -> dict[str, Calibration]:
     """The calibrations stored for a profile, by setup ({} without a file); ValueError if the file cannot be read."""
-    return _read(Calibration, profile_name)[1]
+    return Calibration.load(calibration_path(profile_name))
 
 
 def learning_rates(profile_name: str) -> dict[str, LearningRates]:
     """The learning rates stored for a profile, by setup ({} without a file); ValueError if it cannot be read."""
-    return _read(LearningRates, profile_name)[1]
+    return LearningRates.load(learning_rates_path(profile_name))
 
 
 def keep(profile_name: str, setup: str, entry: Calibration | LearningRates) -> None:
     """Store ``entry`` as ``setup``'s in its profile's file, the other setups' entries as they were."""
-    name, stored = _read(type(entry), profile_name)
+    path = _path(type(entry), profile_name)
+    name, stored = _read(type(entry), path)
     stored[setup] = entry
-    text = json.dumps({"profile": name, "setups": {s: e.to_json() for s, e in stored.items()}}, indent=1,
-                      sort_keys=True) + "\n"
-    atomic_write(_path(type(entry), profile_name), lambda tmp: tmp.write_text(text))
+    text = json.dumps({"profile": name or profile_name, "setups": {s: e.to_json() for s, e in stored.items()}},
+                      indent=1, sort_keys=True) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text))
