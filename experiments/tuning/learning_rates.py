@@ -96,17 +96,19 @@ def ce_rates(entry: LearningRates, profile: Profile, setup: str) -> dict:
 
 
 def agrees(chosen: LearningRates, fitted: Calibration, profile: Profile, setup: str) -> bool:
-    """Whether CE chose the learning rates its calibration (``fitted``) was made at: :mod:`experiments.tuning.
-    fixed_point` has settled."""
+    """Whether CE chose the learning rates its calibration (``fitted``) was made at: the alternation of
+    :mod:`experiments.tuning.fixed_point` has settled."""
     return ce_rates(chosen, profile, setup) == calibration.calibrated_rates(fitted, profile, setup)
 
 
 def is_current(entry: LearningRates | None, profile: Profile, setup: str) -> bool:
     """Whether a stored choice was made for this setup (its difficulty included), these multipliers and the runs its
     table has now (:meth:`experiments.spec.tuned.LearningRates.is_current`)."""
+    if entry is None:
+        return False
     runs = {grids.choice_key(c.config): c.config.key() for c in base_cells(profile, setup)}
-    return entry is not None and entry.is_current(getattr(profile, setup).tuned_fingerprint(), profile.lr_multipliers,
-                                                  runs, getattr(profile, setup).seeds)
+    return entry.is_current(getattr(profile, setup).tuned_fingerprint(), profile.lr_multipliers, runs,
+                            getattr(profile, setup).seeds)
 
 
 def current_entry(profile: Profile, setup: str) -> LearningRates | None:
