@@ -13,6 +13,9 @@
 #           workload)
 #   host    an eager step's host time: through the custom operators against direct calls (benchmarks.bench_dispatch),
 #           and each loss's step, enqueue and kernel times with the profiler's table (benchmarks.profile_loss_overhead)
+#   concurrency  1, 2, 4 and 8 compiled DenseNet-40-40 trainings side by side on the GPU: aggregate images/s, memory,
+#           the gpu profile's hours (benchmarks.bench_concurrency; the second argument: torch.compile's mode,
+#           "default" unless given, e.g. reduce-overhead for CUDA graphs)
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
@@ -61,7 +64,10 @@ case "${1:-tests}" in
         > "$out/profile_overhead_256x$size.txt" 2>&1 || status=1
     done
     grep -h "^==" "$out"/profile_overhead_*.txt ;;
+  concurrency)
+    python3 -m benchmarks.bench_concurrency --device cuda --model densenet40_40 --concurrency 1 2 4 8 \
+      --compile-mode "${2:-default}" --out "$out/concurrency.csv" 2>&1 | tee -a "$out/concurrency.log" || status=1 ;;
   *)
-    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile or host" >&2; status=2 ;;
+    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile, host or concurrency" >&2; status=2 ;;
 esac
 exit $status

@@ -1,0 +1,287 @@
+"""How many of the paper's CIFAR-100 trainings one GPU should run side by side: the aggregate images per second of 1,
+2, 4 and 8 trainings at once, each run's own speed and the memory they hold, and what that makes of the ``gpu``
+profile's hours.
+
+Each training is a separate process, spawned (multiprocessing's "spawn", as the ``local`` executor's workers are), that
+trains as the engine does (:func:`experiments.engine.train.train_epoch`, compiled by its ``compile_step``): the paper's
+model and optimiser (DenseNet-BC 40-40, SGD with Nesterov momentum, batch 64; bfloat16 autocast and channels-last on
+CUDA), cross-entropy, on a CIFAR-100-sized set of 45,000 uint8 32 px images held on the device and augmented there
+(:func:`benchmarks.bench_epoch_time.cifar_shaped`). Every process warms up (``--warmup`` steps: compilation
+included) and waits at a barrier; then all time ``--steps`` steps at once, each by the wall clock over its own window
+(ended by a synchronisation). A run's images/s is its steps x batch over its window; the aggregate is their sum.
+After a second barrier, while every run still holds its memory, each process reads its peak (CUDA: torch's peak
+allocated; CPU: the process's peak resident set) and, on CUDA, the whole device's used memory
+(``torch.cuda.mem_get_info``: every process's context and cache). One run is always measured first: it is the
+baseline of the ratios printed and written, from the same invocation.
+
+    python -m benchmarks.bench_concurrency                                 # CUDA, compiled DenseNet-40-40, 1 2 4 8
+    python -m benchmarks.bench_concurrency --device cpu --model small_cnn --concurrency 1 2 --steps 3 --warmup 1 \\
+        --no-compile                                                       # check the script
+
+A row per concurrency is appended to ``--out`` as it finishes; the rows of one invocation share its ``date``. At the
+end, :func:`profile_hours` divides the training images of the ``gpu`` profile's planned runs
+(:func:`experiments.scale.plan.plan`), of its CIFAR-100 part and of the whole profile, by the best aggregate rate of
+the last invocation: evaluation is left out, and the whole profile's other setups train other models, so its figure
+is a rough one. Eight GPUs are taken to give eight times one GPU's rate: the runs are independent.
+
+Targets, judged on a GPU only: on an H100 the best concurrency gives >= 3x the images per second of one run, and the
+``gpu`` profile's CIFAR-100 part fits in 8 h on one H100 and in 1 h on eight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import multiprocessing
+import resource
+import time
+import traceback
+from dataclasses import dataclass
+from functools import cache
+from itertools import chain, count, islice
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import torch
+
+from benchmarks._fig3_setup import checked_device, paper_model_and_optimiser
+from benchmarks._measure import append_csv_row
+from benchmarks.bench_epoch_time import cifar_shaped
+from experiments.analysis.timings import TRAIN_IMAGES
+from experiments.engine.batches import order_seed
+from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
+from experiments.provenance import STAMP_FIELDS, stamp
+from experiments.scale.executors import cpu_threads
+from experiments.scale.plan import plan
+from experiments.spec.profiles import get_profile
+from topk.losses import build_loss
+
+FIELDS = [*STAMP_FIELDS, "date", "model", "compile", "batch_size", "warmup", "steps", "concurrency",
+          "run_images_per_s_mean", "run_images_per_s_min", "aggregate_images_per_s", "ratio_to_one_run",
+          "run_peak_mib", "device_used_mib", "device_total_mib"]
+#: The targets printed at the end (issue: the paper at its own scale).
+RATIO_TARGET, ONE_GPU_HOURS_TARGET, EIGHT_GPUS_HOURS_TARGET = 3.0, 8.0, 1.0
+GPUS = 8
+MIB = 2 ** 20
+
+
+@dataclass(frozen=True)
+class Training:
+    """What every process of a measurement trains, and how."""
+
+    device: str
+    model: str
+    batch_size: int
+    warmup: int
+    steps: int
+    compile_mode: str | None  #: None: eager
+
+
+def endless_batches(data, batch_size: int, seed: int):
+    """The in-memory batches of epoch after epoch, as the engine draws them."""
+    return chain.from_iterable(data.shuffled(order_seed(seed, epoch), batch_size) for epoch in count())
+
+
+def timed_training(index: int, training: Training, threads: int, barrier) -> dict:
+    """In one process: warm up, then time ``training.steps`` steps between the barriers shared with the other runs."""
+    torch.set_num_threads(threads)
+    device = torch.device(training.device)
+    data = cifar_shaped(TRAIN_IMAGES, device)
+    model, optimiser = paper_model_and_optimiser(training.model, device)
+    loss = build_loss("cross_entropy").to(device)
+    if training.compile_mode is not None:
+        model, loss = compile_step(model, loss, training.compile_mode)
+    batches = endless_batches(data, training.batch_size, seed=index)
+
+    def train(steps: int) -> None:  # train_epoch reads the device at its end: nothing is left queued
+        train_epoch(model, loss, islice(batches, steps), optimiser, device, progress=False, epoch=0)
+
+    train(training.warmup)
+    barrier.wait()
+    start = time.perf_counter()
+    train(training.steps)
+    seconds = time.perf_counter() - start
+    barrier.wait()  # every run still holds its memory
+    return {"images_per_s": training.steps * training.batch_size / seconds, "peak_mib": peak_mib(device),
+            **device_memory_mib(device)}
+
+
+def peak_mib(device: torch.device) -> float:
+    """This process's peak: torch's peak allocated on CUDA, the peak resident set on a CPU (Linux: KiB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / MIB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def device_memory_mib(device: torch.device) -> dict:
+    """The whole GPU's used and total memory, whoever holds it; nothing on a CPU."""
+    if device.type != "cuda":
+        return {"device_used_mib": "", "device_total_mib": ""}
+    free, total = torch.cuda.mem_get_info(device)
+    return {"device_used_mib": round((total - free) / MIB), "device_total_mib": round(total / MIB)}
+
+
+def _run_one(index: int, training: Training, threads: int, barrier, sender) -> None:
+    """A spawned process: sends its measurement, or its traceback after breaking the barrier so the others stop."""
+    try:
+        sender.send(timed_training(index, training, threads, barrier))
+    except Exception:  # reported to the parent, which raises it
+        barrier.abort()
+        sender.send(f"run {index}:\n{traceback.format_exc()}")
+    finally:
+        sender.close()
+
+
+def _collect(receivers: list, barrier) -> list:
+    """Each run's message (a dict, or an error text); a run that fails or dies breaks the barrier for the others."""
+    messages = {}
+    while len(messages) < len(receivers):
+        for ready in wait([receiver for index, receiver in enumerate(receivers) if index not in messages]):
+            index = receivers.index(ready)
+            try:
+                messages[index] = ready.recv()
+            except EOFError:
+                messages[index] = f"run {index}: its process died without a result"
+            if isinstance(messages[index], str):
+                barrier.abort()
+    return [messages[index] for index in range(len(receivers))]
+
+
+def side_by_side(training: Training, concurrency: int) -> list[dict]:
+    """Each run's measurement with ``concurrency`` processes training at once, the CPU's threads shared between
+    them as the ``local`` executor shares them; raises with every failed run's traceback."""
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(concurrency)
+    pipes = [context.Pipe(duplex=False) for _ in range(concurrency)]
+    processes = [context.Process(target=_run_one, args=(index, training, cpu_threads(concurrency), barrier, sender),
+                                 name=f"concurrency-run-{index}") for index, (_, sender) in enumerate(pipes)]
+    for process in processes:
+        process.start()
+    for _, sender in pipes:
+        sender.close()
+    try:
+        results = _collect([receiver for receiver, _ in pipes], barrier)
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+    failures = [result for result in results if isinstance(result, str)]
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {concurrency} runs failed:\n" + "\n".join(failures))
+    return results
+
+
+def aggregate_rate(results: list[dict]) -> float:
+    """The images per second of the runs together: the sum of their own."""
+    return sum(result["images_per_s"] for result in results)
+
+
+def summary_row(results: list[dict], one_run_aggregate: float) -> dict:
+    """The CSV columns of one concurrency's measurement (without the stamp and the settings)."""
+    aggregate = aggregate_rate(results)
+    return {"concurrency": len(results), "run_images_per_s_mean": round(aggregate / len(results), 1),
+            "run_images_per_s_min": round(min(result["images_per_s"] for result in results), 1),
+            "aggregate_images_per_s": round(aggregate, 1), "ratio_to_one_run": round(aggregate / one_run_aggregate, 4),
+            "run_peak_mib": round(max(result["peak_mib"] for result in results)),
+            "device_used_mib": max(result["device_used_mib"] for result in results),
+            "device_total_mib": results[0]["device_total_mib"]}
+
+
+@cache
+def planned_images() -> dict[str, int]:
+    """Training images (full batches, all epochs) of the ``gpu`` profile's planned runs: its CIFAR-100 part (the runs
+    on its CIFAR-100 stand-in) and all of them. Slow (the stand-ins' sizes are drawn): once per process."""
+    profile = get_profile("gpu")
+    runs = plan(profile)
+    return {"cifar100": sum(run.train_images for run in runs if run.config.dataset == profile.cifar.dataset),
+            "profile": sum(run.train_images for run in runs)}
+
+
+def last_invocation(csv_path: Path) -> list[dict]:
+    """The rows of the CSV's last invocation (those sharing the last row's ``date``)."""
+    with Path(csv_path).open() as handle:
+        rows = list(csv.DictReader(handle))
+    return [row for row in rows if row["date"] == rows[-1]["date"]]
+
+
+def profile_hours(csv_path: Path) -> dict:
+    """The ``gpu`` profile's training hours at the best aggregate rate of the CSV's last invocation, on one GPU and on
+    :data:`GPUS` (eight times the rate), for its CIFAR-100 part and for the whole profile; evaluation left out."""
+    rows = last_invocation(csv_path)
+    best = max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
+    rate = float(best["aggregate_images_per_s"])
+    images = planned_images()
+    hours = {"device_name": best["device_name"], "model": best["model"], "compile": best["compile"],
+             "best_concurrency": int(best["concurrency"]), "images_per_s": rate,
+             "ratio_to_one_run": float(best["ratio_to_one_run"]),
+             "cifar100_images": images["cifar100"], "profile_images": images["profile"]}
+    for part in ("cifar100", "profile"):
+        hours[f"{part}_hours_1_gpu"] = images[part] / rate / 3600
+        hours[f"{part}_hours_{GPUS}_gpus"] = images[part] / (GPUS * rate) / 3600
+    return hours
+
+
+def _verdict(met: bool, on_gpu: bool) -> str:
+    return ("met" if met else "not met") if on_gpu else "not judged off a GPU"
+
+
+def print_hours(hours: dict, on_gpu: bool) -> None:
+    """The hours of :func:`profile_hours` and the targets."""
+    one, eight, ratio = hours["cifar100_hours_1_gpu"], hours[f"cifar100_hours_{GPUS}_gpus"], hours["ratio_to_one_run"]
+    print(f"\nbest: {hours['best_concurrency']} side by side, {hours['images_per_s']:,.0f} images/s, x{ratio:.2f} one "
+          f"run (target >= x{RATIO_TARGET:g} on an H100: {_verdict(ratio >= RATIO_TARGET, on_gpu)})")
+    print(f"gpu profile's CIFAR-100 part, {hours['cifar100_images']:,} training images: {one:.2f} h on one GPU "
+          f"(target <= {ONE_GPU_HOURS_TARGET:g} h: {_verdict(one <= ONE_GPU_HOURS_TARGET, on_gpu)}), {eight:.2f} h on "
+          f"{GPUS} (target <= {EIGHT_GPUS_HOURS_TARGET:g} h: {_verdict(eight <= EIGHT_GPUS_HOURS_TARGET, on_gpu)})")
+    print(f"whole gpu profile, {hours['profile_images']:,} training images at this model's rate (its other setups "
+          f"train other models): {hours['profile_hours_1_gpu']:.1f} h on one GPU, "
+          f"{hours[f'profile_hours_{GPUS}_gpus']:.1f} h on {GPUS}")
+    print(f"(training only, evaluation left out; {GPUS} GPUs at {GPUS}x one GPU's rate: the runs are independent)")
+
+
+def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, torch.device]:
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--model", default="densenet40_40", help="densenet40_40 (the paper's), small_cnn, ...")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8],
+                        help="trainings side by side; 1 (the baseline) is always measured first")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps per run first (compilation included)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="compile the step as the engine does (--no-compile: eager)")
+    parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "concurrency.csv")
+    args = parser.parse_args(argv)
+    if min(args.concurrency) < 1 or args.steps < 1 or args.warmup < 0:
+        parser.error("--concurrency and --steps should be positive, --warmup at least 0")
+    return args, checked_device(parser, args.device)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, device = parse_arguments(argv)
+    training = Training(device.type, args.model, args.batch_size, args.warmup, args.steps,
+                        args.compile_mode if args.compile else None)
+    settings = {**stamp(device), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": args.model,
+                "compile": training.compile_mode or "eager", "batch_size": args.batch_size, "warmup": args.warmup,
+                "steps": args.steps}
+    print(f"{settings['device_name']}: {args.model}, batch {args.batch_size}, compile {settings['compile']}, "
+          f"{args.warmup} + {args.steps} steps per run", flush=True)
+    one_run_aggregate = None
+    for concurrency in sorted({1, *args.concurrency}):  # one run first: the baseline
+        results = side_by_side(training, concurrency)
+        one_run_aggregate = one_run_aggregate or aggregate_rate(results)
+        row = summary_row(results, one_run_aggregate)
+        append_csv_row({**settings, **row}, FIELDS, args.out)
+        used = f", device {row['device_used_mib']} / {row['device_total_mib']} MiB" if row["device_used_mib"] else ""
+        print(f"{concurrency} run{'s' * (concurrency > 1)}: {row['run_images_per_s_mean']:9.1f} images/s per run (min "
+              f"{row['run_images_per_s_min']:.1f}), aggregate {row['aggregate_images_per_s']:9.1f} images/s, "
+              f"x{row['ratio_to_one_run']:.2f} one run; peak {row['run_peak_mib']} MiB per run{used}", flush=True)
+    print_hours(profile_hours(args.out), device.type == "cuda")
+    print(f"CSV: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

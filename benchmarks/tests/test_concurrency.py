@@ -1,0 +1,105 @@
+"""``benchmarks.bench_concurrency`` on CPU with a small model: its rows, its ratios to the same invocation's one run,
+the ``gpu`` profile's hours from the plan's images, and a failing run reported instead of left waiting at the
+barrier. The timings themselves are meaningless here."""
+
+import csv
+import multiprocessing
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from benchmarks._measure import append_csv_row
+from benchmarks.bench_concurrency import FIELDS, GPUS, Training, _collect, main, profile_hours, side_by_side
+from experiments.provenance import git_commit
+from experiments.scale.plan import plan
+from experiments.spec.profiles import get_profile
+
+COLUMNS = ["device", "device_name", "commit", "python", "torch", "triton", "topk", "date", "model", "compile",
+           "batch_size", "warmup", "steps", "concurrency", "run_images_per_s_mean", "run_images_per_s_min",
+           "aggregate_images_per_s", "ratio_to_one_run", "run_peak_mib", "device_used_mib", "device_total_mib"]
+
+
+def _earlier_invocation() -> dict:
+    """A row of an earlier invocation, far faster than anything measured here: neither a baseline nor a best."""
+    return {**dict.fromkeys(FIELDS, ""), "device": "cpu", "date": "2000-01-01T00:00:00+0000", "model": "small_cnn",
+            "concurrency": 1, "aggregate_images_per_s": 1e9, "ratio_to_one_run": 1.0}
+
+
+def test_rows_ratios_and_profile_hours(tmp_path, capsys):
+    out = tmp_path / "concurrency.csv"
+    append_csv_row(_earlier_invocation(), FIELDS, out)
+    commit = git_commit()  # the stamp's, though another commit may land while the runs train
+    main(["--device", "cpu", "--model", "small_cnn", "--concurrency", "2", "--steps", "3", "--warmup", "1",
+          "--no-compile", "--out", str(out)])
+    with out.open() as handle:
+        reader = csv.DictReader(handle)
+        assert reader.fieldnames == COLUMNS
+        rows = list(reader)[1:]
+    assert [int(row["concurrency"]) for row in rows] == [1, 2]  # one run measured first, though not asked for
+    assert len({row["date"] for row in rows}) == 1 and rows[0]["date"] != _earlier_invocation()["date"]
+    for row in rows:
+        assert (row["device"], row["commit"], row["torch"], row["compile"]) == (
+            "cpu", commit, torch.__version__, "eager")
+        assert 0 < float(row["run_images_per_s_min"]) <= float(row["run_images_per_s_mean"])
+        assert float(row["aggregate_images_per_s"]) == pytest.approx(
+            int(row["concurrency"]) * float(row["run_images_per_s_mean"]), rel=1e-3)
+        assert float(row["ratio_to_one_run"]) == pytest.approx(
+            float(row["aggregate_images_per_s"]) / float(rows[0]["aggregate_images_per_s"]), rel=1e-3)
+        assert float(row["run_peak_mib"]) > 0 and row["device_used_mib"] == row["device_total_mib"] == ""
+
+    hours = profile_hours(out)
+    profile = get_profile("gpu")
+    assert profile.cifar.dataset == "cifar100_like"
+    runs = plan(profile)
+    cifar100 = sum(run.train_images for run in runs if run.config.dataset == "cifar100_like")
+    best = max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
+    rate = float(best["aggregate_images_per_s"])
+    assert (hours["cifar100_images"], hours["profile_images"]) == (cifar100, sum(run.train_images for run in runs))
+    assert 0 < cifar100 < hours["profile_images"]
+    assert (hours["best_concurrency"], hours["images_per_s"], hours["ratio_to_one_run"]) == (
+        int(best["concurrency"]), rate, float(best["ratio_to_one_run"]))
+    assert hours["cifar100_hours_1_gpu"] == pytest.approx(cifar100 / rate / 3600)
+    assert hours[f"cifar100_hours_{GPUS}_gpus"] == pytest.approx(hours["cifar100_hours_1_gpu"] / GPUS)
+    assert hours["profile_hours_1_gpu"] == pytest.approx(hours["profile_images"] / rate / 3600)
+    printed = capsys.readouterr().out
+    assert f"{hours['cifar100_hours_1_gpu']:.2f} h on one GPU" in printed
+    assert f"x{float(rows[1]['ratio_to_one_run']):.2f} one run" in printed
+
+
+def test_a_failing_run_is_reported_with_its_traceback():
+    training = Training("cpu", "no_such_model", batch_size=4, warmup=0, steps=1, compile_mode=None)
+    with pytest.raises(RuntimeError, match=r"2 of 2 runs failed(.|\n)*no_such_model"):
+        side_by_side(training, 2)
+
+
+def _waits_at_the_barrier(barrier, sender) -> None:
+    try:
+        barrier.wait(timeout=300)
+        sender.send({"images_per_s": 1.0})
+    except threading.BrokenBarrierError:
+        sender.send("broken barrier")
+
+
+def _dies(barrier, sender) -> None:
+    os._exit(3)
+
+
+def test_a_run_that_dies_breaks_the_barrier_for_the_others():
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(2)
+    pipes = [context.Pipe(duplex=False) for _ in range(2)]
+    processes = [context.Process(target=target, args=(barrier, sender))
+                 for target, (_, sender) in zip((_waits_at_the_barrier, _dies), pipes)]
+    start = time.monotonic()
+    for process in processes:
+        process.start()
+    for _, sender in pipes:
+        sender.close()
+    messages = _collect([receiver for receiver, _ in pipes], barrier)
+    for process in processes:
+        process.join()
+    assert messages == ["broken barrier", "run 1: its process died without a result"]
+    assert time.monotonic() - start < 150  # long before the barrier's own timeout
