@@ -24,6 +24,7 @@ from torch import Tensor
 
 from topk import _batching, _esp_launch, _perturbed_top
 from topk._esp_tree import log_pair
+from topk._labels import true_scores
 from topk._smooth_hinge_tree import smooth_hinge_tree
 
 __all__ = ["perturbed_top", "pruned_perturbed_top", "fused_perturbed_top", "perturbed_top_backward",
@@ -119,7 +120,7 @@ def _top_tangent(ctx, tangent_scores, *unused):
     positions, labels = ctx.saved_tensors
     tangent = tangent_scores.gather(-1, _perturbed_top.flat_positions(positions)).sum(-1) / positions.shape[0]
     if labels is not None:
-        tangent = tangent - tangent_scores.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        tangent = tangent - true_scores(tangent_scores, labels)
     return tangent, None
 
 
@@ -200,27 +201,30 @@ class Spec(NamedTuple):
     device_types: Optional[str] = None  #: the devices it runs on (default: any)
 
 
-_LEADING_BACKWARD = _batching.leading((0, 1, 0, None), 0)
+def _scatter_autograd(backward: str) -> Autograd:
+    """The perturbed top-K's derivatives (Prop. 3.3, Eq. 12), its gradient written by the operator ``backward``."""
+    return Autograd(_save_positions, _scatter_gradient, backward, _differentiable_scatter_gradient, _top_tangent)
+
+
+#: The scatter's batching rule: the vmapped dimension in front of ``grad``'s and the labels', behind the positions'
+#: samples.
+_SCATTER_BATCHING = _batching.leading((0, 1, 0, None), 0)
 
 #: Every operator of the ``topk`` namespace, by name.
 SPECS = {
     "perturbed_top": Spec(
         _perturbed_top.perturbed_top, _perturbed_top_fake, _batching.leading((0, 1, None, None, None, 0), (0, 1)),
-        Autograd(_save_positions, _scatter_gradient, "perturbed_top_backward", _differentiable_scatter_gradient,
-                 _top_tangent)),
+        _scatter_autograd("perturbed_top_backward")),
     "pruned_perturbed_top": Spec(
         _perturbed_top.pruned_perturbed_top, _pruned_perturbed_top_fake,
         _batching.leading((0, None, None, None, None, None, 0), (0, 1), seed=1),
-        Autograd(_save_positions, _scatter_gradient, "perturbed_top_backward", _differentiable_scatter_gradient,
-                 _top_tangent),
-        device_types="cpu"),
+        _scatter_autograd("perturbed_top_backward"), device_types="cpu"),
     "fused_perturbed_top": Spec(
         _perturbed_top.fused_perturbed_top, _fused_perturbed_top_fake,
         _batching.leading((0, None, 1, None, None, None, 0), (0, 1), seed=1),
-        Autograd(_save_positions, _scatter_gradient, "fused_perturbed_top_backward", _differentiable_scatter_gradient,
-                 _top_tangent)),
-    "perturbed_top_backward": Spec(_perturbed_top.perturbed_top_backward, _scatter_fake, _LEADING_BACKWARD),
-    "fused_perturbed_top_backward": Spec(_perturbed_top.fused_perturbed_top_backward, _scatter_fake, _LEADING_BACKWARD),
+        _scatter_autograd("fused_perturbed_top_backward")),
+    "perturbed_top_backward": Spec(_perturbed_top.perturbed_top_backward, _scatter_fake, _SCATTER_BATCHING),
+    "fused_perturbed_top_backward": Spec(_perturbed_top.fused_perturbed_top_backward, _scatter_fake, _SCATTER_BATCHING),
     "log_esp_pair": Spec(
         _esp_launch.log_esp_pair, _log_esp_pair_fake, _batching.rows,
         Autograd(_save_prefix, _esp_gradient, "log_esp_pair_backward", _differentiable_esp_gradient, _esp_tangent)),
