@@ -349,7 +349,7 @@ def test_no_loss_synchronises_with_the_device(name):
 def test_cuda_graph_replays_draw_fresh_noise(backend):
     """A captured noised loss draws new noise at every replay (the seed or the noise comes from the default CUDA
     generator, registered with the graph), and the same generator state gives the same loss, whether restored or
-    seeded between replays (as ``experiments.train.reseed_process`` seeds each DDP process at every epoch)."""
+    seeded between replays (as ``experiments.engine.train.reseed_process`` seeds each DDP process at every epoch)."""
     s, y = (t.cuda() for t in _scores_and_labels())
     loss = losses.NoisedHinge(2, 0.5, N_SAMPLES, reduction="none", backend=backend)
     stream = torch.cuda.Stream()
