@@ -25,8 +25,10 @@ from pathlib import Path
 from experiments.analysis import kernel_targets
 from experiments.tuning.calibration import TOLERANCE, rate_text, unmatched
 from experiments.tuning.learning_rates import fitted_gap_at_chosen_rate
+from experiments.spec import tuned
 from experiments.spec.paper import CLAIMS
-from experiments.paths import BENCHMARK_RESULTS, CALIBRATED, FIGURES, PROJECT_ROOT
+from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, CALIBRATION_SEEDS, CROWDED_CLASSES, FIGURES,
+                               LABEL_NOISE_FIT, PROJECT_ROOT)
 from experiments.provenance import short_commit
 
 README = PROJECT_ROOT / "README.md"
@@ -40,12 +42,6 @@ SPEEDUP_TARGET = 10.0
 #: The smoothed hinge's headline (``bench_smooth_hinge.py --headline``).
 SMOOTH_HEADLINE = {"batch": "128", "n_classes": "1000", "k": "5"}
 GPU_CSVS = ("training_step.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
-#: The table, in ``figures/<profile>/``, of the label noise fitted by each loss (notebook ``table4_table7_label_noise``).
-LABEL_NOISE_FIT = "table7_label_noise_fit"
-#: The table of the classes crowding the test top Ks under label noise (notebook ``table4_table7_label_noise``).
-CROWDED_CLASSES = "table4_crowded_classes"
-#: The table of CE's calibration numbers in the tables' runs, every seed (notebook ``calibration_stand_ins``).
-CALIBRATION_SEEDS = "calibration_seeds"
 #: The README's training-step headline (``training_step.csv``): the compiled step with the noised loss on the kernel.
 STEP_HEADLINE = {"mode": "compiled", "backend": "auto", "K": "5", "B": "10"}
 #: The longest line of evidence the README's verdict summary quotes of a claim.
@@ -158,26 +154,26 @@ def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json",
         return f"*No calibration stored for the {DEFAULT_PROFILE} profile: run `make calibrate`.*"
     lines = ["| stand-in | knobs | CE fitted: ours (paper) | CE held out: ours (paper) | RMS gap, fitted (CE's rate) | "
              "the same at CE's chosen learning rate |", "|---|---|---|---|---|---|"]
-    setups = json.loads(path.read_text())["setups"]
-    chosen = json.loads(lr_path.read_text())["setups"] if lr_path.exists() else {}
+    setups = tuned.Calibration.load(path)
+    chosen = tuned.LearningRates.load(lr_path)
     for setup, entry in setups.items():
-        numbers = {role: "; ".join(f"{t['label']} {t['ours']:.1f} ({t['published']:g})" for t in entry["targets"]
-                                   if t["fitted"] == role) or "none reported" for role in (True, False)}
-        knobs = ", ".join(f"{k} {v:g}" for k, v in entry["knobs"].items())
-        lines.append(f"| `{entry['dataset']}` | {knobs} | {numbers[True]} | {numbers[False]} | "
-                     f"{entry['rms_gap_fitted']:.1f} points ({rate_text(entry.get('ce_multipliers', {}))}) | "
+        numbers = {role: "; ".join(f"{t.label} {t.ours:.1f} ({t.published:g})" for t in entry.targets
+                                   if t.fitted == role) or "none reported" for role in (True, False)}
+        knobs = ", ".join(f"{k} {v:g}" for k, v in entry.knobs.items())
+        lines.append(f"| `{entry.dataset}` | {knobs} | {numbers[True]} | {numbers[False]} | "
+                     f"{entry.rms_gap_fitted:.1f} points ({rate_text(entry.ce_multipliers)}) | "
                      f"{_at_chosen_rate(entry, chosen.get(setup))} |")
-    misses = [f"- `{entry['dataset']}`, {row['CE number']} ({row['role']}, {row['gap (points)']:+.1f} points): "
+    misses = [f"- `{entry.dataset}`, {row['CE number']} ({row['role']}, {row['gap (points)']:+.1f} points): "
               f"{row['why']}" for entry in setups.values() for row in unmatched(entry)]
-    commits = ", ".join(sorted({short_commit(e["commit"]) for e in setups.values()}))
+    commits = ", ".join(sorted({short_commit(e.commit) for e in setups.values()}))
     return "\n".join([*lines, "", f"Not matched (fitted: over {TOLERANCE[True]:g} points from the "
                        f"paper's; held out: over {TOLERANCE[False]:g}), and why:", "", *misses]) + (
         f"\n\n*From `experiments/calibrated/{path.name}` (CE runs, the seeds' mean, commit {commits}).*")
 
 
-def _at_chosen_rate(entry: dict, chosen: dict | None) -> str:
+def _at_chosen_rate(entry: tuned.Calibration, chosen: tuned.LearningRates | None) -> str:
     """The RMS gap of CE's fitted numbers at the learning rate it chose (:mod:`experiments.tuning.learning_rates`)."""
-    if not chosen or "cross_entropy" not in chosen:
+    if chosen is None or not chosen.cross_entropy:
         return "not measured"
     rms, _, _, multipliers = fitted_gap_at_chosen_rate(entry, chosen)
     return f"{rms:.1f} points ({multipliers})"
@@ -188,17 +184,17 @@ def learning_rates(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}_learning_rates.
     (:mod:`experiments.tuning.learning_rates`)."""
     if not path.exists():
         return f"*No learning rates chosen for the {DEFAULT_PROFILE} profile: run `make learning-rates`.*"
-    setups = json.loads(path.read_text())["setups"]
-    lines = [f"- `{entry['dataset']}` (the grids' rate {_rates(entry)}): "
-             + "; ".join(f"{c['choice']} x{c['multiplier']:g}" for c in entry["choices"]) for entry in setups.values()]
-    tried = ", ".join(sorted({f"x{m:g}" for entry in setups.values() for m in entry["multipliers"]}, key=lambda m: float(m[1:])))
-    commits = ", ".join(sorted({short_commit(e["commit"]) for e in setups.values()}))
+    setups = tuned.LearningRates.load(path)
+    lines = [f"- `{entry.dataset}` (the grids' rate {_rates(entry)}): "
+             + "; ".join(f"{c.choice} x{c.multiplier:g}" for c in entry.choices) for entry in setups.values()]
+    tried = ", ".join(sorted({f"x{m:g}" for entry in setups.values() for m in entry.multipliers}, key=lambda m: float(m[1:])))
+    commits = ", ".join(sorted({short_commit(e.commit) for e in setups.values()}))
     return "\n".join(lines) + (f"\n\n*From `experiments/calibrated/{path.name}` (best validation value of the first "
                                f"seed's run at {tried}; commit {commits}).*")
 
 
-def _rates(entry: dict) -> str:
-    return " or ".join(f"{lr:g}" for lr in sorted({c["lr"] for c in entry["choices"]}))
+def _rates(entry: tuned.LearningRates) -> str:
+    return " or ".join(f"{lr:g}" for lr in sorted({c.lr for c in entry.choices}))
 
 
 def _headline(path: Path, configuration: dict[str, str], order: tuple[str, ...],

@@ -252,15 +252,16 @@ def test_calibration_block_gives_ce_s_gap_at_the_calibration_s_rate_and_at_the_o
                                                                      ("macro", 50.0, 51.0, False))]
     entry = {"dataset": "imagenet_like", "knobs": {"pixel_noise": 0.6}, "targets": targets, "rms_gap_fitted": 1.0,
              "points": [], "commit": "f" * 40}
-    (tmp_path / "quick.json").write_text(json.dumps({"setups": {"imagenet": entry}}))
+    (tmp_path / "quick.json").write_text(json.dumps({"profile": "quick", "setups": {"imagenet": entry}}))
     chosen = {"top-1": {"ours": 74.0, "multiplier": 3.0}, "top-5": {"ours": 90.0, "multiplier": 1.0},
               "macro": {"ours": 80.0, "multiplier": 3.0}}  # held out: not in the fitted gap
-    (tmp_path / "lr.json").write_text(json.dumps({"setups": {"imagenet": {"cross_entropy": chosen}}}))
+    (tmp_path / "lr.json").write_text(json.dumps({"profile": "quick",
+                                                  "setups": {"imagenet": {"cross_entropy": chosen}}}))
     row = next(line for line in readme.calibration(tmp_path / "quick.json", tmp_path / "lr.json").splitlines()
                if line.startswith("| `imagenet_like`"))
     assert row.endswith("| 1.0 points (the grid's learning rate) | 1.4 points (x1, x3) |")
     entry["ce_multipliers"] = {"cross_entropy top1": 3.0}
-    (tmp_path / "quick.json").write_text(json.dumps({"setups": {"imagenet": entry}}))
+    (tmp_path / "quick.json").write_text(json.dumps({"profile": "quick", "setups": {"imagenet": entry}}))
     row = next(line for line in readme.calibration(tmp_path / "quick.json", tmp_path / "none.json").splitlines()
                if line.startswith("| `imagenet_like`"))
     assert row.endswith("| 1.0 points (x3 the grid's learning rate) | not measured |")
