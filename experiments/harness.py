@@ -31,7 +31,8 @@ from experiments.analysis.claims import Verdict
 from experiments.analysis.summary import column_labels, to_markdown
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore
-from experiments.engine.train import COMPILE_MODES, run
+from experiments.engine.run_claim import train_once
+from experiments.engine.train import COMPILE_MODES
 from experiments.paths import CALIBRATION_SEEDS, CROWDED_CLASSES, FIGURES, LABEL_NOISE_FIT, RESULTS
 from experiments.provenance import device_name, git_commit, short_commit
 from experiments.publishing import latex
@@ -105,11 +106,12 @@ class Context:
 
     def record(self, config: RunConfig, data_root: Path | None = None) -> dict:
         """One run's record, trained or read back from the store and counted in the manifest either way (``data_root``:
-        the real dataset's folder, None on a synthetic stand-in)."""
+        the real dataset's folder, None on a synthetic stand-in). It trains under the store's claim: while an executor
+        or another notebook trains the same run, this waits for its record instead of training it twice."""
         cached = self.store.record_path(config.key()).exists()
         try:
-            return run(config, self.store, device=self.device, data_root=data_root, num_workers=self.workers,
-                       compile_mode=self.compile_mode)
+            return train_once(config, self.store, device=self.device, data_root=data_root, num_workers=self.workers,
+                              compile_mode=self.compile_mode)
         finally:
             self.runs["from_store" if cached else "trained"] += 1
 

@@ -61,7 +61,7 @@ def test_a_diverged_run_is_a_row_not_a_failed_notebook(tmp_path, monkeypatch):
     def diverge(*args, **kwargs):
         raise FloatingPointError("the training loss became NaN in epoch 1")
 
-    monkeypatch.setattr(harness, "run", diverge)
+    monkeypatch.setattr(harness, "train_once", diverge)
     ctx = harness.start("table3_samples", "smoke", store=tmp_path / "store", figures=tmp_path / "figures")
     frame = ctx.run(grids.table3(SMOKE)[:2], progress=False)
     assert list(frame["status"]) == ["diverged", "diverged"] and "NaN" in frame["error"].iloc[0]
