@@ -42,7 +42,7 @@ __all__ = ["available", "perturbed_kth_largest", "kth_gradient", "MAX_K", "Z_MAX
 MAX_K = 128
 #: Perturbed values in one tile of one program (samples x classes, four quarters of classes), a power of two, and
 #: the warps of a program: 16 values per thread, which fit in MAX_REGISTERS registers without spilling
-#: (``benchmarks/kernel_resources.py`` checks the compiled kernels).
+#: (``python -m benchmarks.kernel_resources`` checks the compiled kernels).
 TILE_ELEMENTS = 2048
 NUM_WARPS = 4
 #: ``maxnreg`` of the compiled kernel: the hardware's limit per thread, so that ptxas never trades spills for occupancy.
@@ -206,7 +206,7 @@ def perturbed_kth_largest(
 #: Classes per program of the gradient's kernel, and at most this many samples per block of its positions' check.
 GRADIENT_BLOCK_L = 1024
 GRADIENT_BLOCK_B = 64
-#: Triton's compile options for the gradient's kernel (its launch and ``benchmarks/kernel_resources.py``).
+#: Triton's compile options for the gradient's kernel (its launch and ``python -m benchmarks.kernel_resources``).
 GRADIENT_COMPILE_OPTIONS = {"num_warps": NUM_WARPS}
 
 

@@ -154,7 +154,8 @@ def claim_4(figure3: pd.DataFrame, device: str = "cuda") -> Verdict:
     verdict = Verdict.from_parts(4, parts)
     if device == "cpu":
         return verdict.inconclusive("single epoch times of runs made one after the other on a shared CPU, not "
-                                    "interleaved and repeated: judged from the GPU figure (benchmarks/bench_epoch_time.py)")
+                                    "interleaved and repeated: judged from the GPU figure "
+                                    "(python -m benchmarks.bench_epoch_time)")
     return verdict
 
 

@@ -176,7 +176,7 @@ def reseed_process(seed: int, epoch: int, rank: int) -> None:
     so without it the processes' streams coincide and the rows at one position of every process's batch share their
     noise: the gradient averaged over 8 processes had x1.6-1.7 the variance at near-zero logits, and no more than
     with independent noise once the logits spread over a unit or more (K 5, eps 0.2, B 10:
-    ``benchmarks/bench_ddp_noise.py``). Reseeding at every epoch lets a resumed run draw what the uninterrupted one
+    ``python -m benchmarks.bench_ddp_noise``). Reseeding at every epoch lets a resumed run draw what the uninterrupted one
     drew without each process's state in the checkpoint. Hashed, so that it never meets the seed of the process's
     augmentation stream (:mod:`experiments.engine.batches`)."""
     digest = hashlib.sha256(f"process noise {seed} {epoch} {rank}".encode()).digest()

@@ -36,10 +36,11 @@ README = PROJECT_ROOT / "README.md"
 DOCS = PROJECT_ROOT / "docs"
 #: The profile whose outputs are committed and summarised.
 DEFAULT_PROFILE = "quick"
-#: The configuration of the CPU headline (``bench_noised_losses.py --headline``) and its target, pytopk / topk.
+#: The configuration of the CPU headline (``python -m benchmarks.bench_noised_losses --headline``) and its target,
+#: pytopk / topk.
 NOISED_HEADLINE = {"logit_scale": "2.0", "epsilon": "0.2", "batch": "128", "n_classes": "1000", "k": "5", "n_samples": "10"}
 SPEEDUP_TARGET = 10.0
-#: The smoothed hinge's headline (``bench_smooth_hinge.py --headline``).
+#: The smoothed hinge's headline (``python -m benchmarks.bench_smooth_hinge --headline``).
 SMOOTH_HEADLINE = {"batch": "128", "n_classes": "1000", "k": "5"}
 GPU_CSVS = ("training_step.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
 #: The README's training-step headline (``training_step.csv``): the compiled step with the noised loss on the kernel.
@@ -305,9 +306,9 @@ def gpu_results(results: Path = BENCHMARK_RESULTS) -> str:
 
 
 def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
-    """Each committed estimate of a profile's time (``bench_profile_time.py``): hours of the training notebooks, of the
-    learning-rate choice's runs beyond theirs (where the profile chooses) and of one calibration point, on the machine
-    that measured it."""
+    """Each committed estimate of a profile's time (``python -m benchmarks.bench_profile_time``): hours of the training
+    notebooks, of the learning-rate choice's runs beyond theirs (where the profile chooses) and of one calibration
+    point, on the machine that measured it."""
     from experiments.analysis.workload import CALIBRATION_POINT, CHOICE
 
     lines = []

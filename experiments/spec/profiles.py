@@ -1,7 +1,7 @@
 """The scales at which the notebooks run: ``smoke`` (CI, minutes), ``quick`` (a laptop-class CPU, under two hours),
 ``gpu`` (the paper's models and schedules on full-size stand-ins) and ``paper`` (the paper's protocols on the real
-datasets). ``python -m experiments.analysis.workload PROFILE`` counts what a profile trains; ``benchmarks/bench_profile_time.py``
-turns that into hours on a given machine.
+datasets). ``python -m experiments.analysis.workload PROFILE`` counts what a profile trains;
+``python -m benchmarks.bench_profile_time`` turns that into hours on a given machine.
 
 A :class:`Setup` is one dataset with its model and training schedule; a notebook's grid
 (:mod:`experiments.spec.grids`) turns it into one :class:`RunConfig` per loss, hyperparameter and seed. The loss
