@@ -8,8 +8,9 @@ of the calibration.
 A training step is the engine's (:func:`experiments.engine.train.train_epoch`): the setup's model and batch size, channels-last
 and bfloat16 autocast on CUDA, cross-entropy, SGD with Nesterov momentum; evaluation is its forward pass in eval mode.
 The images are random (the augmentation's cost is left out) and the loss is cross-entropy: the paper's losses add
-their own cost (Fig. 3; :mod:`benchmarks.bench_epoch_time`). The estimate is compared with a measured profile in the
-README. Not a test: timings depend on the machine. Rows go to benchmarks/results/profile_time_<profile>_<device>.csv.
+their own cost (Fig. 3; :mod:`benchmarks.bench_epoch_time`). The estimate is compared with a measured profile in
+docs/reproducing.md ("How long a profile takes"). Not a test: timings depend on the machine. Rows go to
+benchmarks/results/profile_time_<profile>_<device>.csv.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Milliseconds per training step of the paper's CIFAR-100 set-up, eager and compiled, by loss, and each loss's
 overhead over cross-entropy measured in the same run.
 
-The step is the one a user should write (README, "Training on a GPU"): DenseNet-BC 40-40 on a batch of 64 images
-of 32 x 32 pixels, bfloat16 autocast and channels-last on CUDA, the loss in float32, backward, SGD with Nesterov
-momentum. ``compiled`` compiles model + loss as one graph (``torch.compile(fullgraph=True)``, with
+The step is the one a user should write (docs/library.md, "Training on a GPU"): DenseNet-BC 40-40 on a batch of 64
+images of 32 x 32 pixels, bfloat16 autocast and channels-last on CUDA, the loss in float32, backward, SGD with
+Nesterov momentum. ``compiled`` compiles model + loss as one graph (``torch.compile(fullgraph=True)``, with
 ``mode="reduce-overhead"``, i.e. CUDA graphs, on CUDA); its backward is compiled with it. The losses are Fig. 3's:
 cross-entropy, the smoothed hinge (tau = 1) and the noised hinge (eps = 1, B in ``--samples``) at each K, the
 latter on the fused kernel (``auto``) and on the PyTorch path (``torch``) on CUDA. Synthetic images already on the

@@ -3,7 +3,7 @@
 # stage per call (each fits in a 10-minute device call), in order of priority:
 #   tests   the library's tests on CUDA: the kernel compiled, sync debug mode, CUDA-graph replays, reduce-overhead steps;
 #           then the training engine's on CUDA (autocast, siblings, a killed run resumed to the same result), then
-#           the README's examples (its compiled CUDA-graph training step)
+#           the README's and docs' examples (their compiled CUDA-graph training step)
 #   step    benchmarks.bench_training_step: ms per DenseNet-40-40 step, eager and compiled, overheads over CE
 #   kernel  the fused kernel's grids with their memory and noise floors, every kind of input (resumable: rerun to
 #           finish); the headline and the issue's grid, or the grids named after the time limit

@@ -8,7 +8,7 @@
 3. :mod:`experiments.tuning`: the steps run once per profile, which choose those tuned values;
 4. :mod:`experiments.analysis`: from records to results (summaries, claims' verdicts, analytic items, plots);
 5. :mod:`experiments.probes` and :mod:`experiments.scale`: runs beside the notebooks', a whole profile's runs;
-6. :mod:`experiments.publishing`: what the reader sees (the report, the README's generated blocks);
+6. :mod:`experiments.publishing`: what the reader sees (the report, the README's and docs' generated blocks);
 7. :mod:`experiments.harness`, the notebooks' one entry, and the command line (``python -m experiments``).
 
 Importing the package loads nothing: ``python -m experiments.publishing.report`` needs neither torch's training stack

@@ -10,7 +10,7 @@ BUILD = PROJECT_ROOT / "build"  #: executed notebooks (build/<profile>/) and the
 CALIBRATED = PROJECT_ROOT / "experiments" / "calibrated"  #: what tuning chose, per profile (experiments.spec.tuned)
 BENCHMARK_RESULTS = PROJECT_ROOT / "benchmarks" / "results"  #: CSVs of the benchmark scripts, committed with the code
 
-# Tables of ``figures/<profile>/`` (name without suffix) that the README quotes, and the notebook that writes each.
+# Tables of ``figures/<profile>/`` (name without suffix) that docs/stand-ins.md quotes, and the notebook writing each.
 LABEL_NOISE_FIT = "table7_label_noise_fit"  #: the label noise each selected model fitted (table4_table7_label_noise)
 CROWDED_CLASSES = "table4_crowded_classes"  #: the classes crowding the test top Ks (table4_table7_label_noise)
 CALIBRATION_SEEDS = "calibration_seeds"  #: CE's calibration numbers in the tables' runs (calibration_stand_ins)

@@ -1,6 +1,7 @@
 """Issue 14's targets for the fused kernel, judged from the rows of ``python -m benchmarks.bench_fused_kernel``'s
 CSV: for L >= 10^4, fused within 2x the larger of its memory and noise floors and 10x faster than pytopk; nowhere
-slower than the PyTorch path or pytopk. Used by the benchmark's summary and the README's generated block alike."""
+slower than the PyTorch path or pytopk. Used by the benchmark's summary and the generated block of docs/performance.md
+alike."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ Nothing is fitted; the tables and verdicts keep the paper's eps.
 
 ``python -m experiments.probes.crowding PROFILE`` trains what the results store lacks and writes
 ``benchmarks/results/crowding_<profile>.csv``, each row stamped with its run's device, commit and versions; the
-README's ``crowding`` block is generated from it (:mod:`experiments.publishing.readme`).
+``crowding`` block of ``docs/stand-ins.md`` is generated from it (:mod:`experiments.publishing.readme`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ variant. Nothing here is fitted.
 
 ``python -m experiments.probes.label_noise_capacity PROFILE`` trains what the results store lacks and writes
 ``benchmarks/results/label_noise_capacity_<profile>.csv``, each row stamped with its run's device, commit and
-versions; the README's ``label-noise-capacity`` block is generated from it (:mod:`experiments.publishing.readme`).
+versions; the ``label-noise-capacity`` block of ``docs/stand-ins.md`` is generated from it
+(:mod:`experiments.publishing.readme`).
 """
 
 from __future__ import annotations
