@@ -26,9 +26,10 @@ def _git(*args: str) -> str | None:
 
 
 #: Tracked paths that ``make paper-figures`` itself rewrites (the committed outputs, the calibrated knobs and learning
-#: rates, which every run's config carries, and the README's generated blocks): a change there says nothing of the
-#: code that made a result, so it does not mark the commit dirty.
-WRITTEN_BY_THE_PIPELINE = ("figures", "README.md", "experiments/calibrated")
+#: rates, which every run's config carries, and the generated blocks of the README and of ``docs/*.md``, which
+#: ``make readme`` rewrites): a change there says nothing of the code that made a result, so it does not mark the
+#: commit dirty.
+WRITTEN_BY_THE_PIPELINE = ("figures", "README.md", "docs", "experiments/calibrated")
 
 
 def git_commit() -> str:
