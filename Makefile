@@ -79,7 +79,7 @@ bench: $(STAMP) ## Loss benchmarks vs pytopk, the smoothed hinge's reference (RE
 	$(PY) -m benchmarks.bench_smooth_hinge $(if $(REFERENCE),--reference $(REFERENCE))
 	$(MAKE) --no-print-directory readme
 
-readme: | $(STAMP) ## Regenerate the README's numbers from the committed results (figures/quick, benchmarks/results)
+readme: | $(STAMP) ## Regenerate the README's and docs' numbers from the committed results (figures/quick, benchmarks/results)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.publishing.readme
 
 profile-time: $(STAMP) ## Estimate a stand-in profile's hours on this machine [PROFILE=quick|gpu DEVICE=cpu|cuda THREADS=n]
@@ -128,7 +128,7 @@ build/$(PROFILE)/%.ipynb: notebooks/%.ipynb $(SOURCES) | $(STAMP)
 report: | $(STAMP) ## Re-render build/report/index.html from the executed notebooks of PROFILE
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.publishing.report --profile $(PROFILE)
 
-check-report: | $(STAMP) ## Fail unless every notebook of PROFILE ran and wrote its outputs; screenshot the report (chromium)
+check-report: | $(STAMP) ## Fail unless every notebook of PROFILE ran and wrote its outputs; screenshot the report (chromium) and fail if a page scrolls sideways at 1300 px
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.publishing.report --profile $(PROFILE) --check
 	chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
 		--disable-component-update --disable-sync --user-data-dir=$$(mktemp -d) --window-size=1200,1600 \
