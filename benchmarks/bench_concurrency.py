@@ -189,10 +189,10 @@ def summary_row(results: list[dict], one_run_aggregate: float) -> dict:
 
 
 @cache
-def planned_images() -> dict[str, int]:
-    """Training images (full batches, all epochs) of the ``gpu`` profile's planned runs: its CIFAR-100 part (the runs
-    on its CIFAR-100 stand-in) and all of them. Slow (the stand-ins' sizes are drawn): once per process."""
-    profile = get_profile("gpu")
+def planned_images(profile_name: str) -> dict[str, int]:
+    """Training images (full batches, all epochs) of a profile's planned runs: its CIFAR-100 part (the runs on its
+    CIFAR-100 stand-in) and all of them. Slow for ``gpu`` (its full-size stand-ins' sizes are drawn: about 2 min)."""
+    profile = get_profile(profile_name)
     runs = plan(profile)
     return {"cifar100": sum(run.train_images for run in runs if run.config.dataset == profile.cifar.dataset),
             "profile": sum(run.train_images for run in runs)}
@@ -205,14 +205,14 @@ def last_invocation(csv_path: Path) -> list[dict]:
     return [row for row in rows if row["date"] == rows[-1]["date"]]
 
 
-def profile_hours(csv_path: Path) -> dict:
-    """The ``gpu`` profile's training hours at the best aggregate rate of the CSV's last invocation, on one GPU and on
+def profile_hours(csv_path: Path, profile_name: str = "gpu") -> dict:
+    """A profile's (default ``gpu``) training hours at the best aggregate rate of the CSV's last invocation, on one GPU and on
     :data:`GPUS` (eight times the rate), for its CIFAR-100 part and for the whole profile; evaluation left out."""
     rows = last_invocation(csv_path)
     best = max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
     rate = float(best["aggregate_images_per_s"])
-    images = planned_images()
-    hours = {"device_name": best["device_name"], "model": best["model"], "compile": best["compile"],
+    images = planned_images(profile_name)
+    hours = {"profile": profile_name, "device_name": best["device_name"], "model": best["model"], "compile": best["compile"],
              "best_concurrency": int(best["concurrency"]), "images_per_s": rate,
              "ratio_to_one_run": float(best["ratio_to_one_run"]),
              "cifar100_images": images["cifar100"], "profile_images": images["profile"]}
@@ -231,10 +231,10 @@ def print_hours(hours: dict, on_gpu: bool) -> None:
     one, eight, ratio = hours["cifar100_hours_1_gpu"], hours[f"cifar100_hours_{GPUS}_gpus"], hours["ratio_to_one_run"]
     print(f"\nbest: {hours['best_concurrency']} side by side, {hours['images_per_s']:,.0f} images/s, x{ratio:.2f} one "
           f"run (target >= x{RATIO_TARGET:g} on an H100: {_verdict(ratio >= RATIO_TARGET, on_gpu)})")
-    print(f"gpu profile's CIFAR-100 part, {hours['cifar100_images']:,} training images: {one:.2f} h on one GPU "
+    print(f"{hours['profile']} profile's CIFAR-100 part, {hours['cifar100_images']:,} training images: {one:.2f} h on one GPU "
           f"(target <= {ONE_GPU_HOURS_TARGET:g} h: {_verdict(one <= ONE_GPU_HOURS_TARGET, on_gpu)}), {eight:.2f} h on "
           f"{GPUS} (target <= {EIGHT_GPUS_HOURS_TARGET:g} h: {_verdict(eight <= EIGHT_GPUS_HOURS_TARGET, on_gpu)})")
-    print(f"whole gpu profile, {hours['profile_images']:,} training images at this model's rate (its other setups "
+    print(f"whole {hours['profile']} profile, {hours['profile_images']:,} training images at this model's rate (its other setups "
           f"train other models): {hours['profile_hours_1_gpu']:.1f} h on one GPU, "
           f"{hours[f'profile_hours_{GPUS}_gpus']:.1f} h on {GPUS}")
     print(f"(training only, evaluation left out; {GPUS} GPUs at {GPUS}x one GPU's rate: the runs are independent)")
@@ -253,6 +253,7 @@ def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, torch.d
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="compile the step as the engine does (--no-compile: eager)")
     parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
+    parser.add_argument("--profile", default="gpu", help="the profile whose hours are estimated (default: gpu)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "concurrency.csv")
     args = parser.parse_args(argv)
     if min(args.concurrency) < 1 or args.steps < 1 or args.warmup < 0:
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{concurrency} run{'s' * (concurrency > 1)}: {row['run_images_per_s_mean']:9.1f} images/s per run (min "
               f"{row['run_images_per_s_min']:.1f}), aggregate {row['aggregate_images_per_s']:9.1f} images/s, "
               f"x{row['ratio_to_one_run']:.2f} one run; peak {row['run_peak_mib']} MiB per run{used}", flush=True)
-    print_hours(profile_hours(args.out), device.type == "cuda")
+    print_hours(profile_hours(args.out, args.profile), device.type == "cuda")
     print(f"CSV: {args.out}")
 
 
