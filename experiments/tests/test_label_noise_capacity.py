@@ -3,6 +3,8 @@ runs, its rows come from real trainings, and the README's block reads its CSV wi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from experiments.engine.store import ResultsStore, write_csv
@@ -12,6 +14,9 @@ from experiments.probes.label_noise_capacity import NOISE, Variant
 from experiments.publishing import readme
 from experiments.spec import grids
 from experiments.spec.profiles import QUICK, SMOKE
+
+SHORT = replace(SMOKE, cifar=replace(SMOKE.cifar, epochs=1, milestones=(),
+                                     dataset_options={**SMOKE.cifar.dataset_options, "per_class_train": 3}))
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", *label_noise_capacity.COMPARED])
@@ -37,17 +42,18 @@ def test_a_variant_scales_the_schedule_and_the_width_and_nothing_else():
 
 @pytest.fixture(scope="module")
 def smoke_rows(tmp_path_factory) -> list[dict]:
+    """Real trainings of the probe, at the smoke profile shortened to one epoch on fewer images."""
     store = ResultsStore(tmp_path_factory.mktemp("store"))
     train = lambda config: run(config, store)  # noqa: E731
-    return (label_noise_capacity.measure(SMOKE, train, (Variant("as is", 1, 1), Variant("longer", 2, 1)))
-            + label_noise_capacity.measure(SMOKE, train, (Variant("longer", 2, 1),), "smooth_hinge"))
+    return (label_noise_capacity.measure(SHORT, train, (Variant("as is", 1, 1), Variant("longer", 2, 1)))
+            + label_noise_capacity.measure(SHORT, train, (Variant("longer", 2, 1),), "smooth_hinge"))
 
 
 def test_rows_come_from_trainings_at_both_noise_levels(smoke_rows):
     assert [(r["loss"], r["variant"], r["p"]) for r in smoke_rows] == [
         ("cross_entropy", "as is", 0), ("cross_entropy", "as is", NOISE), ("cross_entropy", "longer", 0),
         ("cross_entropy", "longer", NOISE), ("smooth_hinge", "longer", 0), ("smooth_hinge", "longer", NOISE)]
-    assert [r["epochs"] for r in smoke_rows] == [SMOKE.cifar.epochs] * 2 + [2 * SMOKE.cifar.epochs] * 4
+    assert [r["epochs"] for r in smoke_rows] == [SHORT.cifar.epochs] * 2 + [2 * SHORT.cifar.epochs] * 4
     for r in smoke_rows:
         assert 0 <= float(r["top1"]) <= float(r["top5"]) <= 100 and r["device"].startswith("cpu")
     clean, noisy = smoke_rows[:2]

@@ -1,0 +1,66 @@
+"""The README's two set-up commands timed as a newcomer runs them: a fresh clone of this commit, ``make venv`` (the
+install: the pinned stack into a new ``.venv``) and ``make test`` (the whole suite, the README's test command), on this
+machine with nothing else running.
+
+    python -m benchmarks.bench_setup_time            # about 15 minutes on 2 cores
+
+One row per step goes to ``benchmarks/results/setup_time.csv`` with the processor and core count; the README's
+set-up block is generated from the last row of each step. Not a test: times depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from experiments.engine.store import write_csv
+from experiments.paths import BENCHMARK_RESULTS, PROJECT_ROOT
+from experiments.provenance import STAMP_FIELDS, stamp
+
+FIELDS = [*STAMP_FIELDS, "processor", "cores", "step", "command", "seconds", "passed"]
+STEPS = (("install", "make venv"), ("test", "make test"))
+
+
+def processor() -> str:
+    """The CPU's model name, as the kernel reports it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def timed(command: str, cwd: Path) -> tuple[float, bool]:
+    """Wall seconds of ``command`` in ``cwd`` and whether it exited 0."""
+    start = time.perf_counter()
+    done = subprocess.run(command, shell=True, cwd=cwd, env={**os.environ, "MAKEFLAGS": ""})
+    return time.perf_counter() - start, done.returncode == 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_setup_time", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=BENCHMARK_RESULTS / "setup_time.csv")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        clone = Path(scratch) / "topk"
+        subprocess.run(["git", "clone", "--quiet", str(PROJECT_ROOT), str(clone)], check=True)
+        for step, command in STEPS:
+            seconds, passed = timed(command, clone)
+            rows.append({**stamp("cpu"), "processor": processor(), "cores": len(os.sched_getaffinity(0)),
+                         "step": step, "command": command, "seconds": round(seconds, 1), "passed": passed})
+            print(f"{command}: {seconds / 60:.1f} min, {'passed' if passed else 'FAILED'}")
+    write_csv(rows, FIELDS, args.out)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
