@@ -23,7 +23,8 @@ from experiments.harness import flatten
 from topk.losses import noised_hinge
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = dict(dataset="cifar100_like", dataset_options={"per_class_train": 4, "per_class_val": 1, "per_class_test": 1},
+TINY = dict(dataset="cifar100_like", dataset_options={"per_class_train": 4, "per_class_val": 1, "per_class_test": 1,
+                                                    "image_size": 16},
             model="small_cnn", model_options={"width": 8}, loss="noised_balanced",
             loss_options={"k": 5, "epsilon": 0.5, "n_samples": 3}, epochs=3, batch_size=32, lr=0.05,
             weight_decay=5e-4, milestones=(2,), seed=1)

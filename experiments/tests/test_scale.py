@@ -23,12 +23,10 @@ from experiments.scale.plan import PlannedRun, plan, state
 from experiments.scale.progress import Progress
 from experiments.spec.grids import NOTEBOOK_GRIDS
 from experiments.spec.profiles import get_profile
+from experiments.tests.test_experiments import TINY as EXPERIMENTS_TINY
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = dict(dataset="cifar100_like", dataset_options={"per_class_train": 4, "per_class_val": 1, "per_class_test": 1},
-            model="small_cnn", model_options={"width": 8}, loss="noised_balanced",
-            loss_options={"k": 5, "epsilon": 0.5, "n_samples": 3}, epochs=2, batch_size=32, lr=0.05,
-            weight_decay=5e-4, milestones=(1,), seed=1)
+TINY = {**EXPERIMENTS_TINY, "epochs": 2, "milestones": (1,)}
 
 
 def _planned(seed: int, **changes) -> PlannedRun:
