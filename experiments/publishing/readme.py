@@ -116,6 +116,19 @@ def _short_stamp(row: dict) -> str:
     return f"{row['device_name']}, torch {row['torch']}, commit {short_commit(row['commit'])}"
 
 
+def setup_time(path: Path = BENCHMARK_RESULTS / "setup_time.csv") -> str:
+    """The two set-up commands' times on a fresh clone, with the processor they were measured on
+    (``python -m benchmarks.bench_setup_time``)."""
+    steps = {row["step"]: row for row in _rows(path)}
+    if not {"install", "test"} <= set(steps):
+        return f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_setup_time`.*"
+    install, test = steps["install"], steps["test"]
+    outcome = "" if test["passed"] == "True" else ", and it FAILED"
+    return (f"On a fresh clone, {install['processor']} with {install['cores']} cores: the install (`make venv`) took "
+            f"{float(install['seconds']) / 60:.1f} min and `make test` {float(test['seconds']) / 60:.1f} min{outcome} "
+            f"(`{path.name}`, commit {short_commit(test['commit'])}).")
+
+
 def performance_headline(results: Path = BENCHMARK_RESULTS) -> str:
     """Three numbers: the noised loss against ``pytopk`` on a CPU, the compiled training step's overhead over
     cross-entropy on a GPU, the smoothed hinge against Berrada et al.'s code; each from its committed CSV."""
@@ -443,6 +456,7 @@ def crowding(results: Path = BENCHMARK_RESULTS) -> str:
 BLOCKS: dict[str, Callable[[], str]] = {
     "verdict-summary": verdict_summary,
     "performance-headline": performance_headline,
+    "setup-time": setup_time,
     "verdicts": verdicts,
     "calibration": calibration,
     "noised-headline": noised_headline,
