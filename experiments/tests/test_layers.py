@@ -21,6 +21,7 @@ import pytest
 
 import experiments
 from experiments.paths import NOTEBOOKS
+from topk.tests.test_import_layers import package_modules
 
 FLOOR_NAMES = ("where files are and where a result came from", "the training engine", "the paper's specification",
                "the steps run once per profile (tuning)", "from records to results (analysis)",
@@ -45,18 +46,6 @@ FLOORS = {
 
 #: What a notebook may import of the package.
 NOTEBOOK_ENTRY = "experiments.harness"
-
-
-def package_modules() -> dict[str, Path]:
-    """Every module of the package but its tests, by dotted name (a package by its own name)."""
-    root = Path(experiments.__file__).parent
-    modules = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        if "tests" in parts:
-            continue
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return modules
 
 
 def floor_of(name: str) -> int | None:
@@ -106,7 +95,7 @@ def _is_import_module(func: ast.expr) -> bool:
 
 def import_graph() -> dict[str, dict[str, int]]:
     """Each module's imports of the package's modules (itself left out), with the line of the first."""
-    modules = package_modules()
+    modules = package_modules(experiments)
     graph = {}
     for name, path in modules.items():
         edges = {}
@@ -118,12 +107,12 @@ def import_graph() -> dict[str, dict[str, int]]:
 
 
 def test_every_module_has_a_floor():
-    unplaced = [name for name in package_modules() if floor_of(name) is None]
+    unplaced = [name for name in package_modules(experiments) if floor_of(name) is None]
     assert not unplaced, f"modules on no floor (place them in FLOORS of {__file__}): {unplaced}"
 
 
 def test_every_import_names_a_module_of_the_package():
-    modules = package_modules()
+    modules = package_modules(experiments)
     unknown = [f"{name} (line {line}) imports {target}" for name, edges in import_graph().items()
                for target, line in edges.items() if target not in modules]
     assert not unknown, unknown
@@ -187,7 +176,7 @@ def test_the_checks_see_upward_imports_cycles_and_every_form_of_import():
 
 def notebook_imports(path: Path) -> list[tuple[str, int, str]]:
     """The package's modules each code cell of the notebook ``path`` imports: (module, line, cell id)."""
-    modules = package_modules()
+    modules = package_modules(experiments)
     found = []
     for cell in nbformat.read(path, as_version=4).cells:
         if cell.cell_type != "code":

@@ -56,9 +56,9 @@ FLOORS = {
 LAZY = {"topk._fused_kernel", "topk._esp_kernel", "topk.fused"}
 
 
-def package_modules() -> dict[str, Path]:
-    """Every module of the package but its tests, by dotted name (a package by its own name)."""
-    root = Path(topk.__file__).parent
+def package_modules(package=topk) -> dict[str, Path]:
+    """Every module of ``package`` but its tests, by dotted name (a package by its own name)."""
+    root = Path(package.__file__).parent
     modules = {}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root.parent).with_suffix("").parts
