@@ -7,6 +7,8 @@
   when K - 1 of the others exceed it, so ``P(X_j has rank r) = int f_j(x) P(r - 1 others exceed x) dx``,
   the second factor a Poisson-binomial probability computed by dynamic programming. This gives
   ``E[top_K(s + eps Z)]`` and its gradient ``P(j has rank K)`` without Monte Carlo error.
+- :func:`kth_largest_cdf`: the exact distribution function of the K-th largest of ``s + eps Z``, by the same
+  Poisson-binomial dynamic programming (for one-sample tests of a sampler's law).
 - :func:`enumerated_smooth_hinge`: Berrada et al.'s smoothed hinge by enumerating every k-subset.
 """
 
@@ -86,6 +88,21 @@ class ExactPerturbedRanks:
     def grad_top_sum_k(self, k: int) -> torch.Tensor:
         """``E[arg topSigma_K(s + eps Z)]``, the gradient formula of Prop. 3.3."""
         return self.rank_probabilities[:, :k].sum(1)
+
+
+def kth_largest_cdf(s: torch.Tensor, k: int, epsilon: float, x: torch.Tensor) -> torch.Tensor:
+    """``P(top_K(s + eps Z) <= x)`` at each point of ``x``, ``s`` a 1-d float64 tensor, ``Z`` standard normal: the
+    K-th largest is at most ``x`` exactly when fewer than K of the ``X_j = s_j + eps Z_j`` exceed ``x``, a Poisson-binomial
+    count (kept up to K, the last slot meaning "K or more")."""
+    x = x.double().reshape(-1)
+    exceed = torch.special.ndtr((s.double()[None, :] - x[:, None]) / epsilon)  # [points, L]: P(X_j > x)
+    count = torch.zeros(x.numel(), k + 1, dtype=torch.float64)
+    count[:, 0] = 1.0
+    for j in range(exceed.shape[1]):
+        p = exceed[:, j:j + 1]
+        one_more = torch.cat([torch.zeros_like(count[:, :1]), count[:, :-1]], dim=1)
+        count = torch.cat([count[:, :k] * (1 - p) + one_more[:, :k] * p, count[:, k:] + count[:, k - 1:k] * p], dim=1)
+    return 1 - count[:, k]
 
 
 def enumerated_smooth_hinge(s: torch.Tensor, y: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
