@@ -42,19 +42,28 @@ def test_kernel_pair_and_gradient_equal_the_tree_in_float64(kernel_device, n):
         torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
 
 
+#: (tau, alpha) of the enumeration test: the default, a sharp tau, and a smooth one without margin.
+TAU_ALPHA = [(1.0, 1.0), (0.1, 1.0), (3.0, 0.0)]
+
+
 @pytest.mark.parametrize("n_classes", [3, 5, 8])
 def test_triton_loss_equals_brute_force_enumeration(kernel_device, n_classes):
+    """Every k from 2 to L - 1, each with one (tau, alpha) in turn, so that every (tau, alpha) meets several k (all
+    three with L = 3, whose only k is 2): tau and alpha reach the kernels as scalars, their code is the same for
+    every pair (k, a compile-time constant, sets the blocks)."""
     g = torch.Generator().manual_seed(n_classes)
     s = (2 * torch.randn(4, n_classes, generator=g, dtype=torch.float64)).to(kernel_device).requires_grad_()
     y = torch.randint(0, n_classes, (4,), generator=g).to(kernel_device)
-    for k in range(2, n_classes):
-        for tau, alpha in [(1.0, 1.0), (0.1, 1.0), (3.0, 0.0)]:
-            value = smooth_hinge(s, y, k, tau, alpha, reduction="none", backend="triton")
-            expected = enumerated_smooth_hinge(s, y, k, tau, alpha)
-            (grad,) = torch.autograd.grad(value.sum(), s)
-            (expected_grad,) = torch.autograd.grad(expected.sum(), s)
-            torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-12)
-            torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
+    ks = list(range(2, n_classes))
+    cases = [(2, *pair) for pair in TAU_ALPHA] if len(ks) == 1 else [
+        (k, *TAU_ALPHA[i % len(TAU_ALPHA)]) for i, k in enumerate(ks)]
+    for k, tau, alpha in cases:
+        value = smooth_hinge(s, y, k, tau, alpha, reduction="none", backend="triton")
+        expected = enumerated_smooth_hinge(s, y, k, tau, alpha)
+        (grad,) = torch.autograd.grad(value.sum(), s)
+        (expected_grad,) = torch.autograd.grad(expected.sum(), s)
+        torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
 
 
 def test_float32_kernel_is_finite_and_close_to_float64_from_tau_1e3_to_100_with_scores_up_to_1e4(kernel_device):
@@ -65,10 +74,11 @@ def test_float32_kernel_is_finite_and_close_to_float64_from_tau_1e3_to_100_with_
     hinge's gradient is their difference: each is computed from the side where it is small (before, the kernel was
     off by up to 2.4e-2 here at tau = 1e-3, its rows summing to 0 only because the label's entry took minus the others'
     sum)."""
-    g = torch.Generator().manual_seed(0)
-    s64 = (torch.randn(3, 100, generator=g, dtype=torch.float64).clamp(-3, 3) * (1e4 / 3)).to(kernel_device)
+    g = torch.Generator().manual_seed(0)  # two rows reaching -1e4 (and 9.4e3, 9.0e3), labels 85th and 48th of 100
+    s64 = (torch.randn(3, 100, generator=g, dtype=torch.float64).clamp(-3, 3) * (1e4 / 3))[:2].to(kernel_device)
     s32 = s64.float()
-    y = torch.randint(0, 100, (3,), generator=g).to(kernel_device)
+    y = torch.randint(0, 100, (3,), generator=g)[:2].to(kernel_device)
+    assert s64.abs().amax(1).eq(1e4).all()
     rounding = 8 * torch.finfo(torch.float32).eps * 1e4
     for tau, k in ((1e-3, 2), (1e-3, 5), (1.0, 5), (100.0, 5)):
         scores = s32.clone().requires_grad_()
@@ -87,15 +97,16 @@ def test_float32_kernel_is_finite_and_close_to_float64_from_tau_1e3_to_100_with_
 def test_rows_cut_in_chunks_equal_the_tree_in_float64(kernel_device, monkeypatch, span):
     """Chunks of ``span`` entries (one entry each: the label alone in its chunk; uneven last chunks), for the pair of
     polynomials and the whole loss, values and gradients; the chunks' products multiplied a quarter of the degrees at
-    a time (as for K >= 32, where a whole product would not fit in registers)."""
+    a time (as for K >= 32, where a whole product would not fit in registers). Two rows, whose labels are the last
+    entry (in the uneven last chunk) and entry 14 (the start, the middle and the end of a chunk of 7, 4 and 1)."""
     monkeypatch.setattr(_esp_launch, "esp_span", lambda n: span)
     monkeypatch.setattr(_esp_launch, "combine_slice", lambda k: _esp_launch.esp_block(k) // 4)
     n = 30
     assert _esp_launch.esp_chunks(n) == -(-n // span)
     g = torch.Generator().manual_seed(span)
-    s = (5 * torch.randn(4, n, generator=g, dtype=torch.float64)).to(kernel_device)
-    y = torch.randint(0, n, (4,), generator=g).to(kernel_device)
-    weights = torch.rand(4, 2, generator=g, dtype=torch.float64).to(kernel_device)
+    s = (5 * torch.randn(2, n, generator=g, dtype=torch.float64)).to(kernel_device)
+    y = torch.tensor([n - 1, 14], device=kernel_device)
+    weights = torch.rand(2, 2, generator=g, dtype=torch.float64).to(kernel_device)
 
     def loss_pair_and_gradients(k, backend):
         x = s.clone().requires_grad_()
@@ -135,9 +146,9 @@ def test_one_launch_loss_equals_the_tree_in_float64(kernel_device, k, tau, alpha
     """The loss of each row computed whole in the kernel (shift, left-out label, softplus, gradient at the label)
     against the PyTorch path, on a batch of two dimensions and with per-row weights in the backward."""
     g = torch.Generator().manual_seed(k)
-    s = (scale * torch.randn(3, 4, 30, generator=g, dtype=torch.float64)).to(kernel_device)
-    y = torch.randint(0, 30, (3, 4), generator=g).to(kernel_device)
-    weights = torch.rand(3, 4, generator=g, dtype=torch.float64).to(kernel_device)
+    s = (scale * torch.randn(2, 3, 30, generator=g, dtype=torch.float64)).to(kernel_device)
+    y = torch.randint(0, 30, (2, 3), generator=g).to(kernel_device)
+    weights = torch.rand(2, 3, generator=g, dtype=torch.float64).to(kernel_device)
     results = []
     for backend in ("triton", "torch"):
         scores = s.clone().requires_grad_()
@@ -162,8 +173,8 @@ def test_one_launch_loss_dispatches_about_as_many_operators_as_cross_entropy(ker
             Count.calls += func.overloadpacket.__name__ not in ("view", "expand", "promote_types")
             return func(*args, **(kwargs or {}))
 
-    s = torch.randn(8, 50, device=kernel_device, requires_grad=True)
-    y = torch.randint(0, 50, (8,), device=kernel_device)
+    s = torch.randn(2, 50, device=kernel_device, requires_grad=True)  # the counts do not depend on the rows
+    y = torch.randint(0, 50, (2,), device=kernel_device)
     counts = {}
     for name, loss in {"kernel": lambda: smooth_hinge(s, y, 5, 1.0, backend="triton"),
                        "tree": lambda: smooth_hinge(s, y, 5, 1.0, backend="torch"),
