@@ -65,16 +65,22 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _claim_verdicts(figures: Path):
+    """Each claim of the paper with its verdict file under ``figures/claims/`` and the verdict read from it (None when
+    the claim was not run)."""
+    for claim in CLAIMS:
+        path = figures / "claims" / f"claim{claim.number}.json"
+        yield claim, path, json.loads(path.read_text()) if path.exists() else None
+
+
 def verdicts(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     """The verdict on each claim at the default profile, from ``claims/claim<N>.json``."""
     lines = ["| # | the paper says | verdict | the numbers |", "|---|---|---|---|"]
     stamps = set()
-    for claim in CLAIMS:
-        path = figures / "claims" / f"claim{claim.number}.json"
-        if not path.exists():
+    for claim, path, verdict in _claim_verdicts(figures):
+        if verdict is None:
             lines.append(f"| {claim.number} | {_cell(claim.text)} | not run | no `claims/{path.name}` |")
             continue
-        verdict = json.loads(path.read_text())
         stamps.add(f"commit {short_commit(verdict.get('commit', 'unknown'))}")
         evidence = "; ".join(verdict["evidence"])
         lines.append(f"| {claim.number} | {_cell(claim.text)} | {verdict['status']} | {_cell(evidence)} |")
@@ -99,12 +105,10 @@ def verdict_summary(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     """The verdict on each claim with one line of its evidence (:func:`one_line`); :func:`verdicts` gives all of it."""
     lines = ["| # | item | the paper says | verdict | deciding evidence |", "|---|---|---|---|---|"]
     stamps = set()
-    for claim in CLAIMS:
-        path = figures / "claims" / f"claim{claim.number}.json"
-        if not path.exists():
+    for claim, path, verdict in _claim_verdicts(figures):
+        if verdict is None:
             lines.append(f"| {claim.number} | {claim.source} | {_cell(claim.text)} | not run | no `{path.name}` |")
             continue
-        verdict = json.loads(path.read_text())
         stamps.add(short_commit(verdict.get("commit", "unknown")))
         lines.append(f"| {claim.number} | {claim.source} | {_cell(claim.text)} | {verdict['status']} | "
                      f"{_cell(one_line(verdict))} |")
