@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import tempfile
 import time
@@ -20,21 +19,10 @@ from pathlib import Path
 
 from experiments.engine.store import write_csv
 from experiments.paths import BENCHMARK_RESULTS, PROJECT_ROOT
-from experiments.provenance import STAMP_FIELDS, stamp
+from experiments.provenance import STAMP_FIELDS, processor, stamp
 
 FIELDS = [*STAMP_FIELDS, "processor", "cores", "step", "command", "seconds", "passed"]
 STEPS = (("install", "make venv"), ("test", "make test"))
-
-
-def processor() -> str:
-    """The CPU's model name, as the kernel reports it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def timed(command: str, cwd: Path) -> tuple[float, bool]:
@@ -53,9 +41,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         clone = Path(scratch) / "topk"
         subprocess.run(["git", "clone", "--quiet", str(PROJECT_ROOT), str(clone)], check=True)
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True,
+                                check=True).stdout.strip()  # what was timed: the clone, never this checkout's edits
         for step, command in STEPS:
             seconds, passed = timed(command, clone)
-            rows.append({**stamp("cpu"), "processor": processor(), "cores": len(os.sched_getaffinity(0)),
+            rows.append({**stamp("cpu"), "commit": commit, "processor": processor(), "cores": len(os.sched_getaffinity(0)),
                          "step": step, "command": command, "seconds": round(seconds, 1), "passed": passed})
             print(f"{command}: {seconds / 60:.1f} min, {'passed' if passed else 'FAILED'}")
     write_csv(rows, FIELDS, args.out)

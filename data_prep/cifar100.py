@@ -9,11 +9,14 @@ The noisy labels are fixed per image by ``noise_seed`` and touch the training pa
 
 from __future__ import annotations
 
+import codecs
 import pickle
 import tarfile
 import urllib.request
 from pathlib import Path
 
+import numpy as np
+import numpy._core.multiarray as np_multiarray
 import torch
 
 from data_prep.common import MissingDataError, Splits, TensorImages, check_count, class_counts, md5sum, require_file
@@ -22,6 +25,8 @@ from data_prep.transforms import augment_and_normalise, normalise
 URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
 ARCHIVE = "cifar-100-python.tar.gz"
 MD5 = "eb9058c3a382ffc7106e4002c42a8d85"
+#: The md5 of the archive's extracted batch files, checked before they are read.
+FILE_MD5 = {"train": "16019d7e3df5f24257cddd939b257f8d", "test": "f0ef6b0ae62326f3e7ffdfab6717acfc"}
 FOLDER = "cifar-100-python"
 SIZES = {"train": 50_000, "test": 10_000}
 VAL_SIZE, SPLIT_SEED = 5_000, 0
@@ -46,10 +51,35 @@ def prepare(root: Path, download: bool = False, expected_md5: str | None = MD5) 
     return root / FOLDER
 
 
-def _read(folder: Path, part: str, expected: int | None, root: Path):
+#: The globals of the official files (pickled by Python 2 with numpy 1) and of the same files written by Python 3
+#: with numpy 2 (protocol 2: bytes by ``_codecs.encode``): numpy's array rebuilding and the codec, nothing that acts.
+_BATCH_GLOBALS = {("numpy.core.multiarray", "_reconstruct"): np_multiarray._reconstruct,
+                  ("numpy._core.multiarray", "_reconstruct"): np_multiarray._reconstruct,
+                  ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype, ("_codecs", "encode"): codecs.encode}
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickles what the official batch files hold and nothing else: a dict of byte strings, lists of ints and one
+    uint8 numpy array. Any other global (a function a crafted file would call) is refused before it is looked up."""
+
+    def find_class(self, module: str, name: str):
+        if (found := _BATCH_GLOBALS.get((module, name))) is None:
+            raise pickle.UnpicklingError(f"a CIFAR-100 batch file holds no {module}.{name}: this file is not one "
+                                         f"of the official archive's")
+        return found
+
+
+def _read(folder: Path, part: str, expected: int | None, root: Path, expected_md5: str | None):
     path = require_file(folder / part, f"the CIFAR-100 {part} file", URL, COMMAND.format(root=root))
+    if expected_md5 is not None and (found := md5sum(path)) != expected_md5:
+        raise MissingDataError(f"{path} has md5 {found}, the official archive's {part} file has {expected_md5}: "
+                               f"extract it again ({COMMAND.format(root=root)})")
     with path.open("rb") as handle:
-        batch = pickle.load(handle, encoding="bytes")
+        try:
+            batch = _BatchUnpickler(handle, encoding="bytes").load()
+        except (pickle.UnpicklingError, EOFError, ValueError) as error:
+            raise MissingDataError(f"{path} is not a CIFAR-100 batch file ({error}): extract it again "
+                                   f"({COMMAND.format(root=root)})") from None
     images = torch.from_numpy(batch[b"data"]).reshape(-1, 3, 32, 32)  # rows of 3072 bytes: R, G, B planes
     fine, coarse = torch.tensor(batch[b"fine_labels"]), torch.tensor(batch[b"coarse_labels"])
     check_count(f"CIFAR-100 {part} images", len(fine), expected, COMMAND.format(root=root))
@@ -73,15 +103,17 @@ def superclass_label_noise(fine: torch.Tensor, coarse: torch.Tensor, p: float, s
 
 
 def load(root: Path, noise: float = 0.0, noise_seed: int = 0, augment: bool = True,
-         expected_sizes: dict | None = SIZES) -> Splits:
-    """The prepared CIFAR-100 under ``root``: 45,000 train (noisy when ``noise > 0``) / 5,000 val / 10,000 test."""
+         expected_sizes: dict | None = SIZES, expected_md5: dict | None = FILE_MD5) -> Splits:
+    """The prepared CIFAR-100 under ``root``: 45,000 train (noisy when ``noise > 0``) / 5,000 val / 10,000 test.
+    The batch files are checked against ``expected_md5`` (None: files made for a test), then read as data only."""
     root = Path(root)
     folder = root / FOLDER
     if not folder.exists():
         raise MissingDataError(f"CIFAR-100 is not prepared under {root} (no {FOLDER}/).\n  run: {COMMAND.format(root=root)}")
     expected = expected_sizes or {}
-    images, fine, coarse = _read(folder, "train", expected.get("train"), root)
-    test_images, test_fine, _ = _read(folder, "test", expected.get("test"), root)
+    md5 = expected_md5 or {}
+    images, fine, coarse = _read(folder, "train", expected.get("train"), root, md5.get("train"))
+    test_images, test_fine, _ = _read(folder, "test", expected.get("test"), root, md5.get("test"))
     check_count("CIFAR-100 classes", len(torch.unique(fine)), 100 if expected_sizes else None, COMMAND.format(root=root))
     val_size = VAL_SIZE if expected_sizes else len(fine) // 10
     order = torch.randperm(len(fine), generator=torch.Generator().manual_seed(SPLIT_SEED))

@@ -205,7 +205,8 @@ def flatten(record: dict) -> dict:
     row.update({f"test_crowded_top{k}": n for k, n in test.get("crowded_classes", {}).items()})
     for group, values in test["macro_top_by_group"].items():
         row[f"classes_{group}"] = values["n_classes"]
-        row.update({f"test_macro_top{k}_{group}": 100 * v for k, v in values.items() if k != "n_classes"})
+        row.update({f"test_macro_top{k}_{group}": math.nan if v is None else 100 * v  # None: no class in the group
+                    for k, v in values.items() if k != "n_classes"})
     if (fit := record.get("label_noise_fit")) and fit["flipped"]:
         row["flipped_fit_noisy"], row["flipped_fit_clean"] = 100 * fit["fits_noisy"], 100 * fit["fits_clean"]
     return row

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import platform
 import subprocess
+from pathlib import Path
 
 from experiments.paths import PROJECT_ROOT
 
 #: The columns :func:`stamp` adds to every benchmark CSV row.
 STAMP_FIELDS = ["device", "device_name", "commit", "python", "torch", "triton", "topk"]
 #: The columns :func:`record_stamp` adds to a probe's CSV row (read by :func:`experiments.publishing.readme._probe`).
-RECORD_STAMP_FIELDS = ["device", "commit", "torch"]
+RECORD_STAMP_FIELDS = ["key", "device", "commit", "torch"]
 
 
 def _git(*args: str) -> str | None:
@@ -49,12 +50,29 @@ def short_commit(commit: str) -> str:
     return sha[:10] + dirty
 
 
+def processor() -> str:
+    """The CPU as it decides a CPU run's bits: its model name (as the kernel reports it) and the instruction set
+    PyTorch's kernels were chosen for (``torch.backends.cpu.get_cpu_capability``: AVX2, AVX512, ...). Two machines
+    that differ in either may round differently (docs/reproducing.md#bit-for-bit)."""
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} ({torch.backends.cpu.get_cpu_capability()})"
+
+
 def device_name(device) -> str:
-    """The GPU's name, or the CPU's processor (machine) name."""
+    """The GPU's name, or the CPU's :func:`processor`."""
     import torch
 
     device = torch.device(device)
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else processor()
 
 
 def versions() -> dict[str, str]:
@@ -85,4 +103,5 @@ def record_stamp(record: dict) -> dict[str, str]:
     """The :data:`RECORD_STAMP_FIELDS` of the training run behind a results-store ``record``: where and from what it
     was trained, not where it is read back."""
     provenance = record["provenance"]
-    return {"device": provenance["device"], "commit": provenance["git_commit"], "torch": provenance["torch"]}
+    return {"key": record["key"], "device": provenance["device"], "commit": provenance["git_commit"],
+            "torch": provenance["torch"]}

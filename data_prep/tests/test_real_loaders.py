@@ -32,7 +32,7 @@ def _cifar_archive(root, n_train=2000, n_test=300):
             batch = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), b"fine_labels": fine,
                      b"coarse_labels": coarse_of_fine[fine].tolist()}
             path = root / part
-            path.write_bytes(pickle.dumps(batch))
+            path.write_bytes(pickle.dumps(batch, protocol=2))  # the official files' protocol
             tar.add(path, arcname=f"{cifar100.FOLDER}/{part}")
     return coarse_of_fine
 
@@ -42,8 +42,8 @@ def test_cifar100_archive_is_extracted_split_and_noised_within_true_superclasses
     with pytest.raises(MissingDataError, match="md5"):
         cifar100.prepare(tmp_path)  # not the official archive
     cifar100.prepare(tmp_path, expected_md5=None)
-    clean = cifar100.load(tmp_path, expected_sizes=None)
-    noisy = cifar100.load(tmp_path, noise=0.5, noise_seed=1, expected_sizes=None)
+    clean = cifar100.load(tmp_path, expected_sizes=None, expected_md5=None)
+    noisy = cifar100.load(tmp_path, noise=0.5, noise_seed=1, expected_sizes=None, expected_md5=None)
     assert (len(clean.train), len(clean.val), len(clean.test)) == (1800, 200, 300)
     assert clean.train.images[0].shape == (3, 32, 32) and clean.num_classes == 100
     true, changed = clean.train.labels, noisy.train.labels
@@ -52,7 +52,7 @@ def test_cifar100_archive_is_extracted_split_and_noised_within_true_superclasses
     assert noisy.info["flip_rate"] == pytest.approx((true != changed).float().mean().item())
     assert torch.equal(noisy.val.labels, clean.val.labels) and torch.equal(noisy.test.labels, clean.test.labels)
     assert torch.equal(noisy.info["clean_train_labels"], true) and "clean_train_labels" not in clean.info
-    again = cifar100.load(tmp_path, noise=0.5, noise_seed=1, expected_sizes=None)
+    again = cifar100.load(tmp_path, noise=0.5, noise_seed=1, expected_sizes=None, expected_md5=None)
     assert torch.equal(again.train.labels, changed)  # fixed per image
     assert "realised flip rate" in noisy.description and not noisy.synthetic
 
@@ -64,10 +64,44 @@ def test_cifar100_missing_files_and_wrong_sizes_say_what_to_do(tmp_path):
         data_prep.load("cifar100", tmp_path)
     _cifar_archive(tmp_path)
     cifar100.prepare(tmp_path, expected_md5=None)
-    with pytest.raises(MissingDataError, match="found 2000, the published dataset has 50000"):
+    with pytest.raises(MissingDataError, match=r"(?s)train has md5 [0-9a-f]{32}, the official archive's train file "
+                                               r"has 16019d7e3df5f24257cddd939b257f8d.*extract it again"):
         cifar100.load(tmp_path)
+    with pytest.raises(MissingDataError, match="found 2000, the published dataset has 50000"):
+        cifar100.load(tmp_path, expected_md5=None)
     with pytest.raises(ValueError, match="label-noise probability should be in"):
-        cifar100.load(tmp_path, noise=1.5, expected_sizes=None)
+        cifar100.load(tmp_path, noise=1.5, expected_sizes=None, expected_md5=None)
+
+
+def leave_marker(path: str) -> None:
+    """What a crafted batch file runs if it is unpickled: it leaves a file, so the test sees whether it ran."""
+    open(path, "w").close()
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return leave_marker, (self.marker,)
+
+
+def test_a_cifar100_batch_file_carrying_a_callable_is_refused_before_it_runs(tmp_path):
+    _cifar_archive(tmp_path)
+    cifar100.prepare(tmp_path, expected_md5=None)
+    train, marker = tmp_path / cifar100.FOLDER / "train", tmp_path / "ran"
+    batch = pickle.loads(train.read_bytes())
+    for crafted in ({**batch, b"filenames": [_Payload(marker)]}, _Payload(marker)):
+        train.write_bytes(pickle.dumps(crafted, protocol=2))
+        pickle.loads(train.read_bytes())  # the payload is live: a plain unpickling runs it
+        assert marker.exists()
+        marker.unlink()
+        with pytest.raises(MissingDataError, match=r"(?s)not a CIFAR-100 batch file .*leave_marker.*extract it again"):
+            cifar100.load(tmp_path, expected_sizes=None, expected_md5=None)
+        assert not marker.exists()
+    train.write_bytes(pickle.dumps(batch, protocol=2)[:1000])  # cut short
+    with pytest.raises(MissingDataError, match="not a CIFAR-100 batch file"):
+        cifar100.load(tmp_path, expected_sizes=None, expected_md5=None)
 
 
 def _jpeg(path, colour):

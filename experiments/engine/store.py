@@ -1,25 +1,49 @@
 """The results store: one JSON record per finished run, keyed by its config, and the checkpoints of unfinished runs.
 
 Every write goes to a temporary file first and is renamed into place, so a killed process never leaves half a file.
-A file damaged some other way (a full disk, a copy cut short) never stops a run with a traceback: it is set aside
-as ``<name>.damaged`` (kept, never deleted), a :class:`DamagedStoreWarning` names it and says what happens next, and
-the run goes on from the last good state. Two checkpoints are kept, the last epoch's and the one before, so a
-damaged last checkpoint costs one epoch; a damaged record means the run is trained again.
+A file damaged some other way (a full disk, a copy cut short, a file copied under another run's key) never stops a
+run with a traceback: it is set aside as ``<name>.damaged`` (kept, never deleted), a :class:`DamagedStoreWarning`
+names it and says why and what happens next, and the run goes on from the last good state. Two checkpoints are kept,
+the last epoch's and the one before, so a damaged last checkpoint costs one epoch; a damaged record means the run is
+trained again.
+
+The store is a trust boundary (docs/reproducing.md#sharing-a-store): its files are read as data, never as code.
+Records are JSON, checked against their key and their schema. Checkpoints are read by ``torch.load`` with
+``weights_only=True`` and nothing added to its allowlist: tensors, numbers, strings and the containers of them (the
+engine saves nothing else, its RNG states included); a checkpoint that names any other Python object is refused
+before anything in it runs.
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
+import pickle
+import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from experiments.engine.config import RunConfig
+
 
 class DamagedStoreWarning(UserWarning):
     """A file of the results store could not be read; it was set aside and the run goes on without it."""
+
+
+class DamagedFileError(ValueError):
+    """A store file that reads but is not what its name says: the reason, for :class:`DamagedStoreWarning`."""
+
+
+#: The fields of every run record and their JSON types (``label_noise_fit`` only on noisy labels).
+RECORD_FIELDS = {"key": str, "config": dict, "history": list, "selected_epoch": int, "test": dict, "data": dict,
+                 "provenance": dict}
+#: The parts of every checkpoint the engine writes (``rng``: the torch, python and numpy generators' states).
+CHECKPOINT_PARTS = {"key": str, "model": dict, "optimiser": dict, "schedule": dict, "state": dict, "rng": dict}
 
 
 def atomic_write(path: Path, write) -> None:
@@ -43,10 +67,56 @@ def write_csv(rows: list[dict], fields: list[str], path: Path) -> None:
 
 
 def _set_aside(path: Path, error: Exception, consequence: str) -> None:
-    damaged = path.with_name(path.name + ".damaged")
-    path.replace(damaged)
-    warnings.warn(f"{path} is damaged ({type(error).__name__}: {str(error)[:200]}); kept as {damaged.name}; "
-                  f"{consequence}", DamagedStoreWarning, stacklevel=3)
+    """``path`` renamed to the first free ``<name>.damaged[.N]`` (an earlier damaged copy is never overwritten), and a
+    :class:`DamagedStoreWarning` saying why and what happens next."""
+    damaged = next(candidate for n in itertools.count(1)
+                   if not (candidate := path.with_name(path.name + ".damaged" + (f".{n}" if n > 1 else ""))).exists())
+    why = _reason(error)
+    try:
+        path.replace(damaged)
+    except OSError as cannot:
+        raise DamagedFileError(f"{path} is damaged ({why}) and could not be set aside as {damaged.name} "
+                               f"({cannot.strerror}): move it away, then run again") from None
+    warnings.warn(f"{path} is damaged ({why}); kept as {damaged.name}; {consequence}", DamagedStoreWarning,
+                  stacklevel=3)
+
+
+def _reason(error: Exception) -> str:
+    """Why a file was refused, in a line: a checkpoint that ``weights_only`` refused names the object it holds."""
+    text = str(error)
+    if isinstance(error, pickle.UnpicklingError) and (named := re.search(r"Unsupported global: GLOBAL (\S+)", text)):
+        return (f"it holds the Python object {named.group(1)}, and a checkpoint is read as data only: tensors, "
+                "numbers, strings and their containers")
+    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
+def _check_fields(what: str, values, fields: dict[str, type]) -> None:
+    """``values`` is a dict holding each of ``fields`` with its type, else :class:`DamagedFileError` says which."""
+    if not isinstance(values, dict):
+        raise DamagedFileError(f"{what} should be a mapping, it holds a {type(values).__name__}")
+    for name, kind in fields.items():
+        if name not in values:
+            raise DamagedFileError(f"{what} has no {name!r}")
+        if not isinstance(values[name], kind) or (kind is int and isinstance(values[name], bool)):
+            raise DamagedFileError(f"{what}'s {name!r} should be a {kind.__name__}, it is a "
+                                   f"{type(values[name]).__name__}")
+
+
+def check_record(record, key: str) -> None:
+    """A run record as the engine writes it, for the run ``key``: its fields, its ``key``, and a config whose key is
+    ``key`` (a record copied or renamed under another run's key is caught here), else :class:`DamagedFileError`."""
+    _check_fields("the record", record, RECORD_FIELDS)
+    if record["key"] != key:
+        raise DamagedFileError(f"the record is run {record['key']!r}'s, not {key!r}'s")
+    try:
+        config_key = RunConfig.from_dict(record["config"]).key()
+    except (TypeError, ValueError) as error:
+        raise DamagedFileError(f"the record's config is not a run config: {error}") from None
+    if config_key != key:
+        raise DamagedFileError(f"the record's config has the key {config_key!r}, not {key!r}")
+    if not all(isinstance(entry, dict) and isinstance(entry.get("epoch"), int) for entry in record["history"]):
+        raise DamagedFileError("the record's history should be a list of epochs, each with its 'epoch' number")
+    _check_fields("the record's test", record["test"], {"top": dict, "macro_top": dict})
 
 
 class ResultsStore:
@@ -73,19 +143,24 @@ class ResultsStore:
         return self._read_record(path, "the run will be trained again")
 
     def save_record(self, key: str, record: dict) -> None:
-        atomic_write(self.record_path(key), lambda tmp: tmp.write_text(json.dumps(record, indent=1, sort_keys=True)))
+        """``record`` as strict JSON (``NaN`` refused: the engine writes a value that does not exist as null)."""
+        text = json.dumps(record, indent=1, sort_keys=True, allow_nan=False)
+        atomic_write(self.record_path(key), lambda tmp: tmp.write_text(text))
         self.checkpoint_path(key).unlink(missing_ok=True)
         self.previous_checkpoint_path(key).unlink(missing_ok=True)
 
     def save_checkpoint(self, key: str, state: dict) -> None:
-        """The epoch's checkpoint; the one it replaces is kept as the previous checkpoint."""
+        """The epoch's checkpoint (``state``: the :data:`CHECKPOINT_PARTS` but ``key``); the one it replaces is kept as
+        the previous checkpoint."""
         current = self.checkpoint_path(key)
         if current.exists():
             current.replace(self.previous_checkpoint_path(key))
-        atomic_write(current, lambda tmp: torch.save(state, tmp))
+        atomic_write(current, lambda tmp: torch.save({"key": key, **state}, tmp))
 
-    def load_checkpoint(self, key: str) -> dict | None:
-        """The last readable checkpoint (the last epoch's, else the previous one), or None to start afresh."""
+    def load_checkpoint(self, key: str, check: Callable[[dict], None] | None = None) -> dict | None:
+        """The last usable checkpoint (the last epoch's, else the previous one), or None to start afresh. Usable: read
+        as data only (``weights_only``), written for ``key``, with every part of :data:`CHECKPOINT_PARTS`, and passing
+        ``check`` (the caller's own test that it fits its model, raising ``ValueError`` if not)."""
         last, previous = self.checkpoint_path(key), self.previous_checkpoint_path(key)
         for path, fallback in ((last, "the run resumes from the previous checkpoint" if previous.exists() else
                                 "the run starts again from its first epoch"),
@@ -93,8 +168,14 @@ class ResultsStore:
             if not path.exists():
                 continue
             try:
-                return torch.load(path, map_location="cpu", weights_only=False)
-            except Exception as error:  # torch.load raises many kinds on a cut file: RuntimeError, EOFError, ...
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+                _check_fields("the checkpoint", checkpoint, CHECKPOINT_PARTS)
+                if checkpoint["key"] != key:
+                    raise DamagedFileError(f"the checkpoint is run {checkpoint['key']!r}'s, not {key!r}'s")
+                if check is not None:
+                    check(checkpoint)
+                return checkpoint
+            except Exception as error:  # torch.load raises many kinds: a cut file, a forbidden global, a directory
                 _set_aside(path, error, fallback)
         return None
 
@@ -107,7 +188,9 @@ class ResultsStore:
     @staticmethod
     def _read_record(path: Path, consequence: str) -> dict | None:
         try:
-            return json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            record = json.loads(path.read_text())
+            check_record(record, path.stem)
+            return record
+        except (OSError, ValueError) as error:  # JSONDecodeError, UnicodeDecodeError and DamagedFileError included
             _set_aside(path, error, consequence)
             return None

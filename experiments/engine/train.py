@@ -72,11 +72,11 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
                                 weight_decay=config.weight_decay)
     schedule = torch.optim.lr_scheduler.MultiStepLR(optimiser, list(config.milestones), config.lr_gamma)
     state = {"epoch": 0, "history": [], "selected": dict.fromkeys(selection_metrics(config.eval_ks)), "models": {}}
-    if (checkpoint := store.load_checkpoint(key)) is not None:
+    if (checkpoint := store.load_checkpoint(key, _fits(model, optimiser, config))) is not None:
         model.load_state_dict(checkpoint["model"])
         optimiser.load_state_dict(checkpoint["optimiser"])
         schedule.load_state_dict(checkpoint["schedule"])
-        state = _tracking_state(checkpoint["state"], config)
+        state = checkpoint["state"]
         _set_rng_states(checkpoint["rng"])
     trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     if compile_mode is not None:
@@ -87,13 +87,14 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
         if world > 1:
             reseed_process(config.seed, epoch, rank)
         loader = train_batches.shuffled(order_seed(config.seed, epoch), config.batch_size // world, rank, world)
+        lr = optimiser.param_groups[0]["lr"]  # the epoch's rate, before the schedule's step sets the next one's
         seconds, loss_seconds, mean_loss, grad_nonzero = train_epoch(trained, loss_fn, loader, optimiser, device,
                                                                       progress, epoch)
         schedule.step()
         validation = evaluate(model, val_batches, config.eval_ks, splits.class_counts, config.batch_size)
         state["history"].append({"epoch": epoch + 1, "train_loss": mean_loss, "epoch_seconds": seconds,
                                  "loss_seconds": loss_seconds, "grad_nonzero": grad_nonzero,
-                                 "lr": optimiser.param_groups[0]["lr"], "val": validation})
+                                 "lr": lr, "val": validation})
         _keep_selected(state, validation, model)
         state["epoch"] = epoch + 1
         if rank == 0:
@@ -136,14 +137,39 @@ def _keep_selected(state: dict, validation: dict, model: nn.Module) -> None:
     state["models"] = {kept: weights for kept, weights in state["models"].items() if kept in epochs}
 
 
-def _tracking_state(state: dict, config: RunConfig) -> dict:
-    """A checkpoint's state; one written before a run tracked every selection metric (with ``best``: one model)
-    goes on tracking its own metric alone."""
-    if "best" not in state:
-        return state
-    best = state["best"]
-    return {"epoch": state["epoch"], "history": state["history"], "models": {best["epoch"]: best["model"]},
-            "selected": {config.selection_metric: {"epoch": best["epoch"], "value": state["best_value"]}}}
+def _fits(model: nn.Module, optimiser: torch.optim.Optimizer, config: RunConfig):
+    """The test a checkpoint passes before anything is loaded from it (:meth:`ResultsStore.load_checkpoint`): the
+    model's tensors by name and shape, the optimiser's parameter groups, an epoch within the run, and the RNG states
+    :func:`_set_rng_states` restores. A checkpoint of another model, or one missing a part, would fail half-way
+    through loading, leaving the model neither fresh nor resumed."""
+    shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    group_sizes = [len(group["params"]) for group in optimiser.param_groups]
+
+    def check(checkpoint: dict) -> None:
+        weights = checkpoint["model"]
+        found = {name: tuple(tensor.shape) for name, tensor in weights.items() if isinstance(tensor, torch.Tensor)}
+        if found != shapes:
+            differ = sorted(set(found.items()) ^ set(shapes.items()))[:3]
+            raise ValueError(f"the checkpoint's model is not this run's (tensors differ: {differ})")
+        groups = checkpoint["optimiser"].get("param_groups")
+        if not isinstance(groups, list) or [len(group.get("params", ())) for group in groups] != group_sizes:
+            raise ValueError("the checkpoint's optimiser does not hold this model's parameters")
+        state = checkpoint["state"]
+        epoch = state.get("epoch")
+        if not isinstance(epoch, int) or not 0 < epoch <= config.epochs or len(state.get("history", ())) != epoch:
+            raise ValueError(f"the checkpoint's epoch {epoch!r} is not one of the run's {config.epochs} epochs with "
+                             "its history")
+        selected = state.get("selected")
+        if not isinstance(selected, dict) or set(selected) != set(selection_metrics(config.eval_ks)) or not all(
+                isinstance(choice, dict) and choice.get("epoch") in state.get("models", {}) for choice in selected.values()):
+            raise ValueError("the checkpoint's state should track every selection metric, with the model of each "
+                             "selected epoch")
+        rng = checkpoint["rng"]
+        if not (isinstance(rng.get("torch"), torch.Tensor) and isinstance(rng.get("python"), tuple)
+                and isinstance(rng.get("numpy"), dict)):
+            raise ValueError("the checkpoint's RNG states should be torch's tensor, python's tuple and numpy's dict")
+
+    return check
 
 
 def _tested(model: nn.Module, splits, test_batches, config: RunConfig, device: torch.device) -> dict:
@@ -184,7 +210,12 @@ def reseed_process(seed: int, epoch: int, rank: int) -> None:
 
 
 def _rng_states() -> dict:
-    states = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every generator's state as tensors, numbers and tuples, which a checkpoint read as data holds: numpy's key
+    array as a tensor."""
+    numpy = np.random.get_state(legacy=False)
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(),
+              "numpy": {"key": torch.from_numpy(numpy["state"]["key"].astype(np.int64)), "pos": numpy["state"]["pos"],
+                        "has_gauss": numpy["has_gauss"], "gauss": numpy["gauss"]}}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -193,7 +224,9 @@ def _rng_states() -> dict:
 def _set_rng_states(states: dict) -> None:
     torch.set_rng_state(states["torch"])
     random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    numpy = states["numpy"]
+    np.random.set_state(("MT19937", numpy["key"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
+                         numpy["gauss"]))
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
 
@@ -279,7 +312,8 @@ def evaluate(model: nn.Module, split, ks, train_class_counts, batch_size: int = 
         macro.update(scores, labels)
         if covered is not None:
             covered.update(scores)
-    groups = {name: {str(k): v for k, v in values.items()} for name, values in macro.compute_by_group(train_class_counts).items()}
+    groups = {name: {str(k): (None if v != v else v) for k, v in values.items()}  # an empty shot group: null
+              for name, values in macro.compute_by_group(train_class_counts).items()}
     result = {"top": {str(k): v for k, v in top.compute().items()},
               "macro_top": {k: v for k, v in groups.pop("all").items() if k != "n_classes"},
               "macro_top_by_group": groups}

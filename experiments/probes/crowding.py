@@ -90,6 +90,11 @@ def row(probe: Probe, epsilon: float | None, level: float, record: dict) -> dict
             "crowded_top1": crowded.get("1", ""), "crowded_topk": crowded.get(str(k), ""), **record_stamp(record)}
 
 
+def configs(profile: Profile, probes=PROBES) -> list[RunConfig]:
+    """Every run the probe measures at ``profile``: what its CSV's rows must be made of to be current."""
+    return [config for probe in probes for _, _, config in probe.configs(profile)]
+
+
 def measure(profile: Profile, train, probes=PROBES) -> list[dict]:
     """A :func:`row` for every run of every probe; ``train(config)`` gives a run's record."""
     return [row(probe, epsilon, level, train(config))

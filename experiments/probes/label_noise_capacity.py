@@ -85,11 +85,21 @@ def row(variant: Variant, p: float, record: dict) -> dict:
             "last_train_loss": f"{record['history'][-1]['train_loss']:.3f}", **record_stamp(record)}
 
 
+#: What the probe trains: CE with every variant, then each compared loss with the widest.
+MEASURED = (("cross_entropy", VARIANTS), *((loss, VARIANTS[-1:]) for loss in COMPARED))
+
+
 def measure(profile: Profile, train, variants=VARIANTS, loss: str = "cross_entropy") -> list[dict]:
     """A :func:`row` of ``loss`` for every variant at p = 0 and :data:`NOISE`; ``train(config)`` gives a run's
     record."""
     configs = table_configs(profile, loss)
     return [row(variant, p, train(variant.apply(configs[p]))) for variant in variants for p in sorted(configs)]
+
+
+def configs(profile: Profile) -> list[RunConfig]:
+    """Every run of :data:`MEASURED` at ``profile``: what the probe's CSV's rows must be made of to be current."""
+    return [variant.apply(config) for loss, variants in MEASURED for variant in variants
+            for config in table_configs(profile, loss).values()]
 
 
 def path_for(profile_name: str, results: Path = BENCHMARK_RESULTS) -> Path:
@@ -151,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     profile, store, device = command
     train = lambda config: run(config, store, device=device)  # noqa: E731
     rows = []
-    for loss, variants in [("cross_entropy", VARIANTS)] + [(loss, VARIANTS[-1:]) for loss in COMPARED]:
+    for loss, variants in MEASURED:
         for variant in variants:
             rows += measure(profile, train, (variant,), loss)
             print(f"{loss}, {variant.name}: done", flush=True)

@@ -26,6 +26,7 @@ from experiments.analysis import kernel_targets
 from experiments.tuning.calibration import TOLERANCE, rate_text, unmatched
 from experiments.tuning.learning_rates import fitted_gap_at_chosen_rate
 from experiments.spec import tuned
+from experiments.spec.profiles import get_profile
 from experiments.spec.paper import CLAIMS
 from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, CALIBRATION_SEEDS, CROWDED_CLASSES, FIGURES,
                                LABEL_NOISE_FIT, PROJECT_ROOT)
@@ -442,7 +443,26 @@ def _probe(module_name: str, runs: Callable[[list[dict]], str], results: Path) -
     if not rows:
         return f"*No `{path.name}` in `benchmarks/results/`: run `python -m experiments.probes.{module_name} {DEFAULT_PROFILE}`.*"
     made = "; ".join(sorted({f"{r['device']}, torch {r['torch']}, commit {short_commit(r['commit'])}" for r in rows}))
-    return f"{module.markdown(rows)}\n\n*{DEFAULT_PROFILE} profile, {runs(rows)}; runs on {made} (`{path.name}`).*"
+    stale = probe_staleness(module, rows)
+    warning = f"**Stale:** {stale}; rerun `python -m experiments.probes.{module_name} {DEFAULT_PROFILE}`.\n\n" if stale else ""
+    return f"{warning}{module.markdown(rows)}\n\n*{DEFAULT_PROFILE} profile, {runs(rows)}; runs on {made} (`{path.name}`).*"
+
+
+def probe_staleness(module, rows: list[dict]) -> str | None:
+    """Why a probe's committed rows are not made of the runs its current setups give (the run keys in the rows
+    against :func:`configs` of the probe at the default profile: a changed stand-in, calibration, learning rate or
+    grid changes them), or None when they are."""
+    expected = {config.key() for config in module.configs(get_profile(DEFAULT_PROFILE))}
+    found = [row.get("key") or None for row in rows]
+    if None in found:
+        return f"{found.count(None)} of its {len(rows)} rows name no run, written before rows named their run"
+    other = [key for key in found if key not in expected]
+    missing = expected - set(found)
+    if other or missing:
+        return (f"{len(other)} of its {len(rows)} rows are runs of other setups than the current ones, and "
+                f"{len(missing)} of the current runs are missing (the stand-ins, calibration, learning rates or grids "
+                f"changed since)")
+    return None
 
 
 def label_noise_capacity(results: Path = BENCHMARK_RESULTS) -> str:

@@ -17,7 +17,7 @@ from experiments.__main__ import main as experiments_main
 from experiments.engine import config as config_module
 from experiments.engine.config import RunConfig
 from experiments.engine.models import build_model, parameter_count
-from experiments.engine.store import DamagedStoreWarning, ResultsStore
+from experiments.engine.store import ResultsStore
 from experiments.engine.train import flipped_label_fit, reseed_process, run
 from experiments.harness import flatten
 from topk.losses import noised_hinge
@@ -204,24 +204,6 @@ def test_one_training_stores_each_selection_metric_s_record_as_its_own_training_
     assert rewritten == {"top5"}  # the siblings already stored are left as they were
 
 
-def test_a_checkpoint_from_before_runs_tracked_every_metric_resumes_to_its_own_record_alone(tmp_path, deterministic):
-    config = RunConfig(**TINY)
-    whole = run(config, ResultsStore(tmp_path / "whole"))
-    store = ResultsStore(tmp_path / "old")
-    assert run(config, store, stop_after_epochs=2) is None
-    checkpoint = torch.load(store.checkpoint_path(config.key()), weights_only=False)
-    state = checkpoint["state"]
-    best = state["selected"][config.selection_metric]
-    checkpoint["state"] = {"epoch": state["epoch"], "history": state["history"], "best_value": best["value"],
-                           "best": {"epoch": best["epoch"], "model": state["models"][best["epoch"]]}}
-    store.checkpoint_path(config.key()).unlink()
-    store.previous_checkpoint_path(config.key()).unlink()
-    torch.save(checkpoint, store.checkpoint_path(config.key()))
-    resumed = run(config, store)
-    assert _result(resumed) == _result(whole)
-    assert [record["key"] for record in store.records()] == [config.key()]  # the others were not tracked from epoch 1
-
-
 def test_a_compiled_run_is_the_eager_run_up_to_rounding(tmp_path):
     """The compiled step draws the noised loss's noise from PyTorch's random stream, as eager mode does: the first
     epoch's training loss agrees to rounding (later epochs drift apart as rounding differences are trained on)."""
@@ -237,11 +219,6 @@ def test_a_compiled_run_is_the_eager_run_up_to_rounding(tmp_path):
 
 def _without_times(record):
     return [{k: v for k, v in h.items() if not k.endswith("seconds")} for h in record["history"]]
-
-
-def _cut(path: Path) -> None:
-    """Damage a file as a full disk or a copy cut short would: keep its first half."""
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
 @pytest.fixture
@@ -277,49 +254,6 @@ def test_an_interrupted_cuda_run_resumes_to_the_same_result_with_its_noise_strea
     assert run(config, store, device="cuda", stop_after_epochs=1) is None
     resumed = run(config, store, device="cuda")
     assert _result(resumed) == _result(whole)
-
-
-def test_a_damaged_record_is_set_aside_and_its_run_trained_again(tmp_path, deterministic):
-    store = ResultsStore(tmp_path)
-    config = RunConfig(**TINY)
-    first = run(config, store)
-    path = store.record_path(config.key())
-    _cut(path)
-    with pytest.warns(DamagedStoreWarning, match=f"{path.name} is damaged .*kept as {path.name}.damaged.*trained again"):
-        assert sorted(r["key"] for r in store.records()) == sorted(s.key() for s in config.siblings() if s != config)
-    assert path.with_name(path.name + ".damaged").exists() and not path.exists()
-    again = run(config, store)
-    assert _without_times(again) == _without_times(first) and again["test"] == first["test"]
-    _cut(path)
-    with pytest.warns(DamagedStoreWarning, match="trained again"):  # run() itself meets the damaged record
-        assert run(config, store)["test"] == first["test"]
-
-
-def test_a_damaged_checkpoint_resumes_from_the_previous_one_to_the_same_result(tmp_path, deterministic):
-    config = RunConfig(**TINY)
-    whole = run(config, ResultsStore(tmp_path / "whole"))
-    store = ResultsStore(tmp_path / "killed")
-    assert run(config, store, stop_after_epochs=2) is None
-    last = store.checkpoint_path(config.key())
-    _cut(last)
-    with pytest.warns(DamagedStoreWarning, match=f"{last.name} is damaged .*resumes from the previous checkpoint"):
-        resumed = run(config, store)
-    assert _without_times(resumed) == _without_times(whole) and resumed["test"] == whole["test"]
-    assert last.with_name(last.name + ".damaged").exists()
-
-
-def test_two_damaged_checkpoints_start_the_run_again(tmp_path, deterministic):
-    config = RunConfig(**TINY)
-    whole = run(config, ResultsStore(tmp_path / "whole"))
-    store = ResultsStore(tmp_path / "killed")
-    assert run(config, store, stop_after_epochs=2) is None
-    _cut(store.checkpoint_path(config.key()))
-    _cut(store.previous_checkpoint_path(config.key()))
-    with pytest.warns(DamagedStoreWarning) as warned:
-        resumed = run(config, store)
-    assert ["resumes from the previous checkpoint" in str(w.message) for w in warned] == [True, False]
-    assert "starts again from its first epoch" in str(warned[1].message)
-    assert _without_times(resumed) == _without_times(whole)
 
 
 def test_a_missing_real_dataset_names_the_data_prep_command(tmp_path, capsys):

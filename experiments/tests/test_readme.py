@@ -11,9 +11,10 @@ import sys
 import pytest
 import torch
 
+from experiments.probes import crowding, label_noise_capacity
 from experiments.publishing import readme
-
 from experiments.spec import grids
+from experiments.spec.profiles import get_profile
 from experiments.paths import FIGURES, PROJECT_ROOT
 
 #: Every ```python block of the README and of docs/*.md, with where it is.
@@ -265,3 +266,19 @@ def test_calibration_block_gives_ce_s_gap_at_the_calibration_s_rate_and_at_the_o
     row = next(line for line in readme.calibration(tmp_path / "quick.json", tmp_path / "none.json").splitlines()
                if line.startswith("| `imagenet_like`"))
     assert row.endswith("| 1.0 points (x3 the grid's learning rate) | not measured |")
+
+
+@pytest.mark.parametrize("module", [crowding, label_noise_capacity], ids=lambda module: module.__name__.split(".")[-1])
+def test_each_probe_s_committed_rows_are_the_runs_of_the_current_setups(module):
+    rows = readme._rows(module.path_for(readme.DEFAULT_PROFILE))
+    assert readme.probe_staleness(module, rows) is None
+
+
+def test_a_probe_made_on_other_setups_is_shown_stale_with_why(tmp_path):
+    configs = crowding.configs(get_profile(readme.DEFAULT_PROFILE))
+    current = [{"key": config.key()} for config in configs]
+    assert readme.probe_staleness(crowding, current) is None
+    assert "2 of its 100 rows name no run" in readme.probe_staleness(crowding, [{}, {"key": ""}, *current[2:]])
+    other = [{"key": configs[0].replace(seed=99).key()}, *current[1:]]
+    assert readme.probe_staleness(crowding, other).startswith("1 of its 100 rows are runs of other setups than the "
+                                                               "current ones, and 1 of the current runs are missing")

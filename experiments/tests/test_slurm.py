@@ -49,6 +49,14 @@ def _options(tmp_path, name: str) -> tuple[executors.TrainOptions, slurm.SlurmOp
             slurm.SlurmOptions(str(tmp_path / name / "slurm"), cpus_per_task=1, mem_gb=1, time_min=10, poll=1.0))
 
 
+def _wait_for(job: str, timeout: float = 600) -> None:
+    """Until the job has left the queue, asked every 0.2 s (``sbatch --wait`` asks at growing intervals, up to 32 s)."""
+    deadline = time.time() + timeout
+    while subprocess.run(["squeue", "--noheader", "--jobs", job], capture_output=True, text=True).stdout.strip():
+        assert time.time() < deadline, f"job {job} still queued after {timeout} s"
+        time.sleep(0.2)
+
+
 def test_the_smoke_profiles_missing_runs_as_an_array_give_the_inline_records(tmp_path):
     runs = plan(get_profile("smoke"))[:2]  # a part of the profile, to keep the test short on 2 cores
     inline = _inline(runs, tmp_path / "inline")
@@ -65,8 +73,9 @@ def test_the_plain_sbatch_script_runs_the_same_runs_through_run_one(tmp_path):
     inline = _inline(runs, tmp_path / "inline")
     options, slurm_options = _options(tmp_path, "sbatch")
     script = slurm.sbatch_script(runs, options, slurm_options, "smoke", "runs")
-    done = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    _wait_for(submitted.stdout.strip().split(";")[0])
     for run in runs:
         assert _computed(ResultsStore(options.store).finished(run.key)) == _computed(inline.finished(run.key))
 
