@@ -198,7 +198,7 @@ PLANTNET_DIFFICULTY = {"class_contrast": 0.3, "clutter": 0.8, "pixel_noise": 1.2
                        "contrast_spread": 0.0}
 
 
-def _difficulty(defaults: dict, knobs: dict) -> dict:
+def difficulty_of(defaults: dict, knobs: dict) -> dict:
     """``defaults`` updated with ``knobs``, each checked: a knob unknown or out of range is refused by name."""
     unknown = sorted(set(knobs) - set(defaults))
     if unknown:
@@ -248,7 +248,7 @@ def cifar100_like(per_class_train: int = 450, per_class_val: int = 50, per_class
     if superclass_mixing > 0:
         description += f", {superclass_mixing:.0%} of the classes mixed across superclasses"
     splits = _make_splits("cifar100_like", description, parts, group_of_class, image_size, seed,
-                          _difficulty(CIFAR_DIFFICULTY, difficulty), augment)
+                          difficulty_of(CIFAR_DIFFICULTY, difficulty), augment)
     if noise > 0:
         clean = splits.train.labels
         noisy = superclass_label_noise(clean, superclass[clean], noise, noise_seed)
@@ -273,7 +273,7 @@ def imagenet_like(per_class_train: int = 40, per_class_val: int = 10, per_class_
     description = (f"synthetic ImageNet-like: {n_classes} balanced classes in groups of {group_size}, "
                    f"{per_class_train}/{per_class_val}/{per_class_test} images per class, {image_size}px, seed {seed}")
     return _make_splits("imagenet_like", description, parts, group_of_class, image_size, seed,
-                        _difficulty(PLANTNET_DIFFICULTY, difficulty), augment)
+                        difficulty_of(PLANTNET_DIFFICULTY, difficulty), augment)
 
 
 #: Pl@ntNet-300K's classes: 48% few-shot, 25% medium, 27% many-shot (Garcin's thesis, Sec. 5.3); 80/10/10 split
@@ -307,7 +307,7 @@ def plantnet_like(n_images: int = 306_146, n_classes: int = 1081, *, group_size:
     description = (f"synthetic Pl@ntNet-300K-like: {n_classes} classes of {counts[-1]} to {counts[0]} images "
                    f"({n_images} in all; few/medium/many-shot shares as the real dataset's), {image_size}px, seed {seed}")
     return _make_splits("plantnet_like", description, parts, group_of_class, image_size, seed,
-                        _difficulty(PLANTNET_DIFFICULTY, difficulty), augment)
+                        difficulty_of(PLANTNET_DIFFICULTY, difficulty), augment)
 
 
 def imagenet_lt_like(n_images: int = 115_846, n_classes: int = 1000, *, group_size: int = 10, image_size: int = 16,
@@ -326,4 +326,9 @@ def imagenet_lt_like(n_images: int = 115_846, n_classes: int = 1000, *, group_si
     description = (f"synthetic ImageNet-LT-like: {n_classes} classes, {len(train)} long-tailed training images, "
                    f"{per_class} val/test images per class, {image_size}px, seed {seed}")
     return _make_splits("imagenet_lt_like", description, parts, group_of_class, image_size, seed,
-                        _difficulty(PLANTNET_DIFFICULTY, difficulty), augment)
+                        difficulty_of(PLANTNET_DIFFICULTY, difficulty), augment)
+
+
+#: Each stand-in's difficulty knobs and their defaults (the options it takes beside its named parameters).
+KNOBS = {"cifar100_like": CIFAR_DIFFICULTY, "plantnet_like": PLANTNET_DIFFICULTY, "imagenet_lt_like": PLANTNET_DIFFICULTY,
+         "imagenet_like": PLANTNET_DIFFICULTY}

@@ -1,6 +1,5 @@
-"""``python -m experiments CONFIG.json --store DIR [--device cpu|cuda] [--data-root PATH] [--workers N] [--compile [MODE]]``:
-train one run (or print its finished record). Under ``torchrun --nproc_per_node N python -m experiments ...`` it trains with
-DistributedDataParallel (NCCL on CUDA, gloo on CPU); the first process writes the record."""
+"""The experiments' command line: one run from a JSON config, or a whole profile (plan, train, run-one); the
+usage and examples are in :data:`DESCRIPTION` and :data:`EXAMPLES`, what ``--help`` prints."""
 
 from __future__ import annotations
 
@@ -19,11 +18,28 @@ from experiments.engine.train import COMPILE_MODES, run
 from experiments.scale import cli
 
 
+DESCRIPTION = """Train one run from a JSON config (the fields of experiments.engine.config.RunConfig), or print its
+record if the store already holds it finished. A killed run resumes from its last epoch.
+
+A whole profile's runs have their own commands (python -m experiments train --help):
+  plan PROFILE       every run of the profile and what the store holds of it
+  train PROFILE      train the missing runs through an executor: inline, local (--jobs N, --per-gpu M) or slurm
+  run-one KEY        one planned run, as a Slurm array task calls it"""
+
+EXAMPLES = """examples (experiments/example_run.json ships with the package: 4 epochs of a small CNN on a CIFAR-100
+stand-in, with the noised loss):
+  python -m experiments experiments/example_run.json --store results/example
+  python -m experiments experiments/example_run.json --store results/example --device cuda --compile reduce-overhead
+  torchrun --nproc_per_node 2 -m experiments experiments/example_run.json --store results/example
+  python -m experiments plan quick"""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in cli.COMMANDS:  # plan, train, run-one: a whole profile (experiments.scale)
         return cli.main(argv)
-    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m experiments", description=DESCRIPTION, epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="a JSON file with the fields of experiments.engine.config.RunConfig")
     parser.add_argument("--store", required=True, help="results store folder")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

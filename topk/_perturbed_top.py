@@ -59,7 +59,8 @@ def pruned_perturbed_top(scores: Tensor, seed: Tensor, k: int, epsilon: float, n
     # [B, R] values and [B, R, r] positions
     selected, positions = _cpu_kernel.perturbed_top(rows, int(seed), k, epsilon, n_samples, sum_top)
     value = (selected.sum(0) / n_samples).reshape(scores.shape[:-1])  # a NaN row's samples are all NaN
-    return _minus_true_scores(value, scores, labels), positions.reshape(n_samples, *scores.shape[:-1], -1)
+    return (_minus_true_scores(value, scores, labels),  # an empty batch too: r given, not inferred from 0 elements
+            positions.reshape(n_samples, *scores.shape[:-1], k if sum_top else 1))
 
 
 def fused_perturbed_top(scores: Tensor, seed: Optional[Tensor], noise: Optional[Tensor], k: int, epsilon: float,

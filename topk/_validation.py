@@ -126,7 +126,7 @@ def check_margins(margins: object, s: torch.Tensor) -> float | torch.Tensor:
     A tensor's values are not read: :func:`topk.losses.class_margins` checks them where they are made.
     """
     if not isinstance(margins, torch.Tensor):
-        return check_real(margins, "margins")
+        return check_real(margins, "margins", low=0.0)
     n_classes = s.shape[-1]
     if margins.shape != (n_classes,):
         raise ValueError(f"'margins' should be a real number or a tensor of shape ({n_classes},) (one per class), "
@@ -139,10 +139,13 @@ def check_margins(margins: object, s: torch.Tensor) -> float | torch.Tensor:
 
 
 def check_margin_values(margins: object) -> object:
-    """Where margins are made or stored (a loss module's constructor): a tensor's values finite. Read on the host once,
-    so that the loss itself never reads them."""
-    if isinstance(margins, torch.Tensor) and not bool(torch.isfinite(margins).all()):
-        raise ValueError(f"'margins' should be finite, got {margins.tolist()}")
+    """Where margins are made or stored (a loss module's constructor): a number >= 0, or a tensor's values finite and
+    >= 0 (a negative margin asks a score to beat the others by less than nothing). Read on the host once, so that the
+    loss itself never reads them."""
+    if not isinstance(margins, torch.Tensor):
+        return check_real(margins, "margins", low=0.0)
+    if not bool((torch.isfinite(margins) & (margins >= 0)).all()):
+        raise ValueError(f"'margins' should be finite and >= 0, got {margins.tolist()}")
     return margins
 
 

@@ -19,6 +19,7 @@ scores' device: ``update`` reads nothing on the host (a NaN score is reported by
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -40,8 +41,14 @@ __all__ = [
 SHOT_GROUP_BOUNDS = (20, 100)
 
 
-def _check_ks(ks: Iterable[int]) -> tuple[int, ...]:
-    ks = tuple(ks)
+def _check_ks(ks: int | Iterable[int]) -> tuple[int, ...]:
+    """One K or several, as a tuple of positive integers."""
+    if isinstance(ks, numbers.Integral):
+        ks = (ks,)
+    try:
+        ks = tuple(ks)
+    except TypeError:
+        raise TypeError(f"'ks' should be a positive integer or a sequence of them, got {ks!r}") from None
     if not ks:
         raise ValueError("'ks' should hold at least one K, got an empty sequence")
     return tuple(check_int(k, "ks", 1) for k in ks)
@@ -155,6 +162,9 @@ def shot_groups(train_class_counts: Sequence[int] | torch.Tensor,
         raise ValueError(f"'train_class_counts' should be a 1-d sequence of counts, got {counts.tolist()}")
     if bool((counts < 0).any()):
         raise ValueError(f"'train_class_counts' should be >= 0, got {counts.min().item()}")
+    if counts.is_floating_point() and bool((counts != counts.round()).any()):
+        raise ValueError(f"'train_class_counts' should be whole numbers of examples, got "
+                         f"{counts[counts != counts.round()][0].item()}")
     low, high = bounds
     return {"few": counts < low, "medium": (counts >= low) & (counts <= high), "many": counts > high}
 

@@ -46,12 +46,24 @@ class RunConfig:
     def validate(self) -> None:
         """Refuse a bad value with a message naming it and what was expected."""
         import data_prep  # the registries are imported here: reading a config needs neither torch nor the data
-        from experiments.engine.models import MODELS
-        from topk.losses import LOSSES
+        from experiments.engine.models import MODELS, model_options
+        from topk.losses import LOSSES, build_loss
 
         for name, choices in (("dataset", data_prep.DATASETS), ("model", MODELS), ("loss", LOSSES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; the {name}{'es' if name == 'loss' else 's'} are {sorted(choices)}")
+        for name in ("dataset_options", "model_options", "loss_options"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"'{name}' should be a mapping of option names to values, got {getattr(self, name)!r}")
+        data_prep.check_options(self.dataset, self.dataset_options)
+        unknown = sorted(set(self.model_options) - set(model_options(self.model)))
+        if unknown:
+            raise ValueError(f"unknown model_options {unknown} of the model {self.model!r}; its options are "
+                             f"{model_options(self.model)}")
+        try:  # built once, on two classes: the loss's own checks of its parameters' names and values
+            build_loss(self.loss, class_counts=[1, 1], **self.loss_options)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"'loss_options' {self.loss_options} of the loss {self.loss!r}: {error}") from None
         for name in ("epochs", "batch_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"'{name}' should be a positive integer, got {getattr(self, name)!r}")

@@ -4,6 +4,8 @@ imbalanced runs), and small models for CPU runs. ``build_model(name, num_classes
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -105,13 +107,21 @@ class SmallCNN(nn.Module):
 
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
-    "densenet40_40": lambda num_classes, **o: DenseNetBC(num_classes, 40, 40, **o),
+    "densenet40_40": functools.partial(DenseNetBC, depth=40, growth=40),
     "densenet_bc": DenseNetBC,
-    "resnet18": lambda num_classes, **o: resnet("resnet18", num_classes, **o),
-    "resnet34": lambda num_classes, **o: resnet("resnet34", num_classes, **o),
-    "resnet50": lambda num_classes, **o: resnet("resnet50", num_classes, **o),
+    "resnet18": functools.partial(resnet, "resnet18"),
+    "resnet34": functools.partial(resnet, "resnet34"),
+    "resnet50": functools.partial(resnet, "resnet50"),
     "small_cnn": SmallCNN,
 }
+
+
+def model_options(name: str) -> list[str]:
+    """The options a model of :data:`MODELS` takes beside the number of classes (those its name fixes excluded)."""
+    builder = MODELS[name]
+    fixed = builder.keywords if isinstance(builder, functools.partial) else {}
+    return sorted(parameter for parameter in inspect.signature(builder).parameters
+                  if parameter not in ("num_classes", *fixed))
 
 
 def build_model(name: str, num_classes: int, **options) -> nn.Module:

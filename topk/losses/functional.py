@@ -290,6 +290,10 @@ def class_margins(class_counts: Sequence[int] | torch.Tensor, max_margin: float)
             f"'class_counts' should be positive and finite (a class with no sample has no margin), "
             f"got {counts[first].item()} for class {first}"
         )
+    fractional = torch.nonzero(counts != counts.round()).flatten()
+    if fractional.numel():
+        first = int(fractional[0])
+        raise ValueError(f"'class_counts' should be whole numbers of samples, got {counts[first].item()} for class {first}")
     max_margin = check_hyperparameter("max_margin", max_margin)
     inverse_fourth_root = counts.pow(-0.25)
     return inverse_fourth_root * (max_margin / inverse_fourth_root.max())

@@ -7,6 +7,8 @@ included, once, so that no call reads them), and calls its function.
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Callable, Sequence
 
 import torch
@@ -21,6 +23,15 @@ __all__ = ["ZeroOneTopK", "CrossEntropy", "Focal", "LDAM", "LapinHinge", "Convex
 
 class _LossModule(nn.Module):
     loss_function: Callable[..., torch.Tensor]
+
+    def __init_subclass__(cls, **kwargs):
+        """Each module's ``__init__`` documented by its function's docstring, the one place its parameters are
+        described (``help(NoisedHinge)`` would show ``nn.Module``'s otherwise)."""
+        super().__init_subclass__(**kwargs)
+        function = cls.loss_function
+        described = re.split(r"\n\s*>>>", inspect.cleandoc(function.__doc__))[0].rstrip()  # its examples stay there
+        cls.__init__.__doc__ = (f"The loss :func:`topk.losses.{function.__name__}` as a module: its parameters but "
+                                f"the scores ``s`` and labels ``y``, given at each call.\n\n{described}")
 
     def __init__(self, **hyperparameters):
         super().__init__()

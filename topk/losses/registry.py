@@ -30,11 +30,24 @@ class LossSpec:
     title: str  #: the loss's name in Table 1
     symbol: str  #: LaTeX symbol, e.g. ``\ell_{\mathrm{CE}}``
     formula: str  #: LaTeX expression of ``\ell(s, y)``
-    parameters: tuple[str, ...]  #: LaTeX names of its parameters, as in Table 1
+    parameters: tuple[str, ...]  #: LaTeX symbols of its parameters, as in Table 1 (:attr:`keywords`: build_loss's)
     reference: str
     constructor: Callable[..., nn.Module]
     #: whether the constructor makes per-class margins from the training set's ``class_counts`` (Eq. 13)
     takes_class_counts: bool = False
+
+    @property
+    def keywords(self) -> dict[str, object]:
+        """The keyword arguments :func:`build_loss` takes for this loss, each with its default (``inspect``'s
+        ``Parameter.empty`` where it has none: a required one); ``class_counts`` is passed by :func:`build_loss`."""
+        parameters = list(inspect.signature(self.constructor).parameters.values())
+        if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):  # a classmethod passing **kwargs
+            made = {parameter.name for parameter in parameters} | {"margins"}  # to its class, which makes the margins
+            parameters += [parameter for parameter in inspect.signature(self.constructor.__self__).parameters.values()
+                           if parameter.name not in made]
+        return {parameter.name: parameter.default for parameter in parameters
+                if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+                and parameter.name != "class_counts"}
 
 
 _SPECS = (
@@ -94,13 +107,15 @@ def build_loss(name: str, class_counts: Sequence[int] | torch.Tensor | None = No
             raise ValueError(f"the loss {name!r} makes its per-class margins from the training set: give "
                              "class_counts=, the number of training examples of each class")
         parameters["class_counts"] = class_counts
-    signature = inspect.signature(spec.constructor)
-    try:
-        signature.bind(**parameters)
-    except TypeError as error:  # a missing or unknown parameter, named with the loss's own
-        named = [p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in signature.parameters.values()
-                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        raise TypeError(f"build_loss({name!r}, ...): {error}; its parameters are {', '.join(named)}") from None
+    keywords = spec.keywords
+    unknown = sorted(set(parameters) - set(keywords) - {"class_counts"})
+    missing = [keyword for keyword, default in keywords.items() if default is inspect.Parameter.empty
+               and keyword not in parameters]
+    if unknown or missing:
+        named = [keyword if default is inspect.Parameter.empty else f"{keyword}={default!r}"
+                 for keyword, default in keywords.items()]
+        problem = f"unknown parameter{'s' if len(unknown) > 1 else ''} {unknown}" if unknown else f"missing {missing}"
+        raise TypeError(f"build_loss({name!r}, ...): {problem}; its parameters are {', '.join(named)}")
     return spec.constructor(**parameters)
 
 

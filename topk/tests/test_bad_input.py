@@ -54,6 +54,20 @@ CASES = [
     (lambda: losses.SmoothHinge(k=2, tau=-1.0), ValueError, "'tau' should be > 0.0, got -1.0"),
     (lambda: losses.NoisedHinge(k=0, epsilon=0.1, n_samples=3), ValueError, "'k' should be >= 1, got 0"),
     (lambda: losses.NoisedHinge(k=5, epsilon=-1, n_samples=3), ValueError, "'epsilon' should be >= 0.0"),
+    # margins and counts that make no sense where they are made or given
+    (lambda: losses.noised_hinge(s, y, 2, 1.0, 3, margins=-0.2), ValueError, "'margins' should be >= 0.0, got -0.2"),
+    (lambda: losses.NoisedHinge(2, 1.0, 3, margins=-1.0), ValueError, "'margins' should be >= 0.0, got -1.0"),
+    (lambda: losses.LDAM(torch.tensor([0.1, -0.3])), ValueError, r"'margins' should be finite and >= 0, got \[0.1"),
+    (lambda: losses.class_margins([10, 2.5, 3], 0.5), ValueError, "whole numbers of samples, got 2.5 for class 1"),
+    (lambda: losses.class_margins([10, 2], -0.5), ValueError, "'max_margin' should be >= 0.0, got -0.5"),
+    (lambda: topk.metrics.shot_groups([10, 2.5]), ValueError, "whole numbers of examples, got 2.5"),
+    (lambda: topk.metrics.TopKAccuracy(ks="5"), TypeError, "'ks' should be an integer"),
+    (lambda: topk.metrics.TopKAccuracy(ks=None), TypeError, "'ks' should be a positive integer or a sequence"),
+    (lambda: topk.metrics.TopKAccuracy(ks=0), ValueError, "'ks' should be >= 1, got 0"),
+    (lambda: topk.metrics.MacroTopKAccuracy(5, num_classes=2.0), TypeError, "'num_classes' should be an integer"),
+    (lambda: losses.build_loss("noised_imbalanced", class_counts=[3, 2], k=1, epsilon=0.1, n_samples=3,
+                               max_margin=0.2, sclae=30.0), TypeError,
+     r"unknown parameter \['sclae'\]; its parameters are k, epsilon, n_samples, max_margin, scale=1.0"),
 ]
 
 
@@ -82,3 +96,26 @@ def test_nan_scores_give_nan_losses_never_finite_ones():
                  losses.zero_one_topk(bad, y, 2, reduction="none"), losses.noised_hinge(bad, y, 2, 0.5, 3, reduction="none"),
                  losses.smooth_hinge(bad, y, 1, 0.5, reduction="none"), losses.smooth_hinge(bad, y, 3, 0.5, reduction="none")):
         assert torch.isnan(loss[2]) and torch.isfinite(loss[[0, 1, 3]]).all()
+
+
+def test_one_k_is_taken_where_several_are():
+    assert topk.metrics.TopKAccuracy(ks=5).ks == (5,) and topk.metrics.MacroTopKAccuracy(3, num_classes=4).ks == (3,)
+
+
+@pytest.mark.parametrize("name", sorted(losses.LOSSES))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_an_empty_batch_gives_what_cross_entropy_gives(name, reduction):
+    """PyTorch's convention, as ``F.cross_entropy``: no sample, no loss per sample; their sum is 0 and their mean 0/0,
+    NaN; the gradient is empty. Every loss and reduction, the noised losses' pruned CPU kernel included."""
+    options = {"k": 2, "epsilon": 0.2, "n_samples": 3, "tau": 1.0, "gamma": 2.0, "max_margin": 0.3}
+    keywords = losses.LOSSES[name].keywords
+    loss = losses.build_loss(name, class_counts=[5, 4, 3, 2, 1], reduction=reduction,
+                             **{key: value for key, value in options.items() if key in keywords})
+    scores = torch.empty(0, 5, requires_grad=True)
+    labels = torch.empty(0, dtype=torch.long)
+    value = loss(scores, labels)
+    expected = torch.nn.functional.cross_entropy(scores, labels, reduction=reduction)
+    torch.testing.assert_close(value, expected, equal_nan=True)
+    if value.requires_grad:
+        value.sum().backward()
+        assert scores.grad.shape == (0, 5)
