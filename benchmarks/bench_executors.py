@@ -61,12 +61,17 @@ def main() -> None:
     parser.add_argument("profile")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes of the local executor (default 2)")
     parser.add_argument("--out", type=Path, help="CSV (default: benchmarks/results/executors_PROFILE.csv)")
+    parser.add_argument("--keep", type=Path, help="keep the two stores in DIR/inline and DIR/local (default: a "
+                        "temporary folder, removed): the notebooks can then be run on each and their tables compared "
+                        "(python -m experiments.analysis.compare)")
     args = parser.parse_args()
     runs = plan(get_profile(args.profile))
     images = sum(run.train_images or 0 for run in runs)
     keys = [sibling.key() for run in runs for sibling in run.config.siblings()]
     with tempfile.TemporaryDirectory() as scratch:
-        stores = {name: Path(scratch) / name for name in ("inline", "local")}
+        stores = {name: (args.keep or Path(scratch)) / name for name in ("inline", "local")}
+        if any(store.exists() for store in stores.values()):
+            parser.error(f"{args.keep} already holds a store: the runs must train from an empty one")
         seconds = {name: train(args.profile, stores[name], name, args.jobs) for name in stores}
         same, differing = compare(stores["inline"], stores["local"], [key for key in keys
                                                                       if ResultsStore(stores["inline"]).record_path(key).exists()])

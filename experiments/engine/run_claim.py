@@ -36,14 +36,15 @@ def holder() -> dict:
 
 
 def read_claim(path: Path) -> dict | None:
-    """The claim's holder, or None when there is none; an unreadable claim (cut by a crash) reads as an empty dict,
-    which :func:`is_stale` judges by its age."""
+    """The claim's holder, or None when there is none; an unreadable claim (cut by a crash, or JSON that is not a
+    holder's mapping) reads as an empty dict, which :func:`is_stale` judges by its age."""
     try:
-        return json.loads(path.read_text())
+        claim = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
         return {}
+    return claim if isinstance(claim, dict) else {}
 
 
 def is_stale(path: Path, claim: dict, *, stale_after: float = STALE_AFTER) -> bool:

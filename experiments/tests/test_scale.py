@@ -107,6 +107,13 @@ def test_a_claim_is_kept_by_a_live_holder_and_taken_over_from_a_dead_or_silent_o
     assert run_claim.try_claim(tmp_path, key)  # silent for too long
     run_claim.release(tmp_path, key)
     assert not path.exists()
+    for damaged in ('[1, 2]', '{"host": ', '"a string"', ''):  # a claim cut by a crash, or not a holder's
+        path.write_text(damaged)
+        assert run_claim.read_claim(path) == {}
+        assert not run_claim.try_claim(tmp_path, key)  # judged by its age: touched just now
+        os.utime(path, (old, old))
+        assert run_claim.try_claim(tmp_path, key)
+        run_claim.release(tmp_path, key)
 
 
 RACER = """
