@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments.analysis import kernel_targets
+from experiments.analysis import compare, kernel_targets
 from experiments.tuning.calibration import TOLERANCE, rate_text, unmatched
 from experiments.tuning.learning_rates import fitted_gap_at_chosen_rate
 from experiments.spec import tuned
@@ -368,36 +368,38 @@ def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
 
 
 def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE,
-                 empty_store: Path = BENCHMARK_RESULTS / f"empty_store_{DEFAULT_PROFILE}") -> str:
+                 empty_store: Path = BENCHMARK_RESULTS / f"empty_store_{DEFAULT_PROFILE}",
+                 executor: Path = BENCHMARK_RESULTS / f"executors_{DEFAULT_PROFILE}") -> str:
     """How long the notebooks ran, from their manifests: those behind the committed figures, and those of a
     ``make paper-figures`` from an empty results store on a fresh clone (its manifests, table CSVs and verdicts
-    copied to ``empty_store``), with how many of that run's tables and verdicts the committed ones repeat."""
+    copied to ``empty_store``); then how that run's tables and verdicts, and those of the notebooks run on the
+    ``local`` executor's store (``executor``, :mod:`benchmarks.bench_executors`), compare with the committed ones."""
     lines = [_manifests_line(f"The committed `{DEFAULT_PROFILE}` figures", figures / "manifests",
                              f"figures/{DEFAULT_PROFILE}/manifests/")]
     if any((empty_store / "manifests").glob("*.json")):
         lines += [_manifests_line("`make paper-figures` from an empty results store on a fresh clone",
                                   empty_store / "manifests", f"benchmarks/results/{empty_store.name}/"),
-                  _rerun_line(figures, empty_store)]
+                  _rerun_line("That run's", figures, empty_store)]
+    if any((executor / "claims").glob("*.json")):
+        lines.append(_rerun_line("The notebooks on the runs `train --executor local --jobs 2` trained "
+                                 f"(`benchmarks/results/{executor.name}/`)", figures, executor))
     return "\n".join(lines)
 
 
-def _rerun_line(figures: Path, rerun: Path) -> str:
-    """How many of a rerun's table CSVs are byte for byte the committed figures' (those that differ named), and how
-    many of its verdicts have the committed status; or that the committed figures are the rerun's own."""
+def _rerun_line(what: str, figures: Path, rerun: Path) -> str:
+    """How a rerun's tables and verdicts compare with the committed figures (:mod:`experiments.analysis.compare`),
+    or that the committed figures are the rerun's own."""
     if _same_files(figures / "manifests", rerun / "manifests"):
-        return ("- The committed figures are that run's own (same manifests): no second run to compare them with at "
-                "this commit")
-    tables = sorted(path.name for path in rerun.glob("*.csv"))
-    differ = [name for name in tables if not (figures / name).exists()
-              or (figures / name).read_bytes() != (rerun / name).read_bytes()]
-    claims = sorted(path.name for path in (rerun / "claims").glob("*.json"))
-    status = lambda root, name: json.loads((root / "claims" / name).read_text())["status"]  # noqa: E731
-    changed = [name for name in claims if not (figures / "claims" / name).exists()
-               or status(figures, name) != status(rerun, name)]
-    named = lambda what, names: f" ({what}: {', '.join(names)})" if names else ""  # noqa: E731
-    return (f"- That run's tables against the committed figures: {len(tables) - len(differ)} of {len(tables)} CSVs "
-            f"identical byte for byte{named('differ', differ)}; {len(claims) - len(changed)} of {len(claims)} "
-            f"verdicts the same{named('changed', changed)}")
+        return f"- The committed figures are that run's own (same manifests)"
+    tables, _, claims = compare.compare(figures, rerun)
+    identical = [table for table in tables if table.identical]
+    beyond = [table.name for table in tables if table.outside]
+    differ = [table.name for table in tables if not table.identical and not table.outside]
+    named = lambda names: f" ({', '.join(names)})" if names else ""  # noqa: E731
+    same = sum(ours == theirs for ours, theirs in claims.values())
+    return (f"- {what}: of {len(tables)} tables, {len(identical)} byte-identical to the committed ones, "
+            f"{len(differ)} within the seeds' noise{named(differ)}, {len(beyond)} beyond it{named(beyond)}; "
+            f"{same} of {len(claims)} verdicts the same")
 
 
 def _same_files(one: Path, other: Path) -> bool:

@@ -209,21 +209,27 @@ def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_fr
     for root, table, status in ((tmp_path, "1,2\n", "reproduced"), (tmp_path / "empty", "1,2\n", "reproduced")):
         (root / "claims").mkdir(exist_ok=True)
         (root / "table4.csv").write_text(table)
-        (root / "claims" / "claim5.json").write_text(json.dumps({"status": status}))
-    (tmp_path / "fig3.csv").write_text("0.51\n")
-    (tmp_path / "empty" / "fig3.csv").write_text("0.52\n")
+        (root / "claims" / "claim5.json").write_text(json.dumps({"claim": 5, "status": status}))
+    (tmp_path / "fig3.csv").write_text("loss,epoch_seconds\nCE,0.51\n")
+    (tmp_path / "empty" / "fig3.csv").write_text("loss,epoch_seconds\nCE,0.52\n")
     rerun = readme.figures_time(tmp_path, tmp_path / "empty")
     assert text + "\n- `make paper-figures` from an empty results store on a fresh clone: 1 notebooks, 40 minutes in " \
         "all (170 runs trained in them and 30 read back" in rerun
-    assert rerun.endswith("against the committed figures: 1 of 2 CSVs identical byte for byte (differ: fig3.csv); "
-                          "1 of 1 verdicts the same")
-    (tmp_path / "claims" / "claim5.json").write_text(json.dumps({"status": "not reproduced"}))
-    assert readme.figures_time(tmp_path, tmp_path / "empty").endswith("0 of 1 verdicts the same (changed: claim5.json)")
+    assert rerun.endswith("- That run's: of 2 tables, 1 byte-identical to the committed ones, 1 within the seeds' "
+                          "noise (fig3), 0 beyond it; 1 of 1 verdicts the same")
+    (tmp_path / "claims" / "claim5.json").write_text(json.dumps({"claim": 5, "status": "not reproduced"}))
+    assert readme.figures_time(tmp_path, tmp_path / "empty").endswith("0 of 1 verdicts the same")
+    local = tmp_path / "local"
+    (local / "claims").mkdir(parents=True)
+    (local / "table4.csv").write_text("1,3\n")
+    (local / "claims" / "claim5.json").write_text(json.dumps({"claim": 5, "status": "not reproduced"}))
+    assert readme.figures_time(tmp_path, tmp_path / "empty", local).endswith(
+        "`train --executor local --jobs 2` trained (`benchmarks/results/local/`): of 1 tables, 0 byte-identical to the "
+        "committed ones, 0 within the seeds' noise, 1 beyond it (table4); 1 of 1 verdicts the same")
     for name in ("a", "b"):  # the committed figures copied from the empty-store run: nothing to compare
         (tmp_path / "empty" / "manifests" / f"{name}.json").write_bytes((tmp_path / "manifests" / f"{name}.json").read_bytes())
     assert readme.figures_time(tmp_path, tmp_path / "empty").endswith("The committed figures are that run's own (same "
-                                                                      "manifests): no second run to compare them with "
-                                                                      "at this commit")
+                                                                      "manifests)")
     (tmp_path / "quick").mkdir()
     (tmp_path / "quick" / "a.json").write_text(json.dumps({**common, "seconds": 40, "runs": {"trained": 0,
                                                                                             "from_store": 9}}))

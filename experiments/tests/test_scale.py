@@ -62,32 +62,26 @@ def test_the_plan_says_what_the_store_holds_of_each_run(tmp_path):
     assert state(planned, store) == ("finished", 2)
 
 
-def test_local_with_two_workers_gives_the_inline_records_bit_for_bit(tmp_path):
-    runs = [_planned(seed) for seed in (1, 2, 3)]
+def test_local_with_two_workers_gives_the_inline_records_bit_for_bit_and_names_a_failed_run(tmp_path):
+    """One pool of two workers: the runs that can train give the inline records; one that cannot (its real dataset
+    is missing) is named with its log, and the others go on."""
+    runs = [_planned(seed) for seed in (1, 2)]
     threads = torch.get_num_threads()
     try:
         inline = executors.TrainOptions(str(tmp_path / "inline"), threads=1)
         executors.inline(runs, inline, Progress(runs))
     finally:
         torch.set_num_threads(threads)
+    failing = PlannedRun(RunConfig(**{**TINY, "dataset": "cifar100", "dataset_options": {}}), ("test",), "cifar100",
+                         None)
     local = executors.TrainOptions(str(tmp_path / "local"), threads=1)
-    progress = Progress(runs)
-    executors.local(runs, local, progress, jobs=2)
-    assert progress.done == 3 and not progress.failed
+    progress = Progress([failing, *runs])
+    executors.local([failing, *runs], local, progress, jobs=2)
+    assert progress.done == 2 and list(progress.failed) == [failing.key]
+    assert "MissingDataError" in Path(progress.failed[failing.key]).read_text()
     for run in runs:
         one, other = (ResultsStore(options.store).finished(run.key) for options in (inline, local))
         assert _computed(one) == _computed(other)
-
-
-def test_a_failed_run_is_named_with_its_log_and_the_others_go_on(tmp_path):
-    real = PlannedRun(RunConfig(**{**TINY, "dataset": "cifar100", "dataset_options": {}}), ("test",), "cifar100", None)
-    runs = [real, _planned(1)]
-    options = executors.TrainOptions(str(tmp_path), threads=1)
-    progress = Progress(runs)
-    executors.local(runs, options, progress, jobs=2)
-    assert progress.done == 1 and list(progress.failed) == [real.key]
-    assert "MissingDataError" in Path(progress.failed[real.key]).read_text()
-    assert ResultsStore(tmp_path).finished(runs[1].key) is not None
 
 
 def test_a_claim_is_kept_by_a_live_holder_and_taken_over_from_a_dead_or_silent_one(tmp_path):

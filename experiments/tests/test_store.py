@@ -80,13 +80,15 @@ def test_records_are_strict_json_and_state_each_epoch_s_own_learning_rate(whole)
 
 def test_a_cut_record_is_set_aside_and_its_run_trained_again(tmp_path, whole, deterministic):  # noqa: F811
     config, store = RunConfig(**TINY), ResultsStore(tmp_path)
-    run(config, store)
-    path = store.record_path(config.key())
-    _cut(path)
-    with pytest.warns(DamagedStoreWarning, match=f"{path.name} is damaged .*kept as {path.name}.damaged.*trained again"):
-        assert sorted(r["key"] for r in store.records()) == sorted(s.key() for s in config.siblings() if s != config)
-    assert path.with_name(path.name + ".damaged").exists() and not path.exists()
-    assert _same_run(run(config, store), whole)
+    path, other = store.record_path(config.key()), store.record_path(config.replace(seed=2).key())
+    for record_path, record in ((path, whole), (other, {**whole, "key": other.stem,
+                                                        "config": config.replace(seed=2).to_dict()})):
+        record_path.parent.mkdir(parents=True, exist_ok=True)
+        record_path.write_text(json.dumps(record))
+    _cut(other)
+    with pytest.warns(DamagedStoreWarning, match=f"{other.name} is damaged .*kept as {other.name}.damaged.*trained again"):
+        assert [r["key"] for r in store.records()] == [config.key()]
+    assert other.with_name(other.name + ".damaged").exists() and not other.exists()
     _cut(path)
     with pytest.warns(DamagedStoreWarning, match="trained again"):  # run() itself meets the damaged record
         assert _same_run(run(config, store), whole)
