@@ -14,21 +14,21 @@ that depends on the thread count, so the two can differ in their last bits. Rows
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from experiments.engine.store import ResultsStore, write_csv
+from experiments.engine.store import ResultsStore, computed, write_csv
 from experiments.paths import BENCHMARK_RESULTS, PROJECT_ROOT
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 
-FIELDS = [*STAMP_FIELDS, "profile", "executor", "jobs", "runs", "train_images", "seconds", "images_per_s",
+FIELDS = [*STAMP_FIELDS, "cores", "profile", "executor", "jobs", "runs", "train_images", "seconds", "images_per_s",
           "ratio_to_inline", "records_identical", "records_differing"]
-COMPUTED = ("config", "selected_epoch", "test", "val", "label_noise_fit", "crowded")
 
 
 def train(profile: str, store: Path, executor: str, jobs: int) -> float:
@@ -39,13 +39,6 @@ def train(profile: str, store: Path, executor: str, jobs: int) -> float:
     start = time.perf_counter()
     subprocess.run(command, cwd=PROJECT_ROOT, check=True)
     return time.perf_counter() - start
-
-
-def computed(record: dict) -> dict:
-    """What a run computes: every epoch's losses and validation metrics, the selected epoch, the test metrics."""
-    history = [{name: value for name, value in epoch.items() if name not in ("epoch_seconds", "loss_seconds")}
-               for epoch in record["history"]]
-    return {"history": history, **{name: record.get(name) for name in COMPUTED}}
 
 
 def compare(first: Path, second: Path, keys: list[str]) -> tuple[int, int]:
@@ -75,7 +68,7 @@ def main() -> None:
         seconds = {name: train(args.profile, stores[name], name, args.jobs) for name in stores}
         same, differing = compare(stores["inline"], stores["local"], [key for key in keys
                                                                       if ResultsStore(stores["inline"]).record_path(key).exists()])
-    rows = [{**stamp("cpu"), "profile": args.profile, "executor": name, "jobs": args.jobs if name == "local" else 1,
+    rows = [{**stamp("cpu"), "cores": len(os.sched_getaffinity(0)), "profile": args.profile, "executor": name, "jobs": args.jobs if name == "local" else 1,
              "runs": len(runs), "train_images": images, "seconds": round(seconds[name], 1),
              "images_per_s": round(images / seconds[name], 1), "ratio_to_inline": round(seconds["inline"] / seconds[name], 3),
              "records_identical": same, "records_differing": differing} for name in stores]

@@ -140,3 +140,13 @@ def test_ddp_noise_benchmark_prints_a_variance_ratio_per_logit_scale():
                         r"x(\d+\.\d\d)$", run.stdout, re.M)
     assert [scale for scale, _ in ratios] == ["0.05", "1", "5"], run.stdout
     assert all(float(ratio) > 0 for _, ratio in ratios)
+
+
+def test_compile_time_benchmark_writes_each_loss_s_first_second_and_short_batch_step(tmp_path):
+    """``benchmarks.bench_compile_time`` on cross-entropy, traced by Dynamo without inductor's code generation (what
+    it measures takes minutes on a CPU): a row with the three steps' times, the first (a tracing) the longest."""
+    out = tmp_path / "compile.csv"
+    _run("bench_compile_time", "--losses", "cross_entropy", "--batch", "4", "--backend", "eager", "--out", str(out))
+    [row] = _rows(out)
+    assert (row["loss"], row["batch"], row["backend"]) == ("cross_entropy", "4", "eager")
+    assert float(row["first_step_s"]) > float(row["second_step_s"]) > 0

@@ -119,6 +119,14 @@ def check_record(record, key: str) -> None:
     _check_fields("the record's test", record["test"], {"top": dict, "macro_top": dict})
 
 
+def computed(record: dict) -> dict:
+    """What a run computed, as two runs of one config are compared: the record without its provenance (where, when,
+    by what) and without its epochs' timings."""
+    history = [{name: value for name, value in epoch.items() if not name.endswith("_seconds")}
+               for epoch in record["history"]]
+    return {**{name: value for name, value in record.items() if name != "provenance"}, "history": history}
+
+
 class ResultsStore:
     """``root/runs/<key>.json`` (finished runs) and ``root/checkpoints/<key>.pt`` and ``<key>.previous.pt`` (the last
     two epochs of unfinished ones)."""

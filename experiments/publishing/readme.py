@@ -478,6 +478,38 @@ def crowding(results: Path = BENCHMARK_RESULTS) -> str:
                   "same runs at other eps", results)
 
 
+def executors_time(path: Path = BENCHMARK_RESULTS / f"executors_{DEFAULT_PROFILE}.csv") -> str:
+    """The default profile trained from an empty store by the inline and the local executor in one script run
+    (:mod:`benchmarks.bench_executors`): their times, and how many records they computed alike."""
+    rows = {row["executor"]: row for row in _rows(path)}
+    if not {"inline", "local"} <= set(rows):
+        return (f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_executors "
+                f"{DEFAULT_PROFILE} --jobs 2`.*")
+    inline, local = rows["inline"], rows["local"]
+    identical, differing = int(local["records_identical"]), int(local["records_differing"])
+    return (f"*The {DEFAULT_PROFILE} profile's {local['runs']} trainings from an empty store on {local['device_name']}, "
+            f"{local['cores']} cores: `inline` {float(inline['seconds']) / 60:.0f} min, `local --jobs {local['jobs']}` "
+            f"{float(local['seconds']) / 60:.0f} min (x{float(local['ratio_to_inline']):.2f}); {identical} of "
+            f"{identical + differing} records computed alike, bit for bit (`{path.name}`, commit "
+            f"{short_commit(local['commit'])}).*")
+
+
+def compile_time(path: Path = BENCHMARK_RESULTS / "compile_time_cpu.csv") -> str:
+    """Seconds of each loss's first compiled training step (a compilation), its second, and one at a batch one
+    smaller (a recompilation), on a CPU (:mod:`benchmarks.bench_compile_time`)."""
+    rows = _rows(path)
+    if not rows:
+        return f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_compile_time`.*"
+    lines = ["| loss | first step (compiles) | second step | a batch one smaller (compiles again) |", "|---|---|---|---|"]
+    lines += [f"| {row['loss']} | {float(row['first_step_s']):.1f} s | {float(row['second_step_s']):.2f} s | "
+              f"{float(row['short_batch_step_s']):.1f} s |" for row in rows]
+    row = rows[0]
+    lines += ["", f"*{row['model']}, batch {row['batch']}, `torch.compile` mode default; {row['device_name']}, "
+                  f"{row['cpu_threads']} torch threads, torch {row['torch']}, commit {short_commit(row['commit'])} "
+                  f"(`{path.name}`).*"]
+    return "\n".join(lines)
+
+
 #: Each generated block and what writes it; :func:`placement` finds the one document that holds it.
 BLOCKS: dict[str, Callable[[], str]] = {
     "verdict-summary": verdict_summary,
@@ -497,6 +529,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "label-noise-capacity": label_noise_capacity,
     "crowding": crowding,
     "learning-rates": learning_rates,
+    "compile-time": compile_time,
+    "executors-time": executors_time,
 }
 
 #: A block's markers; its name is lower case, digits and hyphens.

@@ -73,7 +73,7 @@ def test_config_key_is_stable_and_changes_with_any_field():
 
 
 def test_a_redrawn_stand_ins_runs_get_new_keys_and_the_others_keep_theirs(monkeypatch):
-    config = RunConfig(**{**TINY, "dataset": "plantnet_like"})
+    config = RunConfig(**{**TINY, "dataset": "plantnet_like", "dataset_options": {"n_images": 400, "n_classes": 10}})
     unchanged = RunConfig(**{**TINY, "dataset": "imagenet_like"})
     keys = config.key(), unchanged.key()
     monkeypatch.setitem(config_module.GENERATOR_VERSIONS, "plantnet_like", 3)

@@ -21,7 +21,7 @@ import pytest
 
 import experiments
 from experiments.paths import NOTEBOOKS
-from topk.tests.test_import_layers import package_modules
+from topk.tests.import_walk import find_cycle, imports_of, package_modules
 
 FLOOR_NAMES = ("where files are and where a result came from", "the training engine", "the paper's specification",
                "the steps run once per profile (tuning)", "from records to results (analysis)",
@@ -54,52 +54,13 @@ def floor_of(name: str) -> int | None:
     return FLOORS[max(owners, key=len)] if owners else None
 
 
-def _resolve(name: str, modules) -> str:
-    """``name``, or the nearest package above it that is a module of ``modules`` (an attribute imported from it)."""
-    while name not in modules and "." in name:
-        name = name.rpartition(".")[0]
-    return name
-
-
-def imports_of(name: str, source: str, modules) -> list[tuple[str, int]]:
-    """The package's modules that ``source`` (the module ``name``; "" for a notebook) imports, each with its line."""
-    is_package = name in modules and modules[name].name == "__init__.py"
-    package = name if is_package else name.rpartition(".")[0]
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        targets = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, base] if base else parent)
-            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
-        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
-            argument = node.args[0]
-            if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
-                targets = [argument.value]
-            elif isinstance(argument, ast.JoinedStr) and argument.values \
-                    and isinstance(argument.values[0], ast.Constant):  # f"experiments.probes.{name}": the package
-                targets = [argument.values[0].value.rpartition(".")[0]]
-        found += [(_resolve(target, modules), node.lineno) for target in targets
-                  if target == "experiments" or target.startswith("experiments.")]
-    return found
-
-
-def _is_import_module(func: ast.expr) -> bool:
-    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or \
-        (isinstance(func, ast.Name) and func.id == "import_module")
-
-
 def import_graph() -> dict[str, dict[str, int]]:
     """Each module's imports of the package's modules (itself left out), with the line of the first."""
     modules = package_modules(experiments)
     graph = {}
     for name, path in modules.items():
         edges = {}
-        for target, line in imports_of(name, path.read_text(), modules):
+        for target, line, _ in imports_of(name, path.read_text(), modules, "experiments"):
             if target != name:
                 edges.setdefault(target, line)
         graph[name] = edges
@@ -126,32 +87,9 @@ def test_no_module_imports_a_higher_floor():
     assert not upward, "\n".join(upward)
 
 
-def _cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
-    """One cycle of ``graph`` (its modules in order, the first repeated at the end), or None."""
-    state: dict[str, str] = {}
-    path: list[str] = []
-
-    def visit(name: str) -> list[str] | None:
-        state[name] = "open"
-        path.append(name)
-        for target in sorted(graph.get(name, {})):
-            if state.get(target) == "open":
-                return path[path.index(target):] + [target]
-            if target not in state and (found := visit(target)):
-                return found
-        state[name] = "done"
-        path.pop()
-        return None
-
-    for name in sorted(graph):
-        if name not in state and (found := visit(name)):
-            return found
-    return None
-
-
 def test_no_two_modules_import_each_other_directly_or_through_others():
     graph = import_graph()
-    cycle = _cycle(graph)
+    cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(
         f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
 
@@ -164,13 +102,14 @@ def test_the_checks_see_upward_imports_cycles_and_every_form_of_import():
               "def f():\n    from experiments.probes import crowding\n"
               "    importlib.import_module('experiments.engine.train')\n"
               "    import_module(f'experiments.probes.{name}')\n")
-    assert imports_of("experiments.engine.train", source, modules) == [
+    assert [found[:2] for found in imports_of("experiments.engine.train", source, modules, "experiments")] == [
         ("experiments.spec.grids", 1), ("experiments.spec.grids", 2), ("experiments.probes.crowding", 4),
         ("experiments.engine.train", 5), ("experiments.probes", 6)]
-    assert imports_of("experiments.probes", "from . import crowding\nfrom .crowding import run\n", modules) == [
+    assert [found[:2] for found in imports_of("experiments.probes", "from . import crowding\nfrom .crowding import run\n",
+                                              modules, "experiments")] == [
         ("experiments.probes.crowding", 1), ("experiments.probes.crowding", 2)]
-    assert _cycle({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 3}, "d": {"a": 1}}) == ["a", "b", "c", "a"]
-    assert _cycle({"a": {"b": 1}, "b": {}, "c": {"a": 1, "b": 2}}) is None
+    assert find_cycle({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 3}, "d": {"a": 1}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b": 1}, "b": {}, "c": {"a": 1, "b": 2}}) is None
     assert floor_of("experiments.tuning.new_step") == 3 and floor_of("experiments.new_module") is None
 
 
@@ -182,7 +121,7 @@ def notebook_imports(path: Path) -> list[tuple[str, int, str]]:
         if cell.cell_type != "code":
             continue
         source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
-        found += [(target, line, cell.get("id", "")) for target, line in imports_of("", source, modules)]
+        found += [(target, line, cell.get("id", "")) for target, line, _ in imports_of("", source, modules, "experiments")]
     return found
 
 

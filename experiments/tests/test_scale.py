@@ -16,7 +16,7 @@ import torch
 
 from experiments.engine import run_claim
 from experiments.engine.config import RunConfig
-from experiments.engine.store import ResultsStore
+from experiments.engine.store import ResultsStore, computed
 from experiments.engine.train import run
 from experiments.scale import executors
 from experiments.scale.plan import PlannedRun, plan, state
@@ -31,13 +31,6 @@ TINY = {**EXPERIMENTS_TINY, "epochs": 2, "milestones": (1,)}
 
 def _planned(seed: int, **changes) -> PlannedRun:
     return PlannedRun(RunConfig(**{**TINY, "seed": seed, **changes}), ("test",), None, 0)
-
-
-def _computed(record: dict) -> dict:
-    """What a run computes, without its timings and provenance."""
-    history = [{name: value for name, value in epoch.items() if name not in ("epoch_seconds", "loss_seconds")}
-               for epoch in record["history"]]
-    return {**{name: value for name, value in record.items() if name != "provenance"}, "history": history}
 
 
 def test_the_plan_is_every_notebook_grid_cell_once_per_training_with_its_readers():
@@ -81,7 +74,7 @@ def test_local_with_two_workers_gives_the_inline_records_bit_for_bit_and_names_a
     assert "MissingDataError" in Path(progress.failed[failing.key]).read_text()
     for run in runs:
         one, other = (ResultsStore(options.store).finished(run.key) for options in (inline, local))
-        assert _computed(one) == _computed(other)
+        assert computed(one) == computed(other)
 
 
 def test_a_claim_is_kept_by_a_live_holder_and_taken_over_from_a_dead_or_silent_one(tmp_path):
@@ -157,7 +150,7 @@ def test_a_worker_killed_mid_run_is_resumed_by_the_next_train_to_the_same_result
     finally:
         torch.set_num_threads(threads)
     assert 0 < store.checkpoints_saved < config.epochs  # resumed from the killed worker's checkpoint, not restarted
-    assert _computed(resumed) == _computed(whole)
+    assert computed(resumed) == computed(whole)
 
 
 class _CountingStore(ResultsStore):

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from experiments.engine.config import RunConfig
-from experiments.engine.store import ResultsStore
+from experiments.engine.store import ResultsStore, computed
 from experiments.scale import executors, slurm
 from experiments.scale.plan import PlannedRun, plan
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import get_profile
-from experiments.tests.test_scale import TINY, _computed
+from experiments.tests.test_scale import TINY
 
 
 def _cluster_answers() -> bool:
@@ -65,7 +65,7 @@ def test_the_smoke_profiles_missing_runs_as_an_array_give_the_inline_records(tmp
     slurm.train(runs, options, progress, slurm_options, profile="smoke")
     assert progress.done == 2 and not progress.failed, progress.summary()
     for run in runs:
-        assert _computed(ResultsStore(options.store).finished(run.key)) == _computed(inline.finished(run.key))
+        assert computed(ResultsStore(options.store).finished(run.key)) == computed(inline.finished(run.key))
 
 
 def test_the_plain_sbatch_script_runs_the_same_runs_through_run_one(tmp_path):
@@ -77,7 +77,7 @@ def test_the_plain_sbatch_script_runs_the_same_runs_through_run_one(tmp_path):
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     _wait_for(submitted.stdout.strip().split(";")[0])
     for run in runs:
-        assert _computed(ResultsStore(options.store).finished(run.key)) == _computed(inline.finished(run.key))
+        assert computed(ResultsStore(options.store).finished(run.key)) == computed(inline.finished(run.key))
 
 
 def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
@@ -102,4 +102,4 @@ def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
     starts = sum(path.read_text().count("Starting with JobEnvironment")
                  for path in (tmp_path / "requeued" / "slurm" / "submitit").glob("*_log.out"))
     assert starts == 2  # the task ran twice: before and after its requeue
-    assert _computed(store.finished(run.key)) == _computed(inline.finished(run.key))
+    assert computed(store.finished(run.key)) == computed(inline.finished(run.key))

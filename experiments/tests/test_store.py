@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from experiments.engine.config import RunConfig
-from experiments.engine.store import DamagedStoreWarning, ResultsStore
+from experiments.engine.store import DamagedStoreWarning, ResultsStore, computed
 from experiments.engine.models import build_model
 from experiments.engine.train import _fits, run
-from experiments.tests.test_experiments import TINY, _without_times, deterministic  # noqa: F401 (a fixture)
+from experiments.tests.test_experiments import TINY, deterministic  # noqa: F401 (a fixture)
 
 MARKER = "ran.txt"
 
@@ -27,9 +27,8 @@ def _cut(path: Path) -> None:
 
 
 def _same_run(record: dict, other: dict) -> bool:
-    """Two records of one run that computed the same: losses, validations, selected epoch, test metrics."""
-    return (_without_times(record) == _without_times(other) and record["test"] == other["test"]
-            and record["selected_epoch"] == other["selected_epoch"])
+    """Two records of one run that computed the same (:func:`experiments.engine.store.computed`)."""
+    return computed(record) == computed(other)
 
 
 def leave_marker(path: str) -> None:

@@ -9,12 +9,12 @@ edge to ``topk.a.b`` when ``b`` is a module, to ``topk.a`` otherwise; relative i
 importing module's package.
 """
 
-import ast
 from pathlib import Path
 
 import pytest
 
 import topk
+from topk.tests.import_walk import find_cycle, imports_of, package_modules
 
 DEVICE, LAUNCHERS, REGISTRATION, PUBLIC = range(4)
 FLOOR_NAMES = ("device code", "launchers and PyTorch references", "operator registration", "public API")
@@ -56,69 +56,12 @@ FLOORS = {
 LAZY = {"topk._fused_kernel", "topk._esp_kernel", "topk.fused"}
 
 
-def package_modules(package=topk) -> dict[str, Path]:
-    """Every module of ``package`` but its tests, by dotted name (a package by its own name)."""
-    root = Path(package.__file__).parent
-    modules = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        if "tests" in parts:
-            continue
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return modules
-
-
-def imports_of(name: str, source: str, modules) -> list[tuple[str, bool]]:
-    """The package's modules that ``source`` (the module ``name``) imports, each with whether the import is inside a
-    function."""
-    package = name if name in modules and modules[name].name == "__init__.py" else name.rpartition(".")[0]
-    found = []
-
-    def visit(node: ast.AST, in_function: bool) -> None:
-        targets = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([node.module] if node.module else []))
-            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
-        found.extend((target, in_function) for target in targets if target in modules and target != name)
-        inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-        for child in ast.iter_child_nodes(node):
-            visit(child, inside)
-
-    visit(ast.parse(source), False)
-    return found
-
-
 def import_graph() -> dict[str, list[tuple[str, bool]]]:
-    modules = package_modules()
-    return {name: imports_of(name, path.read_text(), modules) for name, path in modules.items()}
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """A cycle of ``graph`` as the list of its modules, the first repeated at the end, or None."""
-    on_path, done = [], set()
-
-    def walk(node: str) -> list[str] | None:
-        if node in on_path:
-            return on_path[on_path.index(node):] + [node]
-        if node in done:
-            return None
-        on_path.append(node)
-        for target in sorted(graph.get(node, ())):
-            if cycle := walk(target):
-                return cycle
-        on_path.pop()
-        done.add(node)
-        return None
-
-    for start in sorted(graph):
-        if cycle := walk(start):
-            return cycle
-    return None
+    """Each module's imports of the package's other modules, each with whether it is inside a function."""
+    modules = package_modules(topk)
+    return {name: [(found.target, found.in_function) for found in imports_of(name, path.read_text(), modules, "topk")
+                   if found.target in modules and found.target != name]
+            for name, path in modules.items()}
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -136,7 +79,7 @@ def test_the_walker_sees_every_kind_of_import():
     modules["topk"] = Path("__init__.py")
     source = ("import topk.a\nfrom topk import b\nfrom . import c\nfrom .d import something\n"
               "def f():\n    from topk import e\n")
-    assert sorted(imports_of("topk.x", source, modules)) == [
+    assert sorted((found.target, found.in_function) for found in imports_of("topk.x", source, modules, "topk")) == [
         ("topk.a", False), ("topk.b", False), ("topk.c", False), ("topk.d", False), ("topk.e", True)]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}}) is None
@@ -144,7 +87,7 @@ def test_the_walker_sees_every_kind_of_import():
 
 
 def test_every_module_has_a_floor():
-    assert set(package_modules()) == set(FLOORS), "declare each new module's floor in FLOORS (and drop gone ones)"
+    assert set(package_modules(topk)) == set(FLOORS), "declare each new module's floor in FLOORS (and drop gone ones)"
 
 
 def test_no_module_imports_one_that_imports_it_back():
