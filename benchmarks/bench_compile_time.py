@@ -2,7 +2,7 @@
 of the engine's grids, a small model and the loss compiled as the engine compiles them
 (:func:`experiments.engine.train.compile_step`), the first step at batch ``B`` (a compilation), the second at ``B``
 (none), then one at ``B - 1``, a short last batch (a recompilation unless shapes are dynamic). Every loss in one
-process, each after a reset of the compiler's caches, so no loss reuses another's kernels.
+process, each after a reset of the compiler and with its caches disabled, so that no loss reuses another's kernels.
 
     python -m benchmarks.bench_compile_time [--device cpu] [--batch 64] [--losses smooth_hinge noised_balanced ...]
 
@@ -47,6 +47,7 @@ def step_seconds(model, loss_fn, images, labels, optimiser) -> float:
 def measure(loss: str, options: dict, device: torch.device, batch: int, classes: int = 100,
             backend: str = "inductor") -> dict:
     torch._dynamo.reset()
+    torch._inductor.config.force_disable_caches = True  # each loss compiles everything, the model included
     torch.manual_seed(0)
     model = build_model("small_cnn", classes, width=16).to(device)
     optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
