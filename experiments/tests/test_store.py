@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -56,12 +57,23 @@ def whole(tmp_path_factory) -> dict:
         torch.use_deterministic_algorithms(False)
 
 
+@pytest.fixture(scope="module")
+def killed_once(tmp_path_factory) -> Path:
+    """TINY stopped after two of its three epochs, trained once: a store with a last and a previous checkpoint."""
+    root = tmp_path_factory.mktemp("killed_once")
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert run(RunConfig(**TINY), ResultsStore(root), stop_after_epochs=2) is None
+    finally:
+        torch.use_deterministic_algorithms(False)
+    return root
+
+
 @pytest.fixture
-def killed(tmp_path, deterministic) -> tuple[RunConfig, ResultsStore]:  # noqa: F811
-    """TINY stopped after two of its three epochs: a last and a previous checkpoint."""
-    config, store = RunConfig(**TINY), ResultsStore(tmp_path / "killed")
-    assert run(config, store, stop_after_epochs=2) is None
-    return config, store
+def killed(tmp_path, killed_once, deterministic) -> tuple[RunConfig, ResultsStore]:  # noqa: F811
+    """A copy of :func:`killed_once`'s store, for a test to damage."""
+    shutil.copytree(killed_once, tmp_path / "killed")
+    return RunConfig(**TINY), ResultsStore(tmp_path / "killed")
 
 
 def test_records_are_strict_json_and_state_each_epoch_s_own_learning_rate(whole):
