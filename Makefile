@@ -70,10 +70,9 @@ venv: $(STAMP) ## Create .venv with the pinned stack (requirements.txt) and topk
 
 test: $(STAMP) ## Run the test suite (the paper's propositions as tests) on 2 processes, then the library's as without Triton
 	@# Two workers on two cores, one torch thread each (OMP_NUM_THREADS, inherited by the processes tests start): more
-	@# threads than cores slow every test down. Work stealing keeps both workers busy to the end; the folders with the
-	@# longest tests (subprocesses, Slurm jobs) come first, so that none of them is left alone at the end.
+	@# threads than cores slow every test down. Work stealing keeps both workers busy to the end.
 	OMP_NUM_THREADS=1 TOPK_REQUIRE_OPTIONAL=1 HYPOTHESIS_PROFILE=ci $(PY) -m pytest -n 2 --dist worksteal -p no:cacheprovider \
-		benchmarks/tests experiments/tests data_prep/tests topk/tests $(PYTEST_ARGS)
+		topk/tests data_prep/tests experiments/tests benchmarks/tests $(PYTEST_ARGS)
 	@# As `pip install topk` on PyTorch's CPU-only wheels (no Triton): the library's tests whose path depends on
 	@# whether Triton imports (those that name it, a backend or the fused kernel; the kernels' own tests skip).
 	hidden=$$(mktemp -d) && echo "import sys; sys.modules['triton'] = None" > $$hidden/sitecustomize.py && \
