@@ -4,8 +4,8 @@ machine with nothing else running.
 
     python -m benchmarks.bench_setup_time            # about 15 minutes on 2 cores
 
-One row per step goes to ``benchmarks/results/setup_time.csv`` with the processor and core count; the README's
-set-up block is generated from the last row of each step. Not a test: times depend on the machine.
+One row per step goes to ``benchmarks/results/setup_time.csv`` with the processor (``device_name``) and core
+count; the README's set-up block is generated from the last row of each step. Not a test: times depend on the machine.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 from experiments.engine.store import write_csv
 from experiments.paths import BENCHMARK_RESULTS, PROJECT_ROOT
-from experiments.provenance import STAMP_FIELDS, processor, stamp
+from experiments.provenance import STAMP_FIELDS, stamp
 
-FIELDS = [*STAMP_FIELDS, "processor", "cores", "step", "command", "seconds", "passed"]
+FIELDS = [*STAMP_FIELDS, "cores", "step", "command", "seconds", "passed"]
 STEPS = (("install", "make venv"), ("test", "make test"))
 
 
@@ -45,7 +45,7 @@ def main() -> None:
                                 check=True).stdout.strip()  # what was timed: the clone, never this checkout's edits
         for step, command in STEPS:
             seconds, passed = timed(command, clone)
-            rows.append({**stamp("cpu"), "commit": commit, "processor": processor(), "cores": len(os.sched_getaffinity(0)),
+            rows.append({**stamp("cpu"), "commit": commit, "cores": len(os.sched_getaffinity(0)),
                          "step": step, "command": command, "seconds": round(seconds, 1), "passed": passed})
             print(f"{command}: {seconds / 60:.1f} min, {'passed' if passed else 'FAILED'}")
     write_csv(rows, FIELDS, args.out)

@@ -129,7 +129,7 @@ def setup_time(path: Path = BENCHMARK_RESULTS / "setup_time.csv") -> str:
         return f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_setup_time`.*"
     install, test = steps["install"], steps["test"]
     outcome = "" if test["passed"] == "True" else ", and it FAILED"
-    return (f"On a fresh clone, {install['processor']} with {install['cores']} cores: the install (`make venv`) took "
+    return (f"On a fresh clone, {install['device_name']} with {install['cores']} cores: the install (`make venv`) took "
             f"{float(install['seconds']) / 60:.1f} min and `make test` {float(test['seconds']) / 60:.1f} min{outcome} "
             f"(`{path.name}`, commit {short_commit(test['commit'])}).")
 
@@ -390,7 +390,7 @@ def _rerun_line(what: str, figures: Path, rerun: Path) -> str:
     """How a rerun's tables and verdicts compare with the committed figures (:mod:`experiments.analysis.compare`),
     or that the committed figures are the rerun's own."""
     if _same_files(figures / "manifests", rerun / "manifests"):
-        return f"- The committed figures are that run's own (same manifests)"
+        return "- The committed figures are that run's own (same manifests)"
     tables, _, claims = compare.compare(figures, rerun)
     identical = [table for table in tables if table.identical]
     beyond = [table.name for table in tables if table.outside]

@@ -221,13 +221,6 @@ def _without_times(record):
     return [{k: v for k, v in h.items() if not k.endswith("seconds")} for h in record["history"]]
 
 
-@pytest.fixture
-def deterministic():
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(False)
-
-
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

@@ -17,7 +17,8 @@ from experiments.engine.config import RunConfig
 from experiments.engine.store import DamagedStoreWarning, ResultsStore, computed
 from experiments.engine.models import build_model
 from experiments.engine.train import _fits, run
-from experiments.tests.test_experiments import TINY, deterministic  # noqa: F401 (a fixture)
+from experiments.tests.conftest import deterministic_algorithms
+from experiments.tests.test_experiments import TINY
 
 MARKER = "ran.txt"
 
@@ -50,27 +51,21 @@ class Payload:
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory) -> dict:
     """TINY trained without interruption: what every resumed or retrained run must give."""
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_algorithms():
         return run(RunConfig(**TINY), ResultsStore(tmp_path_factory.mktemp("whole")))
-    finally:
-        torch.use_deterministic_algorithms(False)
 
 
 @pytest.fixture(scope="module")
 def killed_once(tmp_path_factory) -> Path:
     """TINY stopped after two of its three epochs, trained once: a store with a last and a previous checkpoint."""
     root = tmp_path_factory.mktemp("killed_once")
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_algorithms():
         assert run(RunConfig(**TINY), ResultsStore(root), stop_after_epochs=2) is None
-    finally:
-        torch.use_deterministic_algorithms(False)
     return root
 
 
 @pytest.fixture
-def killed(tmp_path, killed_once, deterministic) -> tuple[RunConfig, ResultsStore]:  # noqa: F811
+def killed(tmp_path, killed_once, deterministic) -> tuple[RunConfig, ResultsStore]:
     """A copy of :func:`killed_once`'s store, for a test to damage."""
     shutil.copytree(killed_once, tmp_path / "killed")
     return RunConfig(**TINY), ResultsStore(tmp_path / "killed")
@@ -89,7 +84,7 @@ def test_records_are_strict_json_and_state_each_epoch_s_own_learning_rate(whole)
     assert [entry["lr"] for entry in whole["history"]] == pytest.approx([0.05, 0.05, 0.005])
 
 
-def test_a_cut_record_is_set_aside_and_its_run_trained_again(tmp_path, whole, deterministic):  # noqa: F811
+def test_a_cut_record_is_set_aside_and_its_run_trained_again(tmp_path, whole, deterministic):
     config, store = RunConfig(**TINY), ResultsStore(tmp_path)
     path, other = store.record_path(config.key()), store.record_path(config.replace(seed=2).key())
     for record_path, record in ((path, whole), (other, {**whole, "key": other.stem,
