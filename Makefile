@@ -68,16 +68,12 @@ endif
 
 venv: $(STAMP) ## Create .venv with the pinned stack (requirements.txt) and topk in editable mode
 
-test: $(STAMP) ## Run the test suite (the paper's propositions as tests) on 2 processes, then the library's as without Triton
+test: $(STAMP) ## Run the test suite (the paper's propositions as tests) on 2 processes, the library's also as without Triton
 	@# Two workers on two cores, one torch thread each (OMP_NUM_THREADS, inherited by the processes tests start): more
-	@# threads than cores slow every test down. Work stealing keeps both workers busy to the end.
+	@# threads than cores slow every test down. Work stealing keeps both workers busy to the end. The library's tests
+	@# as on PyTorch's CPU-only wheels (no Triton) are one test of the suite: topk/tests/test_without_triton.py.
 	OMP_NUM_THREADS=1 TOPK_REQUIRE_OPTIONAL=1 HYPOTHESIS_PROFILE=ci $(PY) -m pytest -n 2 --dist worksteal -p no:cacheprovider \
 		topk/tests data_prep/tests experiments/tests benchmarks/tests $(PYTEST_ARGS)
-	@# As `pip install topk` on PyTorch's CPU-only wheels (no Triton): the library's tests whose path depends on
-	@# whether Triton imports (those that name it, a backend or the fused kernel; the kernels' own tests skip).
-	hidden=$$(mktemp -d) && echo "import sys; sys.modules['triton'] = None" > $$hidden/sitecustomize.py && \
-	OMP_NUM_THREADS=1 PYTHONPATH=$$hidden HYPOTHESIS_PROFILE=ci $(PY) -m pytest -n 2 -p no:cacheprovider -q \
-		$$(grep -l -i -E "triton|backend|fused" topk/tests/test_*.py) $(PYTEST_ARGS)
 
 bench: $(STAMP) ## Loss benchmarks vs pytopk, the smoothed hinge's reference (REFERENCE=path) and CE (CSV in benchmarks/results/)
 	$(PY) -m benchmarks.bench_noised_losses

@@ -52,7 +52,7 @@ GRIDS = {
     # the grid at B = 10 and K in {5, 50}: what a device call of ten minutes covers after a kernel change
     "focus": {"inputs": INPUTS, "batch": (256, 4096), "n_classes": (1000, 10**4, 10**5, 10**6), "k": (5, 50),
               "n_samples": (10,)},
-    "smoke": {"inputs": ((1.0, 1.0), (20.0, 0.01)), "batch": (8,), "n_classes": (100, 1000), "k": (1, 5),
+    "smoke": {"inputs": ((1.0, 1.0), (20.0, 0.01)), "batch": (2,), "n_classes": (100, 1000), "k": (1, 5),
               "n_samples": (3,)},
 }
 FIELDS = [*STAMP_FIELDS, "logit_scale", "epsilon", "batch", "n_classes", "k", "n_samples", "method", "status", "ms",

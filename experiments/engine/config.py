@@ -17,6 +17,32 @@ def selection_metrics(eval_ks: tuple[int, ...]) -> tuple[str, ...]:
     return tuple(f"{macro}top{k}" for k in eval_ks for macro in ("", "macro_"))
 
 
+def _check_parts_now(dataset: str, dataset_options: dict, model: str, model_options: dict, loss: str,
+                     loss_options: dict) -> None:
+    """The dataset, model and loss named, and their options, as the registries know them."""
+    import data_prep  # the registries are imported here: reading a config needs neither torch nor the data
+    from experiments.engine.models import MODELS, model_options as options_of
+    from topk.losses import LOSSES, build_loss
+
+    for name, value, choices in (("dataset", dataset, data_prep.DATASETS), ("model", model, MODELS),
+                                 ("loss", loss, LOSSES)):
+        if value not in choices:
+            raise ValueError(f"unknown {name} {value!r}; the {name}{'es' if name == 'loss' else 's'} are {sorted(choices)}")
+    data_prep.check_options(dataset, dataset_options)
+    unknown = sorted(set(model_options) - set(options_of(model)))
+    if unknown:
+        raise ValueError(f"unknown model_options {unknown} of the model {model!r}; its options are {options_of(model)}")
+    try:  # built once, on two classes: the loss's own checks of its parameters' names and values
+        build_loss(loss, class_counts=[1, 1], **loss_options)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"'loss_options' {loss_options} of the loss {loss!r}: {error}") from None
+
+
+#: The parts already checked, by their ``repr`` (which tells a tuple from a list and 1 from 1.0 or True): a grid makes
+#: thousands of configs from a few dozen datasets, models and losses with their options.
+_CHECKED_PARTS: set[str] = set()
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that determines a run's result. Execution details (device, data root, workers) are not part of it."""
@@ -45,25 +71,13 @@ class RunConfig:
 
     def validate(self) -> None:
         """Refuse a bad value with a message naming it and what was expected."""
-        import data_prep  # the registries are imported here: reading a config needs neither torch nor the data
-        from experiments.engine.models import MODELS, model_options
-        from topk.losses import LOSSES, build_loss
-
-        for name, choices in (("dataset", data_prep.DATASETS), ("model", MODELS), ("loss", LOSSES)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; the {name}{'es' if name == 'loss' else 's'} are {sorted(choices)}")
         for name in ("dataset_options", "model_options", "loss_options"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"'{name}' should be a mapping of option names to values, got {getattr(self, name)!r}")
-        data_prep.check_options(self.dataset, self.dataset_options)
-        unknown = sorted(set(self.model_options) - set(model_options(self.model)))
-        if unknown:
-            raise ValueError(f"unknown model_options {unknown} of the model {self.model!r}; its options are "
-                             f"{model_options(self.model)}")
-        try:  # built once, on two classes: the loss's own checks of its parameters' names and values
-            build_loss(self.loss, class_counts=[1, 1], **self.loss_options)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"'loss_options' {self.loss_options} of the loss {self.loss!r}: {error}") from None
+        parts = (self.dataset, self.dataset_options, self.model, self.model_options, self.loss, self.loss_options)
+        if repr(parts) not in _CHECKED_PARTS:  # a refused config raises here every time: only passed parts are kept
+            _check_parts_now(*parts)
+            _CHECKED_PARTS.add(repr(parts))
         for name in ("epochs", "batch_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"'{name}' should be a positive integer, got {getattr(self, name)!r}")

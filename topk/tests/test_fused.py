@@ -215,6 +215,7 @@ def kernel_noise(kernel_device):
         return draw(NOISE_ROWS).cpu().double()
 
 
+@pytest.mark.slow
 def test_in_kernel_noise_is_standard_normal_and_independent(kernel_noise):
     """The 4,096 draws of Z pass a one-sample KS test against N(0, 1) (false alarm ``ALPHA``); their mean and variance
     are within 4.4 standard errors of 0 and 1, and neighbouring samples and rows are uncorrelated (|r| < 4.4 /
@@ -230,6 +231,7 @@ def test_in_kernel_noise_is_standard_normal_and_independent(kernel_noise):
         assert abs(r) < 4.4 / math.sqrt(len(a))
 
 
+@pytest.mark.slow
 def test_in_kernel_noise_gives_the_torch_estimator_in_distribution(kernel_device):
     """The K-th largest of ``s + eps Z_b`` with in-kernel Philox noise follows the law of the PyTorch path's estimator
     (``torch.randn`` noise), on a fixed score vector: that law is known exactly (:func:`kth_largest_cdf`; torch's draws
@@ -329,6 +331,7 @@ def test_the_interpreter_is_refused_with_the_numpy_it_cannot_run_with(monkeypatc
         assert fused.interpreter_problem() is None
 
 
+@pytest.mark.slow
 def test_in_kernel_noise_never_exceeds_z_max(kernel_noise):
     """``tl.randn`` clamps its Box-Muller uniform at 1e-7, so ``|Z| <= Z_MAX = sqrt(2 ln 1e7)``: the fact the exact
     pruning rests on. Checked on the 4,096 draws above, whose largest |Z| is about 3.9 (below 3.0 with probability

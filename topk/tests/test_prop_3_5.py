@@ -8,6 +8,7 @@ probability 3e-7 per case).
 
 import math
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -38,6 +39,7 @@ def test_prop_3_5_approximation_bound_exact_expectation(params):
     assert abs(exact - topk.top_k(s, k).item()) <= bound + 1e-7
 
 
+@pytest.mark.slow
 def test_prop_3_5_approximation_bound_large_l_monte_carlo():
     g = torch.Generator().manual_seed(0)
     n_samples = 2000
