@@ -63,6 +63,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -c "import topk._cpu_kernel as kernel; kernel.precompile()"  # Numba's machine code, cached beside the source
 	touch $(STAMP)
 endif
 

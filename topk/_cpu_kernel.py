@@ -31,7 +31,7 @@ import torch
 
 from topk._bounded_noise import Z_MAX, slack
 
-__all__ = ["perturbed_top", "normals"]
+__all__ = ["perturbed_top", "normals", "precompile"]
 
 #: Each thread gets at least this much work, counted as scores read plus noise draws (estimated from the candidates of
 #: the first PROBE_ROWS rows). Below it a call runs on one thread: after a parallel PyTorch operation, PyTorch's OpenMP
@@ -306,3 +306,13 @@ def normals(seed: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float3
     out = np.empty(math.prod(shape), np.float64)
     _fill_normals(_key(seed), out)
     return torch.from_numpy(out).to(_kernel_dtype(dtype)).to(dtype).view(shape)
+
+
+def precompile() -> None:
+    """Compile the kernels for float32 and float64 scores into Numba's cache (or load them from it): what ``make venv``
+    runs, so that the first training or test of a fresh install does not wait about 4 s per dtype and process."""
+    for dtype in (torch.float32, torch.float64):
+        perturbed_top(torch.zeros(2, 4, dtype=dtype), 0, 1, 0.5, 2, sum_top=False)
+        _mean_candidates(np.zeros((2, 4), dtype=np.float32 if dtype == torch.float32 else np.float64), 1, 0.5,
+                         slack(dtype))  # called where rows are shared among threads
+    normals(0, (1, 1, 2))

@@ -167,3 +167,19 @@ def test_compile_time_benchmark_writes_each_loss_s_first_second_and_short_batch_
     [row] = _rows(out)
     assert (row["loss"], row["batch"], row["backend"]) == ("cross_entropy", "4", "eager")
     assert float(row["first_step_s"]) > float(row["second_step_s"]) > 0
+
+
+def test_cpu_step_benchmark_times_each_variant_against_the_engine_s_step(tmp_path):
+    """``benchmarks.bench_cpu_step`` on the smoke profile's step (compiled by ``aot_eager``, fast to compile): a row per
+    variant with its ratio to the engine's step, measured in the same rounds, and how far its first loss moved."""
+    out = tmp_path / "cpu_step.csv"
+    run = _run("bench_cpu_step", "--profile", "smoke", "--compiler", "aot_eager", "--budget-s", "0.01", "--out", str(out))
+    rows = _rows(out)
+    assert [row["variant"] for row in rows] == ["engine", "channels_last", "compiled", "1 thread"]
+    engine = rows[0]
+    assert float(engine["ratio_to_engine"]) == 1.0 and float(engine["first_loss_difference"]) == 0.0
+    for row in rows:
+        assert float(row["ratio_to_engine"]) == pytest.approx(
+            float(engine["ms_per_step"]) / float(row["ms_per_step"]), rel=2e-3, abs=2e-3)
+        assert row["profile"] == "smoke" and int(row["batch"]) == 64
+    assert rows[-1]["threads"] == "1" and "x1.00 the engine's speed" in run.stdout
