@@ -58,6 +58,7 @@ def main() -> None:
                         "temporary folder, removed): the notebooks can then be run on each and their tables compared "
                         "(python -m experiments.analysis.compare)")
     args = parser.parse_args()
+    provenance = stamp("cpu")  # the commit that trains, whatever is committed while it does
     runs = plan(get_profile(args.profile))
     images = sum(run.train_images or 0 for run in runs)
     keys = [sibling.key() for run in runs for sibling in run.config.siblings()]
@@ -68,7 +69,7 @@ def main() -> None:
         seconds = {name: train(args.profile, stores[name], name, args.jobs) for name in stores}
         same, differing = compare(stores["inline"], stores["local"], [key for key in keys
                                                                       if ResultsStore(stores["inline"]).record_path(key).exists()])
-    rows = [{**stamp("cpu"), "cores": len(os.sched_getaffinity(0)), "profile": args.profile, "executor": name, "jobs": args.jobs if name == "local" else 1,
+    rows = [{**provenance, "cores": len(os.sched_getaffinity(0)), "profile": args.profile, "executor": name, "jobs": args.jobs if name == "local" else 1,
              "runs": len(runs), "train_images": images, "seconds": round(seconds[name], 1),
              "images_per_s": round(images / seconds[name], 1), "ratio_to_inline": round(seconds["inline"] / seconds[name], 3),
              "records_identical": same, "records_differing": differing} for name in stores]
