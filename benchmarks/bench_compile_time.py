@@ -47,19 +47,19 @@ def step_seconds(model, loss_fn, images, labels, optimiser) -> float:
 def measure(loss: str, options: dict, device: torch.device, batch: int, classes: int = 100,
             backend: str = "inductor") -> dict:
     torch._dynamo.reset()
-    torch._inductor.config.force_disable_caches = True  # each loss compiles everything, the model included
-    torch.manual_seed(0)
-    model = build_model("small_cnn", classes, width=16).to(device)
-    optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
-    loss_module = build_loss(loss, **options).to(device)
-    if backend == "inductor":
-        compiled, loss_fn = compile_step(model, loss_module, "default")
-    else:  # Dynamo's tracing alone, without code generation: what the script's test runs
-        compiled, loss_fn = torch.compile(model, backend=backend), torch.compile(loss_module, backend=backend)
-    images = torch.randn(batch, 3, 16, 16, device=device)
-    labels = torch.randint(0, classes, (batch,), device=device)
-    times = [step_seconds(compiled, loss_fn, images, labels, optimiser) for _ in range(2)]
-    times.append(step_seconds(compiled, loss_fn, images[1:], labels[1:], optimiser))
+    with torch._inductor.config.patch(force_disable_caches=True):  # each loss compiles everything, the model included
+        torch.manual_seed(0)
+        model = build_model("small_cnn", classes, width=16).to(device)
+        optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
+        loss_module = build_loss(loss, **options).to(device)
+        if backend == "inductor":
+            compiled, loss_fn = compile_step(model, loss_module, "default")
+        else:  # Dynamo's tracing alone, without code generation: what the script's test runs
+            compiled, loss_fn = torch.compile(model, backend=backend), torch.compile(loss_module, backend=backend)
+        images = torch.randn(batch, 3, 16, 16, device=device)
+        labels = torch.randint(0, classes, (batch,), device=device)
+        times = [step_seconds(compiled, loss_fn, images, labels, optimiser) for _ in range(2)]
+        times.append(step_seconds(compiled, loss_fn, images[1:], labels[1:], optimiser))
     return {"model": "small_cnn (width 16, 16 px, 100 classes)", "loss": loss, "options": options, "batch": batch,
             "backend": backend,
             **dict(zip(("first_step_s", "second_step_s", "short_batch_step_s"), (round(t, 4) for t in times)))}

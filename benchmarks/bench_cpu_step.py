@@ -1,15 +1,15 @@
-"""Where a CPU's training time goes in the default profile, and what changes to how a step runs (not to what is
-trained) would save: the quick profile's CIFAR-100 step (its model on 16 px images, batch 64, 100 classes, SGD with
-Nesterov momentum, cross-entropy) timed as the engine runs it, and
+"""What changes to how a training step runs on a CPU, not to what it trains, would save: the default profile's CIFAR-100
+step (its model on 16 px images, batch 64, 100 classes, SGD with Nesterov momentum and the setup's weight decay,
+cross-entropy) timed as the engine runs it, and
 
 - ``channels_last``: the images and the model in channels-last memory format (oneDNN's preferred layout);
 - ``compiled``: the model compiled by ``torch.compile`` (inductor's C++ code on a CPU);
 - ``1 thread``: the engine's step on one torch thread, what each worker of ``local --jobs 2`` has on 2 cores; its
-  ratio is per process, so two side by side give twice it.
+  ratio is per process, so two side by side give at most twice it.
 
 Each variant's median ms per step is measured in rounds (every variant once per round, in one process) and printed
 with its ratio to the engine's step; a variant that changes the numbers says by how much its first step's loss
-differs. Rows go to ``benchmarks/results/cpu_step.csv``. Not a test: timings depend on the machine.
+differs. The rows replace ``benchmarks/results/cpu_step.csv``. Not a test: timings depend on the machine.
 
     python -m benchmarks.bench_cpu_step
 """
@@ -23,19 +23,21 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks._measure import append_csv_row, interleaved_median_seconds
+from benchmarks._measure import interleaved_median_seconds
 from experiments.engine.models import build_model
+from experiments.engine.store import write_csv
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.spec.profiles import get_profile
 
 FIELDS = [*STAMP_FIELDS, "profile", "model", "image_size", "batch", "threads", "variant", "ms_per_step",
           "ratio_to_engine", "first_loss_difference"]
-VARIANTS = ("engine", "channels_last", "compiled", "1 thread")
+#: The variants measured against the engine's step, which is always measured first.
+VARIANTS = ("channels_last", "compiled", "1 thread")
 
 
-def step_of(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, lr: float):
+def step_of(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, lr: float, weight_decay: float):
     """One SGD step of ``model`` on a fixed batch (cross-entropy), returning its loss."""
-    optimiser = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True)
+    optimiser = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=weight_decay)
 
     def step() -> torch.Tensor:
         loss = F.cross_entropy(model(images), labels)
@@ -47,8 +49,9 @@ def step_of(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, 
     return step
 
 
-def variants(names, model: torch.nn.Module, images, labels, lr: float, compiler: str, threads: int) -> dict:
-    """The step of each variant in ``names``, each on its own copy of ``model``."""
+def variants(names, model: torch.nn.Module, images, labels, optimiser: dict, compiler: str, threads: int) -> dict:
+    """The engine's step, then that of each variant in ``names``, each on its own copy of ``model``; ``optimiser``:
+    the SGD step's ``lr`` and ``weight_decay``."""
     def on_threads(step, count):
         def call():
             torch.set_num_threads(count)
@@ -59,17 +62,17 @@ def variants(names, model: torch.nn.Module, images, labels, lr: float, compiler:
         return call
 
     made = {}
-    for name in names:
+    for name in ("engine", *names):
         copied = copy.deepcopy(model)
         if name == "engine":
-            made[name] = step_of(copied, images, labels, lr)
+            made[name] = step_of(copied, images, labels, **optimiser)
         elif name == "channels_last":
             copied = copied.to(memory_format=torch.channels_last)
-            made[name] = step_of(copied, images.contiguous(memory_format=torch.channels_last), labels, lr)
+            made[name] = step_of(copied, images.contiguous(memory_format=torch.channels_last), labels, **optimiser)
         elif name == "compiled":
-            made[name] = step_of(torch.compile(copied, backend=compiler), images, labels, lr)
+            made[name] = step_of(torch.compile(copied, backend=compiler), images, labels, **optimiser)
         elif name == "1 thread":
-            made[name] = on_threads(step_of(copied, images, labels, lr), 1)
+            made[name] = on_threads(step_of(copied, images, labels, **optimiser), 1)
     return made
 
 
@@ -88,20 +91,20 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     images, labels = torch.randn(setup.batch_size, 3, size, size), torch.randint(0, classes, (setup.batch_size,))
     model = build_model(setup.model, classes, **setup.model_options)
-    steps = variants(args.variants, model, images, labels, setup.lr, args.compiler, threads)
+    steps = variants(args.variants, model, images, labels, {"lr": setup.lr, "weight_decay": setup.weight_decay},
+                     args.compiler, threads)
     first = {name: float(step()) for name, step in steps.items()}  # also compiles
     seconds = interleaved_median_seconds(steps, torch.device("cpu"), budget_s=args.budget_s)
-    base = seconds.get("engine")
-    provenance = stamp("cpu")
+    provenance, rows = stamp("cpu"), []
     for name, value in seconds.items():
-        ratio = round(base / value, 3) if base else ""
-        difference = abs(first[name] - first["engine"]) if "engine" in first else ""
-        append_csv_row({**provenance, "profile": args.profile, "model": f"{setup.model} {setup.model_options}",
-                        "image_size": size, "batch": setup.batch_size, "threads": 1 if name == "1 thread" else threads,
-                        "variant": name, "ms_per_step": round(value * 1e3, 3), "ratio_to_engine": ratio,
-                        "first_loss_difference": difference}, FIELDS, args.out)
-        print(f"{name:>14s}: {value * 1e3:8.2f} ms per step" + (f", x{ratio:.2f} the engine's speed" if ratio else "")
+        ratio, difference = round(seconds["engine"] / value, 3), abs(first[name] - first["engine"])
+        rows.append({**provenance, "profile": args.profile, "model": f"{setup.model} {setup.model_options}",
+                     "image_size": size, "batch": setup.batch_size, "threads": 1 if name == "1 thread" else threads,
+                     "variant": name, "ms_per_step": round(value * 1e3, 3), "ratio_to_engine": ratio,
+                     "first_loss_difference": difference})
+        print(f"{name:>14s}: {value * 1e3:8.2f} ms per step, x{ratio:.2f} the engine's speed"
               + (f", first loss differs by {difference:.1e}" if difference else ""), flush=True)
+    write_csv(rows, FIELDS, args.out)
     print(f"{provenance['device_name']}, {threads} threads; rows in {args.out}")
 
 

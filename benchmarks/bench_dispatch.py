@@ -13,6 +13,7 @@ otherwise be what is timed), so its row measures everything around the launch; o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections import Counter
 
@@ -88,11 +89,30 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=2.0, help="timing budget per method (5 to 50 rounds)")
     args = parser.parse_args()
     device = torch.device(args.device)
-    if device.type == "cpu":
-        # the fused path's checks then accept CPU scores; its launch is stubbed
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        fused._kernel = lambda: _LaunchStub(4, 5)  # the values and positions
-        fused._gradient_kernel = lambda: _LaunchStub(5)  # the gradient
+    with _launches_stubbed() if device.type == "cpu" else contextlib.nullcontext():
+        measure(device, args.budget_s)
+
+
+@contextlib.contextmanager
+def _launches_stubbed():
+    """On a CPU: the fused path's checks accept CPU scores (as under Triton's interpreter) and its launches only fill
+    their outputs; both undone on leaving."""
+    kernels, environment = (fused._kernel, fused._gradient_kernel), os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    fused._kernel = lambda: _LaunchStub(4, 5)  # the values and positions
+    fused._gradient_kernel = lambda: _LaunchStub(5)  # the gradient
+    try:
+        yield
+    finally:
+        fused._kernel, fused._gradient_kernel = kernels
+        if environment is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = environment
+
+
+def measure(device: torch.device, budget_s: float) -> None:
+    """Print what one step of each path dispatches, and its host time through the operators and direct."""
     s = torch.randn(8, 100, device=device, requires_grad=True)
     y = torch.randint(0, 100, (8,), device=device)
     losses = {"fused kernel": lambda: noised_hinge(s, y, 5, 1.0, 10, backend="triton"),
@@ -118,7 +138,7 @@ def main() -> None:
         print(f"{name}, one forward + backward: {sum(computing.values())} ATen operators besides views "
               f"({', '.join(f'{op} x{n}' for op, n in computing.items())}), "
               f"{sum(n for (_, view), n in operators.items() if view)} views, {sum(launches.values())} Triton launches")
-    seconds = interleaved_median_seconds(calls, device, budget_s=args.budget_s)
+    seconds = interleaved_median_seconds(calls, device, budget_s=budget_s)
     print(f"{device.type}, torch {torch.__version__}: cross-entropy {1e6 * seconds['cross_entropy']:.0f} us"
           + (" (fused kernel's launch stubbed)" if device.type == "cpu" else ""))
     for name in losses:

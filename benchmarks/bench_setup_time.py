@@ -23,7 +23,7 @@ from experiments.paths import BENCHMARK_RESULTS, PROJECT_ROOT
 from experiments.provenance import STAMP_FIELDS, stamp
 
 FIELDS = [*STAMP_FIELDS, "cores", "step", "command", "seconds", "passed"]
-STEPS = (("install", "make venv"), ("test", "make test"))
+INSTALL, TEST = ("install", "make venv"), ("test", "make test")
 
 
 def timed(command: str, cwd: Path) -> tuple[float, bool]:
@@ -40,13 +40,15 @@ def main() -> None:
     parser.add_argument("--test-runs", type=int, default=2, help="times `make test` runs after the install "
                         "(default 2): the README gives the range")
     args = parser.parse_args()
+    if args.test_runs < 1:
+        parser.error(f"--test-runs should be at least 1, got {args.test_runs}")
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         clone = Path(scratch) / "topk"
         subprocess.run(["git", "clone", "--quiet", str(PROJECT_ROOT), str(clone)], check=True)
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True,
                                 check=True).stdout.strip()  # what was timed: the clone, never this checkout's edits
-        for step, command in [STEPS[0]] + [STEPS[1]] * args.test_runs:
+        for step, command in [INSTALL] + [TEST] * args.test_runs:
             seconds, passed = timed(command, clone)
             rows.append({**stamp("cpu"), "commit": commit, "cores": len(os.sched_getaffinity(0)),
                          "step": step, "command": command, "seconds": round(seconds, 1), "passed": passed})

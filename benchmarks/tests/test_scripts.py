@@ -26,19 +26,21 @@ ROOT = Path(__file__).resolve().parents[2]
 def _run(script: str, *arguments: str) -> SimpleNamespace:
     """``python -m benchmarks.<script> arguments``, the module run as ``__main__`` as ``python -m`` runs it, in this
     process (an interpreter started for each script would import torch again: about 4 s each); its output in
-    ``stdout``. Fails on a non-zero exit status."""
-    printed = io.StringIO()
-    arguments_before = sys.argv
-    sys.argv = [f"benchmarks/{script}.py", *arguments]
+    ``stdout``. Fails on a non-zero exit status. The arguments, the environment and torch's CPU random stream are
+    restored after it, for the worker's next test (a script that patches a module undoes that itself)."""
+    printed, arguments_before, environment = io.StringIO(), sys.argv, dict(os.environ)
+    sys.argv = [script, *arguments]
     try:
-        with contextlib.redirect_stdout(printed), warnings.catch_warnings():
+        with contextlib.redirect_stdout(printed), warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
             # imported already by another test: run again as __main__, a copy of its own, as `python -m` would
             warnings.filterwarnings("ignore", "'benchmarks.* found in sys.modules", RuntimeWarning)
             runpy.run_module(f"benchmarks.{script}", run_name="__main__", alter_sys=True)
-    except SystemExit as exit:
-        assert exit.code in (None, 0), f"exit status {exit.code}:\n{printed.getvalue()}"
+    except SystemExit as stopped:
+        assert stopped.code in (None, 0), f"exit status {stopped.code}:\n{printed.getvalue()}"
     finally:
         sys.argv = arguments_before
+        os.environ.clear()
+        os.environ.update(environment)
     return SimpleNamespace(stdout=printed.getvalue())
 
 

@@ -17,9 +17,9 @@ def selection_metrics(eval_ks: tuple[int, ...]) -> tuple[str, ...]:
     return tuple(f"{macro}top{k}" for k in eval_ks for macro in ("", "macro_"))
 
 
-def _check_parts_now(dataset: str, dataset_options: dict, model: str, model_options: dict, loss: str,
+def _check_parts(dataset: str, dataset_options: dict, model: str, model_options: dict, loss: str,
                      loss_options: dict) -> None:
-    """The dataset, model and loss named, and their options, as the registries know them."""
+    """Raise ``ValueError`` unless the registries know the dataset, model and loss named, and take their options."""
     import data_prep  # the registries are imported here: reading a config needs neither torch nor the data
     from experiments.engine.models import MODELS, model_options as options_of
     from topk.losses import LOSSES, build_loss
@@ -76,7 +76,7 @@ class RunConfig:
                 raise ValueError(f"'{name}' should be a mapping of option names to values, got {getattr(self, name)!r}")
         parts = (self.dataset, self.dataset_options, self.model, self.model_options, self.loss, self.loss_options)
         if repr(parts) not in _CHECKED_PARTS:  # a refused config raises here every time: only passed parts are kept
-            _check_parts_now(*parts)
+            _check_parts(*parts)
             _CHECKED_PARTS.add(repr(parts))
         for name in ("epochs", "batch_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:

@@ -135,8 +135,8 @@ def setup_time(path: Path = BENCHMARK_RESULTS / "setup_time.csv") -> str:
     outcome = f", and {failed} of its runs FAILED" if failed else ""
     runs = "one run" if len(minutes) == 1 else f"{len(minutes)} runs"
     return (f"On a fresh clone, {install['device_name']} with {install['cores']} cores: the install (`make venv`) took "
-            f"{float(install['seconds']) / 60:.1f} min and `make test` {spread} ({runs}){outcome} "
-            f"(`{path.name}`, commit {short_commit(tests[-1]['commit'])}).")
+            f"{float(install['seconds']) / 60:.1f} min and `make test` {spread}{outcome} ({runs}; `{path.name}`, "
+            f"commit {short_commit(tests[-1]['commit'])}).")
 
 
 def performance_headline(results: Path = BENCHMARK_RESULTS) -> str:
@@ -515,6 +515,29 @@ def compile_time(path: Path = BENCHMARK_RESULTS / "compile_time_cpu.csv") -> str
     return "\n".join(lines)
 
 
+def cpu_step(path: Path = BENCHMARK_RESULTS / "cpu_step.csv") -> str:
+    """The default profile's training step on a CPU as the engine runs it, against the variants that change how it
+    runs, not what it trains (:mod:`benchmarks.bench_cpu_step`), and the bound of their gains multiplied."""
+    rows = _rows(path)
+    if not rows:
+        return f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_cpu_step`.*"
+    lines = ["| variant | threads | ms per step | speed against the engine's step | first loss differs by |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {row['variant']} | {row['threads']} | {float(row['ms_per_step']):.1f} | "
+              f"x{float(row['ratio_to_engine']):.2f} | {float(row['first_loss_difference']):.1e} |" for row in rows]
+    engine = rows[0]
+    lines += ["", f"*{engine['profile']} profile's CIFAR-100 step: {engine['model']}, {engine['image_size']} px, batch "
+                  f"{engine['batch']}; {_short_stamp(engine)} (`{path.name}`).*"]
+    ratios = {row["variant"]: float(row["ratio_to_engine"]) for row in rows}
+    if {"channels_last", "1 thread"} <= set(ratios):
+        runs = int(engine["threads"])  # one one-thread run per thread the engine's step had
+        lines += ["", f"If the gains multiplied, {runs} one-thread runs side by side in channels-last would train at "
+                      f"x{runs * ratios['1 thread'] * ratios['channels_last']:.1f} the engine's speed: an upper "
+                      f"bound, as the runs share the memory bandwidth, and the data, evaluation and notebooks' own "
+                      f"time stay."]
+    return "\n".join(lines)
+
+
 #: Each generated block and what writes it; :func:`placement` finds the one document that holds it.
 BLOCKS: dict[str, Callable[[], str]] = {
     "verdict-summary": verdict_summary,
@@ -536,6 +559,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "learning-rates": learning_rates,
     "compile-time": compile_time,
     "executors-time": executors_time,
+    "cpu-step": cpu_step,
 }
 
 #: A block's markers; its name is lower case, digits and hyphens.

@@ -68,6 +68,19 @@ def test_a_bad_option_is_refused_when_the_config_is_made_naming_it_and_the_valid
         RunConfig(**{**TINY, **change})
 
 
+def test_parts_checked_once_are_still_told_apart_from_bad_ones_that_look_alike():
+    """The configs' parts are checked once per process: a refused config is refused again, and a value that differs
+    from an accepted one only in its type (True for 1, a float for an integer) is checked on its own."""
+    RunConfig(**TINY)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="unknown model_options"):
+            RunConfig(**{**TINY, "model_options": {"widht": 8}})
+    with pytest.raises(ValueError, match="'augment' should be true or false"):
+        RunConfig(**{**TINY, "dataset_options": {**TINY["dataset_options"], "augment": 1}})
+    with pytest.raises(ValueError, match="'per_class_train' should be an integer"):  # TINY's 4 was accepted
+        RunConfig(**{**TINY, "dataset_options": {**TINY["dataset_options"], "per_class_train": 4.0}})
+
+
 def test_the_command_refuses_a_bad_config_before_training_without_a_traceback(tmp_path, capsys):
     path = tmp_path / "run.json"
     path.write_text(json.dumps({**json.loads(EXAMPLE.read_text()), "model_options": {"widht": 8}}))

@@ -161,6 +161,36 @@ def test_performance_headline_gives_three_numbers_each_from_its_csv_with_its_sta
     assert lines[2].startswith("- **x4.0 faster than Berrada et al.'s smoothed hinge**") and "1.0e-06 / 2.0e-02" in lines[2]
 
 
+def test_setup_time_block_gives_the_install_and_the_range_of_the_test_runs_with_the_processor(tmp_path):
+    stamp = {"device": "cpu", "device_name": "Test CPU (AVX2)", "commit": "c" * 40, "python": "3", "torch": "9.9",
+             "triton": "none", "topk": "0", "cores": "2"}
+    rows = [{**stamp, "step": "install", "command": "make venv", "seconds": "120.0", "passed": "True"},
+            {**stamp, "step": "test", "command": "make test", "seconds": "360.0", "passed": "True"},
+            {**stamp, "step": "test", "command": "make test", "seconds": "282.0", "passed": "True"}]
+    _csv(tmp_path / "setup.csv", rows)
+    text = readme.setup_time(tmp_path / "setup.csv")
+    assert text.startswith("On a fresh clone, Test CPU (AVX2) with 2 cores: the install (`make venv`) took 2.0 min")
+    assert "`make test` 4.7 to 6.0 min (2 runs; `setup.csv`, commit cccccccccc)." in text and "FAILED" not in text
+    _csv(tmp_path / "setup.csv", rows[:2] + [{**rows[2], "passed": "False"}])
+    assert "and 1 of its runs FAILED" in readme.setup_time(tmp_path / "setup.csv")
+
+
+def test_cpu_step_block_gives_each_variant_and_the_bound_of_the_gains_multiplied(tmp_path):
+    stamp = {"device": "cpu", "device_name": "Test CPU (AVX2)", "commit": "d" * 40, "python": "3", "torch": "9.9",
+             "triton": "none", "topk": "0", "profile": "quick", "model": "small_cnn", "image_size": "16",
+             "batch": "64"}
+    rows = [{**stamp, "threads": threads, "variant": variant, "ms_per_step": ms, "ratio_to_engine": ratio,
+             "first_loss_difference": difference}
+            for threads, variant, ms, ratio, difference in (("2", "engine", "10.0", "1.0", "0.0"),
+                                                            ("2", "channels_last", "8.0", "1.25", "0.0"),
+                                                            ("1", "1 thread", "16.0", "0.625", "0.0"))]
+    _csv(tmp_path / "cpu_step.csv", rows)
+    text = readme.cpu_step(tmp_path / "cpu_step.csv")
+    assert "| channels_last | 2 | 8.0 | x1.25 | 0.0e+00 |" in text and "Test CPU (AVX2), torch 9.9" in text
+    assert "would train at x1.6 the engine's speed" in text  # 2 x 0.625 x 1.25
+    assert "No `missing.csv`" in readme.cpu_step(tmp_path / "missing.csv")
+
+
 def test_profile_time_block_sums_the_notebooks_apart_from_the_choice_and_the_calibration_point(tmp_path):
     fields = {"device": "cuda", "device_name": "test-gpu", "commit": "c" * 40, "python": "3", "torch": "9.9",
               "triton": "3", "topk": "0", "profile": "gpu"}

@@ -24,8 +24,9 @@ def triton_dependent_test_files() -> list[Path]:
                   if path.name != Path(__file__).name and MENTIONS_TRITON.search(path.read_text()))
 
 
-def _without_triton(folder: Path) -> dict:
-    """This process's environment with Triton hidden, one torch thread, and the optional dependencies optional."""
+def _environment_hiding_triton(folder: Path) -> dict:
+    """This process's environment with Triton hidden (by a ``sitecustomize.py`` written into ``folder``, first on
+    ``PYTHONPATH``), one torch thread, and the optional dependencies optional."""
     (folder / "sitecustomize.py").write_text(HIDE_TRITON)
     environment = {name: value for name, value in os.environ.items()
                    if not name.startswith("PYTEST_XDIST") and name != "TOPK_REQUIRE_OPTIONAL"}
@@ -37,7 +38,7 @@ def _without_triton(folder: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="no Triton here: the suite runs without it")
 def test_the_tests_that_depend_on_triton_pass_with_triton_hidden(tmp_path):
-    environment = _without_triton(tmp_path)
+    environment = _environment_hiding_triton(tmp_path)
     hidden = subprocess.run([sys.executable, "-c", "import triton"], env=environment, capture_output=True, text=True)
     assert hidden.returncode != 0 and "import of triton halted" in hidden.stderr, hidden.stderr
     files = triton_dependent_test_files()
