@@ -312,7 +312,7 @@ def precompile() -> None:
     """Compile the kernels for float32 and float64 scores into Numba's cache (or load them from it): what ``make venv``
     runs, so that the first training or test of a fresh install does not wait about 4 s per dtype and process."""
     for dtype in (torch.float32, torch.float64):
-        perturbed_top(torch.zeros(2, 4, dtype=dtype), 0, 1, 0.5, 2, sum_top=False)
-        _mean_candidates(np.zeros((2, 4), dtype=np.float32 if dtype == torch.float32 else np.float64), 1, 0.5,
-                         slack(dtype))  # called where rows are shared among threads
+        scores = torch.zeros(2, 4, dtype=dtype)
+        perturbed_top(scores, 0, 1, 0.5, 2, sum_top=False)
+        _mean_candidates(scores.numpy(), 1, 0.5, slack(dtype))  # called where rows are shared among threads
     normals(0, (1, 1, 2))

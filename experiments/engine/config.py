@@ -18,7 +18,7 @@ def selection_metrics(eval_ks: tuple[int, ...]) -> tuple[str, ...]:
 
 
 def _check_parts(dataset: str, dataset_options: dict, model: str, model_options: dict, loss: str,
-                     loss_options: dict) -> None:
+                 loss_options: dict) -> None:
     """Raise ``ValueError`` unless the registries know the dataset, model and loss named, and take their options."""
     import data_prep  # the registries are imported here: reading a config needs neither torch nor the data
     from experiments.engine.models import MODELS, model_options as options_of
