@@ -7,7 +7,8 @@
 #   step    benchmarks.bench_training_step: ms per DenseNet-40-40 step, eager and compiled, overheads over CE
 #   kernel  the fused kernel's grids with their memory and noise floors, every kind of input (resumable: rerun to
 #           finish); the headline and the issue's grid, or the grids named after the time limit
-#   fig3    Fig. 3 in GPU seconds
+#   fig3    Fig. 3 in GPU seconds (the second argument: torch.compile's mode for the engine's step, "default" unless
+#           given; the third: the K values, the paper's grid unless given)
 #   hinge   the smoothed hinge on CUDA, tree against Triton kernel, against CE (headline, then the grid until the limit)
 #   profile the gpu profile's hours on this GPU (benchmarks.bench_profile_time: each setup's images/s times its
 #           workload)
@@ -20,7 +21,9 @@
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
 #   "headline issue"]
-# pytopk (pure Python) can be put on PYTHONPATH beforehand for the kernel comparison; without it, that column is skipped.
+# pytopk (pure Python) can be put on PYTHONPATH beforehand for the kernel comparison and the tests that compare with
+# it; without it, that column and those tests are skipped. The engine's tests need latex2mathml too (both travel as
+# wheels, both pure Python, where the GPU machine has no package index).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET
@@ -47,7 +50,8 @@ case "${1:-tests}" in
         --out "$out/fused_kernel.csv" 2>&1 | tee -a "$out/fused_kernel.log"
     done ;;
   fig3)
-    python3 -m benchmarks.bench_epoch_time --device cuda --out "$out/fig3_epoch_time.csv" 2>&1 \
+    python3 -m benchmarks.bench_epoch_time --device cuda --compile "${2:-default}" ${3:+--ks $3} \
+      --out "$out/fig3_epoch_time.csv" 2>&1 \
       | tee "$out/fig3_epoch_time.log" || status=1 ;;
   hinge)
     python3 -m benchmarks.bench_smooth_hinge --device cuda --headline --out "$out/smooth_hinge_cuda_headline.csv" 2>&1 \

@@ -5,6 +5,8 @@ global RNG."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -22,6 +24,13 @@ class normalise:
     def __init__(self, mean=CIFAR_MEAN, std=CIFAR_STD):
         self.mean = torch.tensor(mean).view(-1, 1, 1)
         self.std = torch.tensor(std).view(-1, 1, 1)
+
+    def on(self, device: torch.device) -> "normalise":
+        """This transform with its mean and std held on ``device``. A batch there then copies nothing from the host:
+        such a copy waits for the device, so at every batch it would stop the host from queueing ahead."""
+        moved = copy.copy(self)
+        moved.mean, moved.std = self.mean.to(device), self.std.to(device)
+        return moved
 
     def plain(self, images: torch.Tensor) -> torch.Tensor:
         mean, std = self.mean.to(images.device), self.std.to(images.device)

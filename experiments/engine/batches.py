@@ -48,7 +48,7 @@ class InMemoryBatches:
 
     def __init__(self, dataset: TensorImages, device: torch.device):
         self.images, self.labels = dataset.images.to(device), dataset.labels.to(device)
-        self.transform, self.device = dataset.transform, device
+        self.transform, self.device = dataset.transform.on(device), device
 
     def __len__(self) -> int:
         return len(self.labels)

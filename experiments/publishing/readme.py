@@ -30,7 +30,7 @@ from experiments.spec.profiles import get_profile
 from experiments.spec.paper import CLAIMS
 from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, CALIBRATION_SEEDS, CROWDED_CLASSES, FIGURES,
                                LABEL_NOISE_FIT, PROJECT_ROOT)
-from experiments.provenance import short_commit
+from experiments.provenance import changed_since, short_commit
 
 README = PROJECT_ROOT / "README.md"
 #: The documentation's pages (``docs/*.md``), whose blocks are generated and checked as the README's.
@@ -44,6 +44,10 @@ SPEEDUP_TARGET = 10.0
 #: The smoothed hinge's headline (``python -m benchmarks.bench_smooth_hinge --headline``).
 SMOOTH_HEADLINE = {"batch": "128", "n_classes": "1000", "k": "5"}
 GPU_CSVS = ("training_step.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
+#: The code that the engine's epoch timings (``fig3_epoch_time.csv``, ``concurrency.csv``) ran: a measurement made
+#: before a change to it is shown stale.
+ENGINE_EPOCH_CODE = ("experiments/engine/train.py", "experiments/engine/batches.py", "experiments/engine/models.py",
+                     "data_prep/transforms.py")
 #: The README's training-step headline (``training_step.csv``): the compiled step with the noised loss on the kernel.
 STEP_HEADLINE = {"mode": "compiled", "backend": "auto", "K": "5", "B": "10"}
 #: The longest line of evidence the README's verdict summary quotes of a claim.
@@ -60,6 +64,15 @@ def _rows(path: Path) -> list[dict]:
 def _stamp(row: dict) -> str:
     return (f"{row['device_name']} ({row['device']}), torch {row['torch']}, triton {row['triton']}, "
             f"commit {short_commit(row['commit'])}")
+
+
+def _measurements(rows: list[dict]) -> list[list[dict]]:
+    """``rows`` split by measurement (device name and commit), in the order each first appears: what one stamp
+    truthfully describes."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["device_name"], row["commit"]), []).append(row)
+    return list(groups.values())
 
 
 def _cell(text: str) -> str:
@@ -281,14 +294,14 @@ def kernel_resources(results: Path = BENCHMARK_RESULTS) -> str:
 
 
 def _training_steps(results: Path) -> str:
-    rows = [r for r in _rows(results / "training_step.csv") if r["device"] == "cuda"]
-    if not rows:
-        return ""
-    lines = ["| step | loss | backend | K | B | ms per step | over CE (same run) |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['mode']} | {r['loss'].split(' ')[0]} | {r['backend'] or '-'} | {r['K'] or '-'} | {r['B'] or '-'} | "
-              f"{float(r['ms_per_step']):.2f} | {100 * float(r['overhead_vs_ce']):+.1f}% |" for r in rows]
-    return (f"Training step, {rows[0]['model']}, batch {rows[0]['batch_size']} (`training_step.csv`; "
-            f"{_stamp(rows[0])}):\n\n" + "\n".join(lines))
+    tables = []
+    for rows in _measurements([r for r in _rows(results / "training_step.csv") if r["device"] == "cuda"]):
+        lines = ["| step | loss | backend | K | B | ms per step | over CE (same run) |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['mode']} | {r['loss'].split(' ')[0]} | {r['backend'] or '-'} | {r['K'] or '-'} | {r['B'] or '-'} "
+                  f"| {float(r['ms_per_step']):.2f} | {100 * float(r['overhead_vs_ce']):+.1f}% |" for r in rows]
+        tables.append(f"Training step, {rows[0]['model']}, batch {rows[0]['batch_size']} (`training_step.csv`; "
+                      f"{_stamp(rows[0])}):\n\n" + "\n".join(lines))
+    return "\n\n".join(tables)
 
 
 def _smooth_hinge_gpu(results: Path) -> str:
@@ -303,19 +316,39 @@ def _smooth_hinge_gpu(results: Path) -> str:
 
 
 def _fused_kernel(results: Path) -> str:
-    rows = _rows(results / "fused_kernel.csv")
-    lines = kernel_targets.summary(rows, "cuda")
-    if not lines:
-        return ""
-    stamp = next(r for r in rows if r["device"] == "cuda")
-    return (f"Fused kernel, forward + backward of the noised hinge, eager (`fused_kernel.csv`; {_stamp(stamp)}):\n\n"
-            + "\n".join(f"- {line}" for line in lines))
+    parts = []
+    for rows in _measurements([r for r in _rows(results / "fused_kernel.csv") if r["device"] == "cuda"]):
+        if lines := kernel_targets.summary(rows, "cuda"):
+            parts.append(f"Fused kernel, forward + backward of the noised hinge, eager (`fused_kernel.csv`; "
+                         f"{_stamp(rows[0])}):\n\n" + "\n".join(f"- {line}" for line in lines))
+    return "\n\n".join(parts)
 
 
 def _epochs(results: Path) -> str:
-    rows = [r for r in _rows(results / "fig3_epoch_time.csv") if r["device"] == "cuda"]
-    return "\n".join(f"- whole epoch ({r['compile']}), {r['loss']} ({r['backend']}, K = {r['K']}): "
-                     f"{float(r['epoch_seconds']):.2f} s ({_stamp(r)})" for r in rows)
+    parts = []
+    for rows in _measurements([r for r in _rows(results / "fig3_epoch_time.csv") if r["device"] == "cuda"]):
+        lines = [f"- whole epoch of {int(r['images']):,} images, the training engine compiled ({r['compile']}), "
+                 f"{_loss_label(r)}: {float(r['epoch_seconds']):.2f} s" for r in rows]
+        parts.append(f"Fig. 3's epochs (`fig3_epoch_time.csv`; {_stamp(rows[0])}):\n\n"
+                     + _stale_engine_warning(rows[0]["commit"], "python -m benchmarks.bench_epoch_time")
+                     + "\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def _stale_engine_warning(commit: str, command: str) -> str:
+    """A warning for an engine timing made before a change to :data:`ENGINE_EPOCH_CODE`, or nothing."""
+    changed = changed_since(commit, ENGINE_EPOCH_CODE)
+    if changed == []:
+        return ""
+    why = (f"the engine's epoch changed since ({', '.join(f'`{path}`' for path in changed)})" if changed else
+           f"git cannot compare it with commit {short_commit(commit)}")
+    return f"**Stale:** {why}; rerun `{command}` on a GPU.\n\n"
+
+
+def _loss_label(row: dict) -> str:
+    """A Fig. 3 row's loss with its K and backend where it has them."""
+    details = [f"K = {row['K']}"] * bool(row["K"]) + [f"{row['backend']} backend"] * bool(row["backend"])
+    return f"{row['loss']} ({', '.join(details)})" if details else row["loss"]
 
 
 def gpu_results(results: Path = BENCHMARK_RESULTS) -> str:
@@ -351,25 +384,59 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
     return "\n".join(lines) or "*No profile time estimate in `benchmarks/results/`: run `make profile-time`.*"
 
 
+def _gpu_cifar_notebook_images() -> int:
+    """The training images (full batches, all epochs) of the ``gpu`` profile's CIFAR-100 notebooks."""
+    from experiments.analysis.workload import profile_work
+    from experiments.spec.grids import NOTEBOOK_GRIDS
+    from experiments.spec.profiles import GPU
+
+    return sum(work.train_images for work in profile_work(GPU, ("cifar",)) if work.notebook in NOTEBOOK_GRIDS)
+
+
+def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
+    """Trainings side by side on one GPU (:mod:`benchmarks.bench_concurrency`), one line per invocation: one run's
+    images/s, each concurrency's aggregate against it, and the ``gpu`` profile's CIFAR-100 notebooks' training hours
+    at the best aggregate rate, on one such GPU and on eight (evaluation left out)."""
+    invocations: dict[str, list[dict]] = {}
+    for row in _rows(path):
+        invocations.setdefault(row["date"], []).append(row)
+    if not invocations:
+        return (f"*No `{path.name}` in `benchmarks/results/`: run `bash benchmarks/gpu_session.sh concurrency` on a "
+                f"GPU.*")
+    images, lines = _gpu_cifar_notebook_images(), []
+    for rows in invocations.values():
+        one, best = rows[0], max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
+        stale = _stale_engine_warning(one["commit"], "bash benchmarks/gpu_session.sh concurrency").rstrip()
+        rate = float(best["aggregate_images_per_s"])
+        ratios = ", ".join(f"{row['concurrency']} x{float(row['ratio_to_one_run']):.2f}" for row in rows[1:])
+        lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
+                     f"the engine's step "
+                     f"({one['compile']}): one run {float(one['aggregate_images_per_s']):,.0f} images/s; side by side "
+                     f"{ratios} (target >= x3 on an H100); at the best rate, {best['concurrency']} runs and "
+                     f"{rate:,.0f} images/s, the `gpu` profile's CIFAR-100 notebooks ({images:,} training images) "
+                     f"train in {images / rate / 3600:.1f} h on one such GPU and {images / rate / 3600 / 8:.1f} h on "
+                     f"eight (targets 8 h and 1 h; `concurrency.csv`: {_stamp(one)})")
+    return "\n".join(lines)
+
+
 def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
     """Until the ``gpu`` profile's time is measured: its CIFAR-100 notebooks' training steps at the compiled
     DenseNet-40-40 cross-entropy step of ``training_step.csv`` (the paper's batch of 64), a lower bound."""
-    from experiments.spec.grids import NOTEBOOK_GRIDS
     from experiments.spec.profiles import GPU
-    from experiments.analysis.workload import profile_work
 
     steps = [row for row in _rows(results / "training_step.csv") if row["device"] == "cuda"
              and row["model"] == "densenet40_40" and row["mode"] == "compiled" and row["loss"] == "cross_entropy"
              and int(row["batch_size"]) == GPU.cifar.batch_size]
-    if not steps:
-        return ""
-    ms = sum(float(row["ms_per_step"]) for row in steps) / len(steps)
-    images = sum(work.train_images for work in profile_work(GPU, ("cifar",)) if work.notebook in NOTEBOOK_GRIDS)
-    hours = images / GPU.cifar.batch_size * ms / 3.6e6
-    return (f"- `gpu` profile, CIFAR-100's training notebooks alone: at least {hours:.0f} h on the GPU that measured "
-            f"its step ({images:,} training images at {ms:.2f} ms per batch of {GPU.cifar.batch_size}, the compiled "
-            f"cross-entropy step of DenseNet-40-40, mean of {len(steps)} in `training_step.csv`: {_stamp(steps[0])}); "
-            f"evaluation, the other setups and the losses' own cost come on top")
+    images, lines = _gpu_cifar_notebook_images(), []
+    for measured in _measurements(steps):
+        ms = sum(float(row["ms_per_step"]) for row in measured) / len(measured)
+        hours = images / GPU.cifar.batch_size * ms / 3.6e6
+        lines.append(f"- `gpu` profile, CIFAR-100's training notebooks alone: at least {hours:.0f} h on "
+                     f"{measured[0]['device_name']} ({images:,} training images at {ms:.2f} ms per batch of "
+                     f"{GPU.cifar.batch_size}, the compiled cross-entropy step of DenseNet-40-40, mean of {len(measured)} "
+                     f"in `training_step.csv`: {_stamp(measured[0])}); evaluation, the other setups and the losses' own "
+                     f"cost come on top")
+    return "\n".join(lines)
 
 
 def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE,
@@ -560,6 +627,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "compile-time": compile_time,
     "executors-time": executors_time,
     "cpu-step": cpu_step,
+    "concurrency": concurrency,
 }
 
 #: A block's markers; its name is lower case, digits and hyphens.

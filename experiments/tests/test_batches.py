@@ -51,6 +51,15 @@ def test_in_memory_epochs_depend_only_on_their_seed():
     assert torch.equal(in_order, dataset.labels)
 
 
+def test_in_memory_batches_hold_the_normalisation_on_their_device():
+    """Moved there once: a copy from the host's memory at every batch would wait for the device each time."""
+    transform = augment_and_normalise(32)
+    on_meta = InMemoryBatches(TensorImages(*_images(4), transform), torch.device("meta")).transform
+    assert (on_meta.mean.device.type, on_meta.std.device.type) == ("meta", "meta")
+    assert isinstance(on_meta, augment_and_normalise) and on_meta.size == transform.size
+    assert transform.mean.device.type == "cpu"  # the dataset's own transform is left as it was
+
+
 def test_in_memory_evaluation_batches_equal_the_per_image_transform():
     dataset = TensorImages(*_images(10), normalise())
     batched = torch.cat([images for images, _ in InMemoryBatches(dataset, torch.device("cpu")).in_order(4)])

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,11 @@ from experiments.__main__ import main as experiments_main
 from experiments.engine import config as config_module
 from experiments.engine.config import RunConfig
 from experiments.engine.models import build_model, parameter_count
+from experiments.engine.batches import InMemoryBatches
 from experiments.engine.store import ResultsStore
-from experiments.engine.train import flipped_label_fit, reseed_process, run
+from experiments.engine.train import flipped_label_fit, reseed_process, run, train_epoch
 from experiments.harness import flatten
-from topk.losses import noised_hinge
+from topk.losses import build_loss, noised_hinge
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(dataset="cifar100_like", dataset_options={"per_class_train": 4, "per_class_val": 1, "per_class_test": 1,
@@ -235,6 +237,39 @@ def test_a_cuda_run_trains_under_bfloat16_autocast_and_stores_its_siblings(tmp_p
     assert all(0 < h["grad_nonzero"] <= 4 for h in record["history"])  # B + 1 = 4 coordinates at most, as on a CPU
     siblings = [store.finished(sibling.key()) for sibling in config.siblings()]
     assert all(s is not None and s["history"] == record["history"] for s in siblings)
+
+
+def _synchronisations(action) -> int:
+    """How many times ``action`` made the host wait for the CUDA device (sync debug mode's warnings)."""
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            action()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(warning.message) for warning in caught)
+
+
+@CUDA
+def test_a_cuda_epoch_waits_for_the_device_a_fixed_number_of_times_whatever_its_batches():
+    """The epoch reads the device at its end only. A wait inside the step (a copy from the host's memory, a
+    ``.item()``) would keep the host from queueing steps ahead of the device."""
+    device = torch.device("cuda")
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (48, 3, 32, 32), dtype=torch.uint8, generator=generator)
+    data = InMemoryBatches(TensorImages(images, torch.randint(0, 10, (48,), generator=generator),
+                                        augment_and_normalise(32)), device)
+    model = build_model("small_cnn", 10).to(device)
+    loss = build_loss("noised_balanced", k=2, epsilon=1.0, n_samples=3).to(device)
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def epoch(batch_size):
+        return lambda: train_epoch(model, loss, data.shuffled(0, batch_size), optimiser, device, False, 0)
+
+    epoch(8)()  # warm-up: the first launches, cuBLAS's and cuDNN's handles
+    two_batches, six_batches = _synchronisations(epoch(24)), _synchronisations(epoch(8))
+    assert two_batches == six_batches < 6, (two_batches, six_batches)
 
 
 @pytest.mark.skipif(os.environ.get("CUBLAS_WORKSPACE_CONFIG") is None,

@@ -219,8 +219,13 @@ def test_until_the_gpu_profile_is_timed_its_cifar_steps_give_a_lower_bound(tmp_p
     (tmp_path / "training_step.csv").write_text(header + "\n".join(rows) + "\n")
     images = sum(w.train_images for w in profile_work(GPU, ("cifar",)) if w.notebook in grids.NOTEBOOK_GRIDS)
     text = readme.profile_time(tmp_path)
-    assert f"at least {images / 64 * 7.0 / 3.6e6:.0f} h on the GPU that measured its step ({images:,} training " \
-           "images at 7.00 ms per batch of 64" in text and "mean of 2" in text
+    assert f"at least {images / 64 * 7.0 / 3.6e6:.0f} h on test-gpu ({images:,} training images at 7.00 ms per batch " \
+           "of 64" in text and "mean of 2" in text
+    other = f"cuda,other-gpu,{'f' * 40},3,9.9,3,0,densenet40_40,compiled,cross_entropy,64,5.0"
+    (tmp_path / "training_step.csv").write_text(header + "\n".join(rows + [other]) + "\n")
+    lines = readme.profile_time(tmp_path).splitlines()  # one bound per GPU and commit, each with its own stamp
+    assert len(lines) == 2 and "on test-gpu" in lines[0] and "on other-gpu" in lines[1] and "mean of 1" in lines[1]
+    assert "commit ffffffffff" in lines[1] and "commit ffffffffff" not in lines[0]
     (tmp_path / "profile_time_gpu_cuda.csv").write_text("profile,notebook,hours\n")  # measured: no bound any more
     assert "at least" not in readme.profile_time(tmp_path)
 
@@ -324,3 +329,41 @@ def test_a_probe_made_on_other_setups_is_shown_stale_with_why(tmp_path):
     other = [{"key": configs[0].replace(seed=99).key()}, *current[1:]]
     assert readme.probe_staleness(crowding, other).startswith("1 of its 100 rows are runs of other setups than the "
                                                                "current ones, and 1 of the current runs are missing")
+
+
+def _concurrency_rows(commit: str) -> list[dict]:
+    stamp = {"device": "cuda", "device_name": "test-gpu", "commit": commit, "python": "3", "torch": "9.9",
+             "triton": "3", "topk": "0", "date": "2026-01-01T00:00:00", "model": "densenet40_40", "compile": "default",
+             "batch_size": "64", "warmup": "1", "steps": "2"}
+    return [{**stamp, "concurrency": str(n), "aggregate_images_per_s": str(rate), "ratio_to_one_run": str(rate / 1000)}
+            for n, rate in ((1, 1000.0), (2, 1800.0), (4, 3600.0), (8, 3000.0))]
+
+
+def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_best_rate(tmp_path, monkeypatch):
+    assert "gpu_session.sh concurrency" in readme.concurrency(tmp_path / "concurrency.csv")
+    _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40))
+    images = readme._gpu_cifar_notebook_images()
+    monkeypatch.setattr(readme, "changed_since", lambda commit, paths: [])
+    text = readme.concurrency(tmp_path / "concurrency.csv")
+    assert text.startswith("- test-gpu, densenet40_40, batch 64, the engine's step (default): one run 1,000 images/s; "
+                           "side by side 2 x1.80, 4 x3.60, 8 x3.00")
+    assert "at the best rate, 4 runs and 3,600 images/s" in text and f"{images / 3600 / 3600:.1f} h on one" in text
+    assert "Stale" not in text and "commit aaaaaaaaaa" in text
+
+
+def test_an_engine_timing_made_before_the_engine_changed_is_shown_stale(tmp_path, monkeypatch):
+    _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40))
+    asked = []
+    monkeypatch.setattr(readme, "changed_since", lambda commit, paths: asked.append((commit, paths)) or [paths[1]])
+    text = readme.concurrency(tmp_path / "concurrency.csv")
+    assert text.startswith(f"- **Stale:** the engine's epoch changed since (`{readme.ENGINE_EPOCH_CODE[1]}`)")
+    assert asked == [("a" * 40, readme.ENGINE_EPOCH_CODE)]
+    monkeypatch.setattr(readme, "changed_since", lambda commit, paths: None)  # a commit this clone lacks
+    assert "git cannot compare it with commit aaaaaaaaaa" in readme.concurrency(tmp_path / "concurrency.csv")
+
+
+def test_git_tells_which_files_changed_since_a_commit_or_that_it_cannot():
+    from experiments.provenance import changed_since, git_commit
+
+    assert changed_since("0" * 40, ("README.md",)) is None  # no such commit
+    assert changed_since(git_commit(), ("no/such/file.py",)) == []
