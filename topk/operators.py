@@ -24,7 +24,8 @@ import torch
 
 from topk import _ops
 from topk._bounded_noise import bounded_normal
-from topk._validation import check_generator, check_hyperparameter, check_int, check_noise, check_scores, choose_backend
+from topk._validation import (NOISED_TORCH_FASTER, check_generator, check_hyperparameter, check_int, check_noise,
+                              check_scores, choose_backend)
 
 __all__ = ["top_k", "top_sum_k", "smooth_top_k", "smooth_top_sum_k"]
 
@@ -115,7 +116,7 @@ def _smooth(s, k, epsilon, n_samples, generator, noise, samples_per_chunk, sum_t
         check_noise(noise, n_samples, s)
     if samples_per_chunk is not None:
         check_int(samples_per_chunk, "samples_per_chunk", 1)
-    backend = choose_backend(backend, s, k, epsilon)
+    backend = choose_backend(backend, s, k, epsilon, NOISED_TORCH_FASTER)
     if epsilon == 0.0 and backend == "torch":
         return exact_top(s, k, sum_top)
     return monte_carlo_top(s, k, epsilon, n_samples, generator=generator, noise=noise,

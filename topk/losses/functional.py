@@ -22,6 +22,7 @@ from topk import _ops
 from topk._labels import is_true, true_scores
 from topk._smooth_hinge_tree import smooth_hinge_tree
 from topk._validation import (
+    NOISED_TORCH_FASTER,
     check_generator,
     check_hyperparameter,
     check_int,
@@ -258,7 +259,7 @@ def noised_hinge(
     generator = check_generator(generator, s)
     if noise is not None:
         check_noise(noise, n_samples, s)
-    backend = choose_backend(backend, s, k + 1, epsilon)
+    backend = choose_backend(backend, s, k + 1, epsilon, NOISED_TORCH_FASTER)
     true_margin = margins.to(s.dtype)[y] if isinstance(margins, torch.Tensor) else margins
     if epsilon == 0.0 and backend == "torch":
         violation = exact_top(s, k + 1) - true_scores(s, y)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import topk
 from topk import _perturbed_top, fused, losses
-from topk._validation import choose_backend
+from topk._validation import NOISED_TORCH_FASTER, choose_backend
 from topk.tests.optional import require
 from topk.tests.reference import kth_largest_cdf
 
@@ -285,6 +285,21 @@ def test_auto_backend_chooses_the_kernel_only_on_cuda_with_noise(kernel_device):
     assert choose_backend("auto", s, fused.MAX_K + 1, 0.5) == "torch"
     assert choose_backend("torch", s, 3, 0.5) == "torch"
     assert choose_backend("triton", s, 3, 0.0) == "triton"
+
+
+def test_auto_backend_keeps_pytorch_where_it_was_measured_faster(kernel_device):
+    """At a high rank over many rows of few classes (:data:`topk._validation.NOISED_TORCH_FASTER`) the PyTorch path
+    was faster than the kernel; around that corner the kernel was, and an explicit choice is kept."""
+    corner = NOISED_TORCH_FASTER
+    on_cuda = "triton" if kernel_device.type == "cuda" else "torch"
+    inside = torch.empty(corner["rows"], corner["classes"], device=kernel_device)
+    assert choose_backend("auto", inside, corner["rank"], 1.0, corner) == "torch"
+    assert choose_backend("auto", inside, corner["rank"], 1.0) == on_cuda  # the smoothed hinge's kernel: no corner
+    assert choose_backend("auto", inside, corner["rank"] - 1, 1.0, corner) == on_cuda
+    assert choose_backend("auto", inside[: corner["rows"] // 2], corner["rank"], 1.0, corner) == on_cuda
+    wider = torch.empty(corner["rows"], corner["classes"] + 1, device=kernel_device)
+    assert choose_backend("auto", wider, corner["rank"], 1.0, corner) == on_cuda
+    assert choose_backend("triton", inside, corner["rank"], 1.0, corner) == "triton"
 
 
 @pytest.mark.parametrize("call, message", [
