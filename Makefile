@@ -29,9 +29,10 @@ COMPILE ?=
 # EXECUTOR=inline|local|slurm trains every run of the profile before the notebooks, which then read them from the store
 # (empty: each notebook trains its own runs, one after another). JOBS=N worker processes (local), PER_GPU=M runs on
 # each visible GPU (local), SLURM="--partition gpu --gpus-per-task 1 --time-min 600 ..." (slurm: `python -m
-# experiments train --help` lists the options).
-EXECUTOR ?=
-JOBS ?= 1
+# experiments train --help` lists the options). On a CPU the default is local with one worker per core, at most 8,
+# the threads split between them (the same records, bit for bit, sooner: docs/reproducing.md#executors); elsewhere none.
+EXECUTOR ?= $(if $(filter cpu,$(DEVICE)),local)
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 8 ? n : 8 )))
 PER_GPU ?=
 SLURM ?=
 TRAIN := PYTHONPATH=$(CURDIR) $(PY) -m experiments train $(PROFILE) --executor $(or $(EXECUTOR),inline) --device $(DEVICE) \
@@ -97,7 +98,7 @@ kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU need
 plan: | $(STAMP) ## List every run of PROFILE, the notebooks that read it and what the store holds of it
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments plan $(PROFILE)
 
-train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default inline) [JOBS=n PER_GPU=m SLURM="..."]
+train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default: local on a CPU, else inline) [JOBS=n PER_GPU=m SLURM="..."]
 	$(TRAIN)
 
 calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers and choose each loss's learning rate, until CE's agree (experiments/calibrated/; no-op when current)

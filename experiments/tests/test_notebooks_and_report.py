@@ -283,7 +283,8 @@ def test_code_is_hidden_by_default_whatever_the_body_classes():
 
 def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     """``make paper-figures PY=python3`` (a machine with its own stack): no .venv is made, that interpreter runs the
-    notebooks, and it is first checked for every module the project needs."""
+    notebooks, and it is first checked for every module the project needs. On a CPU the profile's runs are trained
+    first by the local executor; elsewhere, or with ``EXECUTOR=`` empty, by the notebooks themselves."""
     import shutil
     import subprocess
     import sys
@@ -296,6 +297,15 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     assert "-m venv" not in dry.stdout and "pip install --quiet" not in dry.stdout
     assert f"{sys.executable} -c \"import importlib.util" in dry.stdout
     assert f"{sys.executable} -m papermill" in dry.stdout
+    assert 'if [ -n "local" ]' in dry.stdout and re.search(r"--executor local --device cpu --jobs \d", dry.stdout)
+
+    def executor(*settings):
+        run = subprocess.run(["make", "-n", "paper-figures", "PROFILE=smoke", f"PY={sys.executable}", *settings],
+                             cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+        return re.search(r'if \[ -n "(\w*)" \]', run.stdout).group(1)
+
+    assert executor("DEVICE=cuda") == "" and executor("EXECUTOR=") == ""  # the notebooks train, one run after another
+    assert executor("EXECUTOR=slurm") == "slurm"
     missing = subprocess.run(["make", "check-python", "PY=" + sys.executable, "MODULES=torch no_such_module_here"],
                              cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "lacks ['no_such_module_here']" in missing.stderr
