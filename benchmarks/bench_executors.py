@@ -33,7 +33,8 @@ FIELDS = [*STAMP_FIELDS, "cores", "profile", "executor", "jobs", "runs", "train_
 
 def train(profile: str, store: Path, executor: str, jobs: int) -> float:
     """Seconds of ``python -m experiments train`` from an empty ``store``; fails loudly if a run failed."""
-    command = [sys.executable, "-m", "experiments", "train", profile, "--executor", executor, "--store", str(store)]
+    command = [sys.executable, "-m", "experiments", "train", profile, "--executor", executor, "--store", str(store),
+               "--figures", str(store.with_name(f"{store.name}_figures"))]  # its manifest, not in the committed figures
     if executor == "local":
         command += ["--jobs", str(jobs)]
     start = time.perf_counter()

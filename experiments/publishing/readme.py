@@ -482,22 +482,34 @@ def _same_files(one: Path, other: Path) -> bool:
 
 
 def _manifests_line(what: str, directory: Path, shown: str) -> str:
-    """Minutes in all of the notebooks whose manifests are in ``directory``, where they ran, and how many of their
-    runs were trained there or read back from the results store (trained before, or by an earlier notebook)."""
+    """Minutes in all of the executor (where one trained the runs first) and the notebooks whose manifests are in
+    ``directory``, where they ran, and how many runs were trained there or read back from the results store (trained
+    before, by the executor, or by an earlier notebook)."""
     manifests = [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
     if not manifests:
         return f"*No manifest in `{shown}`: run `make paper-figures`.*"
     seconds = sum(m["seconds"] for m in manifests)
-    took = f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} seconds"
-    recorded = [m["runs"] for m in manifests if "runs" in m]
+    executor = [m for m in manifests if "executor" in m]
+    notebooks = [m for m in manifests if "executor" not in m]
+    recorded = [m["runs"] for m in notebooks if "runs" in m]
     runs = (f"{sum(r['trained'] for r in recorded)} runs trained in them and {sum(r['from_store'] for r in recorded)} "
-            f"read back from the results store" if len(recorded) == len(manifests)
-            else f"runs not counted in {len(manifests) - len(recorded)} of them, which predate the count")
+            f"read back from the results store" if len(recorded) == len(notebooks)
+            else f"runs not counted in {len(notebooks) - len(recorded)} of them, which predate the count")
     where = sorted({f"{m.get('machine', m['device'])}, {m['cpus']} cores, {m['threads']} torch threads"
-                    if "cpus" in m else f"{m['device']}, {m['threads']} torch threads" for m in manifests})
+                    if "cpus" in m else f"{m['device']}, {m['threads']} torch threads" for m in notebooks})
+    first = "".join(f"the `{m['executor']}` executor ({_workers(m)}{m['runs']['trained']} runs trained, "
+                    f"{_minutes(m['seconds'])}, {m['threads']} torch threads each), then " for m in executor)
     commits = ", ".join(sorted({short_commit(m["commit"]) for m in manifests}))
-    return (f"- {what}: {len(manifests)} notebooks, {took} in all ({runs}; {'; '.join(where)}; "
+    return (f"- {what}: {first}{len(notebooks)} notebooks, {_minutes(seconds)} in all ({runs}; {'; '.join(where)}; "
             f"commit {commits}; `{shown}`)")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} seconds"
+
+
+def _workers(manifest: dict) -> str:
+    return f"{manifest['workers']} workers, " if manifest.get("workers") else ""
 
 
 def figure_table(name: str, figures: Path = FIGURES / DEFAULT_PROFILE) -> str:

@@ -12,12 +12,17 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import time
+from pathlib import Path
 
 from data_prep.common import MissingDataError
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import COMPILE_MODES
-from experiments.paths import RESULTS
+from experiments.paths import FIGURES, RESULTS
+from experiments.provenance import device_name, git_commit
 from experiments.scale import executors, slurm
 from experiments.scale.plan import PlannedRun, plan, state, table
 from experiments.scale.progress import Progress
@@ -49,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--executor", choices=EXECUTORS, default="inline")
     train.add_argument("--jobs", type=int, default=1, help="local: worker processes on this machine (default 1)")
     train.add_argument("--per-gpu", type=int, help="local: runs side by side on each visible GPU (instead of --jobs)")
+    train.add_argument("--figures", help="where the executor's manifest goes, beside the notebooks' (default: "
+                       "figures/PROFILE, as the notebooks use)")
     _training_options(train)
     slurm.add_options(train)
     one = commands.add_parser("run-one", help="train one planned run (an array task's command)")
@@ -95,7 +102,7 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     todo = [run for run in runs if state(run, ResultsStore(options.store))[0] != "finished"]
     print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train "
           f"({args.executor} executor)", file=sys.stderr)
-    progress = Progress(todo)
+    progress, started = Progress(todo), time.time()
     if args.executor == "inline":
         executors.inline(todo, options, progress)
     elif args.executor == "local":
@@ -103,4 +110,22 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     else:
         slurm.train(todo, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
     print(progress.summary(), file=sys.stderr)
+    _write_manifest(args, options, progress, len(runs) - len(todo), time.time() - started)
     return min(len(progress.failed), 100)
+
+
+def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, progress: Progress, already: int,
+                    seconds: float) -> None:
+    """The executor's manifest beside the notebooks' (``FIGURES/manifests/executor.json``): how long it
+    trained and how many runs, where, with how many workers (none counted for Slurm's tasks); the main job's time is
+    the executor's and the notebooks' together."""
+    workers = {"inline": 1, "local": len(executors.slots(args.jobs, args.per_gpu, options.device)), "slurm": None}
+    count = workers[args.executor]
+    manifest = {"executor": args.executor, "workers": count, "profile": args.profile, "commit": git_commit(),
+                "device": options.device, "seconds": round(seconds, 1),
+                "runs": {"trained": progress.done, "from_store": already, "failed": len(progress.failed)},
+                "threads": options.threads or executors.cpu_threads(count or 1), "cpus": os.cpu_count(),
+                "machine": device_name(options.device)}
+    folder = Path(args.figures or FIGURES / args.profile) / "manifests"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "executor.json").write_text(json.dumps(manifest, indent=1))

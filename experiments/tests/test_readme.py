@@ -230,6 +230,19 @@ def test_until_the_gpu_profile_is_timed_its_cifar_steps_give_a_lower_bound(tmp_p
     assert "at least" not in readme.profile_time(tmp_path)
 
 
+def test_the_executors_time_comes_first_and_counts_in_the_main_jobs(tmp_path):
+    (tmp_path / "manifests").mkdir()
+    common = {"profile": "quick", "commit": "d" * 40, "device": "cpu", "cpus": 2, "machine": "x86_64"}
+    (tmp_path / "manifests" / "a.json").write_text(json.dumps({**common, "threads": 2, "seconds": 300, "runs": {
+        "trained": 0, "from_store": 7}}))
+    (tmp_path / "manifests" / "executor.json").write_text(json.dumps({**common, "threads": 1, "seconds": 1500,
+        "executor": "local", "workers": 2, "runs": {"trained": 7, "from_store": 0, "failed": 0}}))
+    text = readme.figures_time(tmp_path, tmp_path / "empty")
+    assert "the `local` executor (2 workers, 7 runs trained, 25 minutes, 1 torch threads each), then 1 notebooks, " \
+           "30 minutes in all (0 runs trained in them and 7 read back from the results store; x86_64, 2 cores, 2 " \
+           "torch threads; commit dddddddddd" in text
+
+
 def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_from(tmp_path):
     (tmp_path / "manifests").mkdir()
     common = {"profile": "quick", "commit": "d" * 40, "device": "cpu", "threads": 2, "cpus": 2, "machine": "x86_64"}

@@ -76,6 +76,28 @@ def test_local_with_two_workers_gives_the_inline_records_bit_for_bit_and_names_a
         assert computed(one) == computed(other)
 
 
+def test_train_writes_the_executors_manifest_beside_the_notebooks(tmp_path, monkeypatch, capsys):
+    """``train`` leaves how long it took and what it trained where the notebooks' manifests go, so that the main job's
+    time counts it; the runs already finished are counted as read from the store."""
+    from experiments.scale import cli
+
+    runs = [_planned(seed) for seed in (1, 2)]
+    monkeypatch.setattr(cli, "plan", lambda profile: runs)
+    store, figures = tmp_path / "store", tmp_path / "figures"
+    threads = torch.get_num_threads()
+    try:
+        run(runs[0].config, ResultsStore(store))
+        arguments = ["train", "smoke", "--store", str(store), "--figures", str(figures), "--threads", "1"]
+        assert cli.main(arguments) == 0
+    finally:
+        torch.set_num_threads(threads)
+    manifest = json.loads((figures / "manifests" / "executor.json").read_text())
+    assert manifest["executor"] == "inline" and manifest["workers"] == 1 and manifest["threads"] == 1
+    assert manifest["runs"] == {"trained": 1, "from_store": 1, "failed": 0} and manifest["profile"] == "smoke"
+    assert 0 < manifest["seconds"] and manifest["machine"] and manifest["commit"]
+    assert "1 of 1 runs finished, 0 failed" in capsys.readouterr().err
+
+
 def test_a_claim_is_kept_by_a_live_holder_and_taken_over_from_a_dead_or_silent_one(tmp_path):
     key = "0123456789abcdef"
     path = run_claim.claim_path(tmp_path, key)
