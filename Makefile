@@ -29,10 +29,11 @@ COMPILE ?=
 # EXECUTOR=inline|local|slurm trains every run of the profile before the notebooks, which then read them from the store
 # (empty: each notebook trains its own runs, one after another). JOBS=N worker processes (local), PER_GPU=M runs on
 # each visible GPU (local), SLURM="--partition gpu --gpus-per-task 1 --time-min 600 ..." (slurm: `python -m
-# experiments train --help` lists the options). On a CPU the default is local with one worker per core, at most 8,
-# the threads split between them (the same records, bit for bit, sooner: docs/reproducing.md#executors); elsewhere none.
+# experiments train --help` lists the options). On a CPU the default is local with one worker per core this process
+# may use, at most 8, the threads split between them (measured on 2 cores: the same records, bit for bit, sooner;
+# docs/reproducing.md#executors); elsewhere none.
 EXECUTOR ?= $(if $(filter cpu,$(DEVICE)),local)
-JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 8 ? n : 8 )))
+JOBS ?= $(shell $(PYTHON) -c 'import os; print(min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
 PER_GPU ?=
 SLURM ?=
 TRAIN := PYTHONPATH=$(CURDIR) $(PY) -m experiments train $(PROFILE) --executor $(or $(EXECUTOR),inline) --device $(DEVICE) \
@@ -47,7 +48,7 @@ PAPERMILL := PYTHONPATH=$(CURDIR) $(PY) -m papermill --log-level WARNING --no-pr
 	$(if $(WORKERS),-p workers $(WORKERS)) $(if $(COMPILE),-p compile_mode $(COMPILE))
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test plan train bench bench-gpu profile-time readme kernel-resources calibrate paper-figures notebooks report check-report lab clean \
+.PHONY: help venv test plan train forget-executor bench bench-gpu profile-time readme kernel-resources calibrate paper-figures notebooks report check-report lab clean \
 	clean-results
 
 help: ## List the targets
@@ -101,12 +102,15 @@ plan: | $(STAMP) ## List every run of PROFILE, the notebooks that read it and wh
 train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default: local on a CPU, else inline) [JOBS=n PER_GPU=m SLURM="..."]
 	$(TRAIN)
 
+forget-executor: ## Remove the executor's manifest of PROFILE (its notebooks train their own runs)
+	rm -f figures/$(PROFILE)/manifests/executor.json
+
 calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers and choose each loss's learning rate, until CE's agree (experiments/calibrated/; no-op when current)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.tuning.fixed_point $(PROFILE) --device $(DEVICE)
 
 paper-figures: $(STAMP) ## Calibrate the stand-ins and their learning rates, [train every run through EXECUTOR,] run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode EXECUTOR=local JOBS=n PY=python3], render build/report/index.html
 	@status=0; $(MAKE) --no-print-directory calibrate || status=$$?; \
-	if [ -n "$(EXECUTOR)" ]; then $(TRAIN) || status=$$?; fi; \
+	$(MAKE) --no-print-directory $(if $(EXECUTOR),train,forget-executor) || status=$$?; \
 	$(MAKE) --no-print-directory -k notebooks || status=$$?; \
 	$(MAKE) --no-print-directory report; \
 	if [ "$(PROFILE)" = quick ]; then \

@@ -117,9 +117,21 @@ def peak_extra_bytes(call: Callable[[], object], device: torch.device, module: s
 
 
 def append_csv_row(row: dict, fields: list[str], out: Path) -> None:
-    """Append one row (with a header if the file is new): a finished measurement survives an interrupted run."""
+    """Append one row (with a header if the file is new): a finished measurement survives an interrupted run. A file
+    written with other columns is first rewritten under ``fields`` and its own extra columns, the old rows left empty
+    where they have no value."""
     new = not out.exists()
     out.parent.mkdir(parents=True, exist_ok=True)
+    if not new:
+        with out.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            old_fields, rows = reader.fieldnames or [], list(reader)
+        if old_fields != fields:
+            fields = [*fields, *(name for name in old_fields if name not in fields)]
+            with out.open("w", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=fields)
+                writer.writeheader()
+                writer.writerows(rows)
     with out.open("a", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         if new:

@@ -47,7 +47,7 @@ import torch
 from benchmarks._fig3_setup import checked_device, paper_model_and_optimiser
 from benchmarks._measure import append_csv_row
 from benchmarks.bench_epoch_time import cifar_shaped
-from experiments.analysis.timings import TRAIN_IMAGES
+from experiments.analysis.timings import TRAIN_IMAGES, engine_code
 from experiments.engine.batches import order_seed
 from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
 from experiments.provenance import STAMP_FIELDS, stamp
@@ -56,7 +56,7 @@ from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 from topk.losses import build_loss
 
-FIELDS = [*STAMP_FIELDS, "date", "model", "compile", "batch_size", "warmup", "steps", "concurrency",
+FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "batch_size", "warmup", "steps", "concurrency",
           "run_images_per_s_mean", "run_images_per_s_min", "aggregate_images_per_s", "ratio_to_one_run",
           "run_peak_mib", "device_used_mib", "device_total_mib"]
 #: The targets printed at the end (issue: the paper at its own scale).
@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     args, device = parse_arguments(argv)
     training = Training(device.type, args.model, args.batch_size, args.warmup, args.steps,
                         args.compile_mode if args.compile else None)
-    settings = {**stamp(device), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": args.model,
-                "compile": training.compile_mode or "eager", "batch_size": args.batch_size, "warmup": args.warmup,
+    settings = {**stamp(device), "engine_code": engine_code(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "model": args.model, "compile": training.compile_mode or "eager", "batch_size": args.batch_size, "warmup": args.warmup,
                 "steps": args.steps}
     print(f"{settings['device_name']}: {args.model}, batch {args.batch_size}, compile {settings['compile']}, "
           f"{args.warmup} + {args.steps} steps per run", flush=True)

@@ -32,13 +32,13 @@ from data_prep.common import TensorImages
 from data_prep.transforms import augment_and_normalise
 from experiments.engine.batches import InMemoryBatches, order_seed
 from experiments.spec.profiles import PAPER
-from experiments.analysis.timings import TRAIN_IMAGES
+from experiments.analysis.timings import TRAIN_IMAGES, engine_code
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
 from topk.losses import build_loss
 
-FIELDS = [*STAMP_FIELDS, "model", "compile", "loss", "backend", "K", "B", "batch_size", "images", "epochs",
-          "epoch_seconds", "loss_seconds"]
+FIELDS = [*STAMP_FIELDS, "engine_code", "model", "compile", "loss", "backend", "K", "B", "batch_size", "images",
+          "epochs", "epoch_seconds", "loss_seconds"]
 #: The targets printed at the end (issue: the paper's experiments at GPU speed).
 EPOCH_TARGET_S, OVERHEAD_TARGET = 5.0, 0.02
 
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fig3_epoch_time.csv")
     args = parser.parse_args()
     device = checked_device(parser, args.device)
-    provenance = stamp(device)
+    provenance = {**stamp(device), "engine_code": engine_code()}
     name = provenance["device_name"]
     data = cifar_shaped(args.images, device)
     done = set()

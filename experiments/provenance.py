@@ -44,13 +44,6 @@ def git_commit() -> str:
     return commit + ("-dirty" if changed else "")
 
 
-def changed_since(commit: str, paths: tuple[str, ...]) -> list[str] | None:
-    """Which of ``paths`` (files of this repository) differ in the working tree from ``commit`` (a stamp's, its
-    ``-dirty`` mark ignored), or None when git cannot tell (no checkout, or a commit this clone does not have)."""
-    changed = _git("diff", "--name-only", commit.partition("-dirty")[0], "--", *paths)
-    return None if changed is None else changed.split()
-
-
 def short_commit(commit: str) -> str:
     """A commit of :func:`git_commit` in 10 hex digits, its ``-dirty`` mark kept."""
     sha, dirty, _ = commit.partition("-dirty")

@@ -175,26 +175,29 @@ def check_hyperparameter(name: str, value: object):
 
 
 #: Where the PyTorch path of the noised top-K was measured faster than its fused kernel: rank 51 (the hinge's K = 50)
-#: over 4096 rows of 1,000 and 10,000 classes, on N(0, 1) and x5 scores; at rank 6, or over 256 rows, the kernel won
-#: (H200, commit 97562b2, ``fused_kernel.csv``; ``benchmarks/NOTES.md``, the H200 session). From that corner outwards
-#: (a higher rank, more rows, fewer classes) ``"auto"`` keeps the PyTorch path.
+#: over 4096 rows of 1,000 and 10,000 classes, on N(0, 1) and x5 scores; at rank 6 the kernel won everywhere, and over
+#: 256 rows everywhere but 1,000 classes of N(0, 1) scores, an eager call where the host's time dominates (H200, commit
+#: 97562b2, ``fused_kernel.csv``; ``benchmarks/NOTES.md`` §10). From that corner outwards (a higher rank, more rows,
+#: fewer classes) ``"auto"`` keeps the PyTorch path.
 NOISED_TORCH_FASTER = {"rank": 51, "rows": 4096, "classes": 10_000}
 
 
 def _in_corner(s: torch.Tensor, rank: int, corner: dict | None) -> bool:
-    """Whether scores ``s`` with this ``rank`` lie in ``corner`` (as :data:`NOISED_TORCH_FASTER`)."""
+    """Whether scores ``s`` (rows of classes) with this ``rank`` lie in ``corner`` (as :data:`NOISED_TORCH_FASTER`)."""
     return (corner is not None and rank >= corner["rank"] and s.shape[-1] <= corner["classes"]
-            and s.numel() // max(s.shape[-1], 1) >= corner["rows"])
+            and s.numel() // s.shape[-1] >= corner["rows"])
 
 
-def choose_backend(backend: object, s: torch.Tensor, rank: int, epsilon: float, torch_faster: dict | None = None) -> str:
+def choose_backend(backend: object, s: torch.Tensor, rank: int, epsilon: float,
+                   torch_faster: dict | None = None) -> str:
     """The one backend rule: ``"torch"`` or ``"triton"`` for a kernel whose work grows with ``rank``: the rank of the
     selected perturbed score (``k`` of the operator, ``k + 1`` of the noised hinge), or the ``k + 1`` coefficients of
     the smoothed hinge (``epsilon``: its ``tau``).
 
     ``"auto"`` means Triton for CUDA scores with ``epsilon > 0`` and ``rank <= topk.fused.MAX_K`` when it is
-    installed, outside the sizes ``torch_faster`` where PyTorch was measured faster, and PyTorch otherwise. ``"triton"`` is refused, with the reason, where the kernel cannot run: without
-    the package, on CPU scores (unless ``TRITON_INTERPRET=1`` runs it in Triton's interpreter), or above ``MAX_K``.
+    installed, outside the sizes ``torch_faster`` where PyTorch was measured faster, and PyTorch otherwise.
+    ``"triton"`` is refused, with the reason, where the kernel cannot run: without the package, on CPU scores (unless
+    ``TRITON_INTERPRET=1`` runs it in Triton's interpreter), or above ``MAX_K``.
     """
     from topk import fused  # at first use: it imports torch._dynamo, hence Triton, which `import topk` must not
 

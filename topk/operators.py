@@ -177,7 +177,8 @@ def smooth_top_k(
     Arguments as in :func:`smooth_top_sum_k`; ``|top_{K,eps}(s) - top_K(s)| <= eps K sqrt(2 log L)``
     (Prop. 3.5). ``backend``: ``"torch"``, ``"triton"`` (:mod:`topk.fused`, in-kernel noise seeded from
     ``generator``; ``samples_per_chunk`` does not apply) or ``"auto"`` (Triton for CUDA scores with
-    ``epsilon > 0`` and ``k <= 128`` when it is installed).
+    ``epsilon > 0`` and ``k <= 128`` when it is installed, outside the sizes where PyTorch was measured faster:
+    ``topk._validation.NOISED_TORCH_FASTER``).
 
     The worked example of Section 3.2 (L = 4, K = 2, B = 3, eps = 1):
 

@@ -13,11 +13,12 @@ import torch
 
 from benchmarks._measure import append_csv_row
 from benchmarks.bench_concurrency import FIELDS, GPUS, Training, _collect, main, profile_hours, side_by_side
+from experiments.analysis.timings import engine_code
 from experiments.provenance import git_commit
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 
-COLUMNS = ["device", "device_name", "commit", "python", "torch", "triton", "topk", "date", "model", "compile",
+COLUMNS = ["device", "device_name", "commit", "python", "torch", "triton", "topk", "engine_code", "date", "model", "compile",
            "batch_size", "warmup", "steps", "concurrency", "run_images_per_s_mean", "run_images_per_s_min",
            "aggregate_images_per_s", "ratio_to_one_run", "run_peak_mib", "device_used_mib", "device_total_mib"]
 
@@ -30,19 +31,21 @@ def _earlier_invocation() -> dict:
 
 def test_rows_ratios_and_profile_hours(tmp_path, capsys):
     out = tmp_path / "concurrency.csv"
-    append_csv_row(_earlier_invocation(), FIELDS, out)
+    earlier_fields = [name for name in FIELDS if name != "engine_code"]  # a file from before rows named the code
+    append_csv_row({k: v for k, v in _earlier_invocation().items() if k in earlier_fields}, earlier_fields, out)
     commit = git_commit()  # the stamp's, though another commit may land while the runs train
     main(["--device", "cpu", "--model", "small_cnn", "--concurrency", "2", "--steps", "3", "--warmup", "1",
           "--no-compile", "--profile", "smoke", "--out", str(out)])
     with out.open() as handle:
         reader = csv.DictReader(handle)
-        assert reader.fieldnames == COLUMNS
-        rows = list(reader)[1:]
+        assert reader.fieldnames == COLUMNS  # the earlier file rewritten under today's columns, its row kept
+        earlier, *rows = list(reader)
+    assert (earlier["date"], earlier["engine_code"]) == (_earlier_invocation()["date"], "")
     assert [int(row["concurrency"]) for row in rows] == [1, 2]  # one run measured first, though not asked for
     assert len({row["date"] for row in rows}) == 1 and rows[0]["date"] != _earlier_invocation()["date"]
     for row in rows:
-        assert (row["device"], row["commit"], row["torch"], row["compile"]) == (
-            "cpu", commit, torch.__version__, "eager")
+        assert (row["device"], row["commit"], row["torch"], row["compile"], row["engine_code"]) == (
+            "cpu", commit, torch.__version__, "eager", engine_code())
         assert 0 < float(row["run_images_per_s_min"]) <= float(row["run_images_per_s_mean"])
         assert float(row["aggregate_images_per_s"]) == pytest.approx(
             int(row["concurrency"]) * float(row["run_images_per_s_mean"]), rel=1e-3)

@@ -1,8 +1,9 @@
 """Fig. 3 measured on a GPU by ``python -m benchmarks.bench_epoch_time``, read back for the ``fig3_epoch_time``
-notebook."""
+notebook; the fingerprint of the engine's epoch code that such timings (and ``bench_concurrency``'s) carry."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +12,17 @@ from experiments import paths
 
 EPOCH_TIME_CSV = paths.BENCHMARK_RESULTS / "fig3_epoch_time.csv"
 TRAIN_IMAGES = 45_000  #: the paper's CIFAR-100 training part: the images of one timed epoch
+#: The code an engine timing runs: a row made with other contents of these files is stale.
+ENGINE_EPOCH_CODE = ("experiments/engine/train.py", "experiments/engine/batches.py", "experiments/engine/models.py",
+                     "data_prep/transforms.py")
+
+
+def engine_code() -> str:
+    """A fingerprint of :data:`ENGINE_EPOCH_CODE`'s contents (12 hex digits of their SHA-256)."""
+    digest = hashlib.sha256()
+    for name in ENGINE_EPOCH_CODE:
+        digest.update((paths.PROJECT_ROOT / name).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def load_epoch_times(path: Path = EPOCH_TIME_CSV, device: str = "cuda") -> pd.DataFrame | None:

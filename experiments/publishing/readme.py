@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments.analysis import compare, kernel_targets
+from experiments.analysis import compare, kernel_targets, timings
 from experiments.tuning.calibration import TOLERANCE, rate_text, unmatched
 from experiments.tuning.learning_rates import fitted_gap_at_chosen_rate
 from experiments.spec import tuned
@@ -30,7 +30,7 @@ from experiments.spec.profiles import get_profile
 from experiments.spec.paper import CLAIMS
 from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, CALIBRATION_SEEDS, CROWDED_CLASSES, FIGURES,
                                LABEL_NOISE_FIT, PROJECT_ROOT)
-from experiments.provenance import changed_since, short_commit
+from experiments.provenance import short_commit
 
 README = PROJECT_ROOT / "README.md"
 #: The documentation's pages (``docs/*.md``), whose blocks are generated and checked as the README's.
@@ -44,10 +44,6 @@ SPEEDUP_TARGET = 10.0
 #: The smoothed hinge's headline (``python -m benchmarks.bench_smooth_hinge --headline``).
 SMOOTH_HEADLINE = {"batch": "128", "n_classes": "1000", "k": "5"}
 GPU_CSVS = ("training_step.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
-#: The code that the engine's epoch timings (``fig3_epoch_time.csv``, ``concurrency.csv``) ran: a measurement made
-#: before a change to it is shown stale.
-ENGINE_EPOCH_CODE = ("experiments/engine/train.py", "experiments/engine/batches.py", "experiments/engine/models.py",
-                     "data_prep/transforms.py")
 #: The README's training-step headline (``training_step.csv``): the compiled step with the noised loss on the kernel.
 STEP_HEADLINE = {"mode": "compiled", "backend": "auto", "K": "5", "B": "10"}
 #: The longest line of evidence the README's verdict summary quotes of a claim.
@@ -330,19 +326,21 @@ def _epochs(results: Path) -> str:
         lines = [f"- whole epoch of {int(r['images']):,} images, the training engine compiled ({r['compile']}), "
                  f"{_loss_label(r)}: {float(r['epoch_seconds']):.2f} s" for r in rows]
         parts.append(f"Fig. 3's epochs (`fig3_epoch_time.csv`; {_stamp(rows[0])}):\n\n"
-                     + _stale_engine_warning(rows[0]["commit"], "python -m benchmarks.bench_epoch_time")
+                     + _stale_engine_warning(rows[0], "python -m benchmarks.bench_epoch_time")
                      + "\n".join(lines))
     return "\n\n".join(parts)
 
 
-def _stale_engine_warning(commit: str, command: str) -> str:
-    """A warning for an engine timing made before a change to :data:`ENGINE_EPOCH_CODE`, or nothing."""
-    changed = changed_since(commit, ENGINE_EPOCH_CODE)
-    if changed == []:
+def _stale_engine_warning(row: dict, command: str) -> str:
+    """A warning for an engine timing made with other code than today's (:data:`timings.ENGINE_EPOCH_CODE`), or
+    nothing."""
+    made_with = row.get("engine_code")
+    if made_with == timings.engine_code():
         return ""
-    why = (f"the engine's epoch changed since ({', '.join(f'`{path}`' for path in changed)})" if changed else
-           f"git cannot compare it with commit {short_commit(commit)}")
-    return f"**Stale:** {why}; rerun `{command}` on a GPU.\n\n"
+    why = ("it was made before the rows named the engine's code" if not made_with else
+           "the engine's epoch changed since")
+    files = ", ".join(f"`{name}`" for name in timings.ENGINE_EPOCH_CODE)
+    return f"**Stale:** {why} ({files}); rerun `{command}` on a GPU.\n\n"
 
 
 def _loss_label(row: dict) -> str:
@@ -406,7 +404,7 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     images, lines = _gpu_cifar_notebook_images(), []
     for rows in invocations.values():
         one, best = rows[0], max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
-        stale = _stale_engine_warning(one["commit"], "bash benchmarks/gpu_session.sh concurrency").rstrip()
+        stale = _stale_engine_warning(one, "bash benchmarks/gpu_session.sh concurrency").rstrip()
         rate = float(best["aggregate_images_per_s"])
         ratios = ", ".join(f"{row['concurrency']} x{float(row['ratio_to_one_run']):.2f}" for row in rows[1:])
         lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
@@ -497,11 +495,11 @@ def _manifests_line(what: str, directory: Path, shown: str) -> str:
             else f"runs not counted in {len(notebooks) - len(recorded)} of them, which predate the count")
     where = sorted({f"{m.get('machine', m['device'])}, {m['cpus']} cores, {m['threads']} torch threads"
                     if "cpus" in m else f"{m['device']}, {m['threads']} torch threads" for m in notebooks})
-    first = "".join(f"the `{m['executor']}` executor ({_workers(m)}{m['runs']['trained']} runs trained, "
-                    f"{_minutes(m['seconds'])}, {m['threads']} torch threads each), then " for m in executor)
-    commits = ", ".join(sorted({short_commit(m["commit"]) for m in manifests}))
-    return (f"- {what}: {first}{len(notebooks)} notebooks, {_minutes(seconds)} in all ({runs}; {'; '.join(where)}; "
-            f"commit {commits}; `{shown}`)")
+    steps = [f"the `{m['executor']}` executor ({_workers(m)}{m['runs']['trained']} runs trained, "
+             f"{_minutes(m['seconds'])}, {m['threads']} torch threads each)" for m in executor]
+    steps += [f"{len(notebooks)} notebooks"] * bool(notebooks)
+    details = [runs] * bool(notebooks) + where + [f"commit {', '.join(sorted({short_commit(m['commit']) for m in manifests}))}"]
+    return f"- {what}: {', then '.join(steps)}, {_minutes(seconds)} in all ({'; '.join(details)}; `{shown}`)"
 
 
 def _minutes(seconds: float) -> str:

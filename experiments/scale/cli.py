@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from data_prep.common import MissingDataError
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import COMPILE_MODES
@@ -116,16 +118,20 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
 
 def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, progress: Progress, already: int,
                     seconds: float) -> None:
-    """The executor's manifest beside the notebooks' (``FIGURES/manifests/executor.json``): how long it
-    trained and how many runs, where, with how many workers (none counted for Slurm's tasks); the main job's time is
-    the executor's and the notebooks' together."""
-    workers = {"inline": 1, "local": len(executors.slots(args.jobs, args.per_gpu, options.device)), "slurm": None}
-    count = workers[args.executor]
-    manifest = {"executor": args.executor, "workers": count, "profile": args.profile, "commit": git_commit(),
-                "device": options.device, "seconds": round(seconds, 1),
+    """The executor's manifest beside the notebooks' (``FIGURES/manifests/executor.json``): how long it trained and
+    how many runs, where, with how many workers and threads each (none for Slurm's tasks, which ran elsewhere); the
+    main job's time is the executor's and the notebooks' together."""
+    here = {"inline": ([options.device], torch.get_num_threads()), "slurm": ([], None)}
+    if args.executor == "local":
+        devices = executors.slots(args.jobs, args.per_gpu, options.device)
+        here["local"] = (devices, options.threads or executors.cpu_threads(len(devices)))
+    devices, threads = here[args.executor]
+    manifest = {"executor": args.executor, "workers": len(devices) or None, "profile": args.profile,
+                "commit": git_commit(), "device": devices[0] if devices else options.device,
+                "seconds": round(seconds, 1),
                 "runs": {"trained": progress.done, "from_store": already, "failed": len(progress.failed)},
-                "threads": options.threads or executors.cpu_threads(count or 1), "cpus": os.cpu_count(),
-                "machine": device_name(options.device)}
+                "threads": threads, "cpus": os.cpu_count(),
+                "machine": device_name(devices[0]) if devices else None}  # Slurm's tasks ran elsewhere
     folder = Path(args.figures or FIGURES / args.profile) / "manifests"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "executor.json").write_text(json.dumps(manifest, indent=1))

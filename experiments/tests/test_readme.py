@@ -344,19 +344,20 @@ def test_a_probe_made_on_other_setups_is_shown_stale_with_why(tmp_path):
                                                                "current ones, and 1 of the current runs are missing")
 
 
-def _concurrency_rows(commit: str) -> list[dict]:
+def _concurrency_rows(commit: str, engine_code: str) -> list[dict]:
     stamp = {"device": "cuda", "device_name": "test-gpu", "commit": commit, "python": "3", "torch": "9.9",
-             "triton": "3", "topk": "0", "date": "2026-01-01T00:00:00", "model": "densenet40_40", "compile": "default",
-             "batch_size": "64", "warmup": "1", "steps": "2"}
+             "triton": "3", "topk": "0", "engine_code": engine_code, "date": "2026-01-01T00:00:00",
+             "model": "densenet40_40", "compile": "default", "batch_size": "64", "warmup": "1", "steps": "2"}
     return [{**stamp, "concurrency": str(n), "aggregate_images_per_s": str(rate), "ratio_to_one_run": str(rate / 1000)}
             for n, rate in ((1, 1000.0), (2, 1800.0), (4, 3600.0), (8, 3000.0))]
 
 
-def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_best_rate(tmp_path, monkeypatch):
+def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_best_rate(tmp_path):
+    from experiments.analysis import timings
+
     assert "gpu_session.sh concurrency" in readme.concurrency(tmp_path / "concurrency.csv")
-    _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40))
+    _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40, timings.engine_code()))
     images = readme._gpu_cifar_notebook_images()
-    monkeypatch.setattr(readme, "changed_since", lambda commit, paths: [])
     text = readme.concurrency(tmp_path / "concurrency.csv")
     assert text.startswith("- test-gpu, densenet40_40, batch 64, the engine's step (default): one run 1,000 images/s; "
                            "side by side 2 x1.80, 4 x3.60, 8 x3.00")
@@ -364,19 +365,8 @@ def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_best_rate(t
     assert "Stale" not in text and "commit aaaaaaaaaa" in text
 
 
-def test_an_engine_timing_made_before_the_engine_changed_is_shown_stale(tmp_path, monkeypatch):
-    _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40))
-    asked = []
-    monkeypatch.setattr(readme, "changed_since", lambda commit, paths: asked.append((commit, paths)) or [paths[1]])
-    text = readme.concurrency(tmp_path / "concurrency.csv")
-    assert text.startswith(f"- **Stale:** the engine's epoch changed since (`{readme.ENGINE_EPOCH_CODE[1]}`)")
-    assert asked == [("a" * 40, readme.ENGINE_EPOCH_CODE)]
-    monkeypatch.setattr(readme, "changed_since", lambda commit, paths: None)  # a commit this clone lacks
-    assert "git cannot compare it with commit aaaaaaaaaa" in readme.concurrency(tmp_path / "concurrency.csv")
-
-
-def test_git_tells_which_files_changed_since_a_commit_or_that_it_cannot():
-    from experiments.provenance import changed_since, git_commit
-
-    assert changed_since("0" * 40, ("README.md",)) is None  # no such commit
-    assert changed_since(git_commit(), ("no/such/file.py",)) == []
+@pytest.mark.parametrize("engine_code, why", [("0" * 12, "the engine's epoch changed since"),
+                                              ("", "it was made before the rows named the engine's code")])
+def test_an_engine_timing_made_with_other_engine_code_is_shown_stale(tmp_path, engine_code, why):
+    _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40, engine_code))
+    assert readme.concurrency(tmp_path / "concurrency.csv").startswith(f"- **Stale:** {why} (`experiments/engine/")

@@ -247,7 +247,8 @@ def noised_hinge(
     ``backend`` chooses the implementation: ``"torch"`` (:func:`topk.smooth_top_k`), ``"triton"`` (the fused
     kernel of :mod:`topk.fused`: noise generated in the kernel by Philox from one seed drawn from
     ``generator``, nothing of size ``n_samples x L`` stored) or ``"auto"``: Triton for CUDA scores when it is
-    installed, ``epsilon > 0`` and ``k + 1 <= topk.fused.MAX_K``, PyTorch otherwise. Both give the same
+    installed, ``epsilon > 0`` and ``k + 1 <= topk.fused.MAX_K``, outside the sizes where PyTorch was measured
+    faster (``topk._validation.NOISED_TORCH_FASTER``), PyTorch otherwise. Both give the same
     estimator; for the same ``generator`` state they draw different noise, for the same ``noise`` the same loss.
     """
     y, reduction = _checked(s, y, reduction)

@@ -45,7 +45,7 @@ def test_the_tests_that_depend_on_triton_pass_with_triton_hidden(tmp_path):
     assert hidden.returncode != 0 and "import of triton halted" in hidden.stderr, hidden.stderr
     files = triton_dependent_test_files()
     assert {"test_fused.py", "test_smooth_hinge_kernel.py", "test_graph_capture.py"} <= {path.name for path in files}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "-rs",
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "-rfEs",
                           *map(str, files)], cwd=HERE.parents[1], env=environment, capture_output=True, text=True,
                          timeout=1200)
     failed = "\n".join(line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR")))
