@@ -7,7 +7,8 @@ half-width of its 95% interval (Student t, :func:`experiments.analysis.summary.f
 within noise when ``|m1 - m2| <= sqrt(h1^2 + h2^2)``, the half-width of the difference's 95% interval for independent
 runs (conservative for a t interval of 2-3 seeds). A range ``lo-hi (n seeds)`` is within noise of a number or range it
 overlaps. A number without an interval (one seed, or the paper's) must be equal. Columns of timings (seconds) differ
-from machine to machine by nature: they are counted apart, not judged. Then the claims' verdicts side by side.
+from machine to machine by nature, and so do ratios of them (Fig. 3's overhead over cross-entropy): they are
+counted apart, not judged. Then the claims' verdicts side by side.
 
     python -m experiments.analysis.compare FIGURES_A FIGURES_B [--names A B] [--out comparison.md]
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 NUMBER = r"-?\d+(?:\.\d+)?"
 ESTIMATE = re.compile(rf"^(?P<mean>{NUMBER})(?: ± (?P<half>{NUMBER}))?(?: \(n=1\))?(?: \(.*\))?(?: \[.*\])?$")
 RANGE = re.compile(rf"^(?P<low>{NUMBER})-(?P<high>{NUMBER}) \(\d+ seeds\)")
-TIMING = re.compile(r"seconds|\(s\)|_s$|\bms\b", re.I)
+TIMING = re.compile(r"seconds|\(s\)|_s$|\bms\b|vs CE", re.I)  # "vs CE": Fig. 3's overhead, a ratio of two times
 
 
 def interval(cell: str) -> tuple[float, float] | None:
