@@ -19,10 +19,10 @@ baseline of the ratios printed and written, from the same invocation.
         --no-compile                                                       # check the script
 
 A row per concurrency is appended to ``--out`` as it finishes; the rows of one invocation share its ``date``. At the
-end, :func:`profile_hours` divides the training images of the ``gpu`` profile's planned runs
-(:func:`experiments.scale.plan.plan`), of its CIFAR-100 part and of the whole profile, by the best aggregate rate of
-the last invocation: evaluation is left out, and the whole profile's other setups train other models, so its figure
-is a rough one. Eight GPUs are taken to give eight times one GPU's rate: the runs are independent.
+end, :func:`profile_hours` divides the training images of the ``gpu`` profile's planned runs (its notebooks':
+:func:`experiments.analysis.workload.notebook_train_images`), of its CIFAR-100 part and of the whole profile, by the
+best aggregate rate of the last invocation: evaluation is left out, and the whole profile's other setups train other
+models, so its figure is a rough one. Eight GPUs are taken to give eight times one GPU's rate: the runs are independent.
 
 Targets, judged on a GPU only: on an H100 the best concurrency gives >= 3x the images per second of one run, and the
 ``gpu`` profile's CIFAR-100 part fits in 8 h on one H100 and in 1 h on eight.
@@ -48,11 +48,11 @@ from benchmarks._fig3_setup import checked_device, paper_model_and_optimiser
 from benchmarks._measure import append_csv_row
 from benchmarks.bench_epoch_time import cifar_shaped
 from experiments.analysis.timings import TRAIN_IMAGES, engine_code
+from experiments.analysis.workload import notebook_train_images
 from experiments.engine.batches import order_seed
 from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.scale.executors import cpu_threads
-from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 from topk.losses import build_loss
 
@@ -190,12 +190,10 @@ def summary_row(results: list[dict], one_run_aggregate: float) -> dict:
 
 @cache
 def planned_images(profile_name: str) -> dict[str, int]:
-    """Training images (full batches, all epochs) of a profile's planned runs: its CIFAR-100 part (the runs on its
-    CIFAR-100 stand-in) and all of them. Slow for ``gpu`` (its full-size stand-ins' sizes are drawn: about 2 min)."""
+    """Training images (full batches, all epochs) of a profile's planned runs: its CIFAR-100 notebooks' and all its
+    notebooks' (:func:`experiments.analysis.workload.notebook_train_images`)."""
     profile = get_profile(profile_name)
-    runs = plan(profile)
-    return {"cifar100": sum(run.train_images for run in runs if run.config.dataset == profile.cifar.dataset),
-            "profile": sum(run.train_images for run in runs)}
+    return {"cifar100": notebook_train_images(profile, ("cifar",)), "profile": notebook_train_images(profile)}
 
 
 def last_invocation(csv_path: Path) -> list[dict]:

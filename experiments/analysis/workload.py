@@ -109,6 +109,12 @@ def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Wor
     return rows
 
 
+def notebook_train_images(profile: Profile, setups: tuple[str, ...] = SETUPS) -> int:
+    """The training images (full batches, all epochs) of the profile's training notebooks on ``setups``: the runs
+    the plan of :mod:`experiments.scale.plan` lists, counted without drawing the stand-ins."""
+    return sum(work.train_images for work in profile_work(profile, setups) if work.notebook in NOTEBOOK_GRIDS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("profile")

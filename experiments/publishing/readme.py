@@ -383,12 +383,10 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
 
 
 def _gpu_cifar_notebook_images() -> int:
-    """The training images (full batches, all epochs) of the ``gpu`` profile's CIFAR-100 notebooks."""
-    from experiments.analysis.workload import profile_work
-    from experiments.spec.grids import NOTEBOOK_GRIDS
+    from experiments.analysis.workload import notebook_train_images
     from experiments.spec.profiles import GPU
 
-    return sum(work.train_images for work in profile_work(GPU, ("cifar",)) if work.notebook in NOTEBOOK_GRIDS)
+    return notebook_train_images(GPU, ("cifar",))
 
 
 def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
