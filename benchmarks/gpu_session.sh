@@ -17,6 +17,10 @@
 #   concurrency  1, 2, 4 and 8 compiled DenseNet-40-40 trainings side by side on the GPU: aggregate images/s, memory,
 #           the gpu profile's hours (benchmarks.bench_concurrency; the second argument: torch.compile's mode,
 #           "default" unless given, e.g. reduce-overhead for CUDA graphs)
+#   lease   the next lease's checks in one call that ends inside ten minutes: tests, then Fig. 3 at K 5 and the
+#           concurrency stage, each with default and reduce-overhead compilation, every stage under its own limit
+#           (LEASE_LIMITS="tests fig3 concurrency" seconds, default "200 90 100"); wheels in .whl/ installed first;
+#           everything in one archive, $OUT/lease.tgz (a device machine returns few files), and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
@@ -36,7 +40,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 { git rev-parse HEAD; git diff HEAD --stat; } >> "$out/gpu.txt" 2>&1
 case "${1:-tests}" in
   tests)
-    python3 -m pytest -n 8 -q -p no:cacheprovider topk/tests 2>&1 | tee "$out/cuda_tests.log" || status=1
+    python3 -m pytest -n "${PYTEST_WORKERS:-14}" -q -p no:cacheprovider topk/tests 2>&1 | tee "$out/cuda_tests.log" || status=1
     CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 -m pytest -q -p no:cacheprovider experiments/tests/test_experiments.py \
       -k cuda 2>&1 | tee "$out/cuda_engine_tests.log" || status=1
     python3 -m pytest -q -p no:cacheprovider experiments/tests/test_readme.py -k examples 2>&1 \
@@ -71,7 +75,28 @@ case "${1:-tests}" in
   concurrency)
     python3 -m benchmarks.bench_concurrency --device cuda --model densenet40_40 --concurrency 1 2 4 8 \
       --compile-mode "${2:-default}" --out "$out/concurrency.csv" 2>&1 | tee -a "$out/concurrency.log" || status=1 ;;
+  lease)
+    if compgen -G ".whl/*.whl" > /dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+    fi
+    read -r tests_s fig3_s concurrency_s <<< "${LEASE_LIMITS:-200 90 100}"
+    work=$(mktemp -d)
+    while read -r limit name stage mode ks; do
+      start=$SECONDS
+      OUT="$work/$name" timeout -k 5 "$limit" bash "$0" "$stage" $mode $ks > "$work/$name.log" 2>&1
+      echo "$name: rc $? in $((SECONDS - start)) s (limit $limit)" | tee -a "$work/lease.txt"
+    done <<EOF
+$tests_s tests tests
+$fig3_s fig3_default fig3 default 5
+$fig3_s fig3_reduce_overhead fig3 reduce-overhead 5
+$concurrency_s concurrency_default concurrency default
+$concurrency_s concurrency_reduce_overhead concurrency reduce-overhead
+EOF
+    tar czf "$out/lease.tgz" -C "$work" .
+    for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
+    cat "$work/lease.txt" ;;
   *)
-    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile, host or concurrency" >&2; status=2 ;;
+    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile, host, concurrency or lease" >&2; status=2 ;;
 esac
 exit $status
