@@ -291,7 +291,8 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
 
     if shutil.which("make") is None:
         pytest.skip("no make")
-    dry = subprocess.run(["make", "-n", "paper-figures", "PROFILE=smoke", f"PY={sys.executable}"],
+    # -B: every target out of date, whatever build/ holds from an earlier run
+    dry = subprocess.run(["make", "-n", "-B", "paper-figures", "PROFILE=smoke", f"PY={sys.executable}"],
                          cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, dry.stderr
     assert "-m venv" not in dry.stdout and "pip install --quiet" not in dry.stdout
@@ -300,8 +301,8 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     assert re.search(r"-m experiments train smoke --executor local --device cpu --jobs \d", dry.stdout)
 
     def executor(*settings):  # a dry run runs nothing: the training is a sub-make's too
-        run = subprocess.run(["make", "-n", "paper-figures", "PROFILE=smoke", f"PY={sys.executable}", *settings],
-                             cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+        run = subprocess.run(["make", "-n", "-B", "paper-figures", "PROFILE=smoke", f"PY={sys.executable}",
+                              *settings], cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
         trains = re.search(r"-m experiments train smoke --executor (\w+)", run.stdout)
         assert ("rm -f figures/smoke/manifests/executor.json" in run.stdout) == (trains is None), run.stdout
         return trains and trains.group(1)
