@@ -438,20 +438,37 @@ def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
 def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE,
                  empty_store: Path = BENCHMARK_RESULTS / f"empty_store_{DEFAULT_PROFILE}",
                  executor: Path = BENCHMARK_RESULTS / f"executors_{DEFAULT_PROFILE}") -> str:
-    """How long the notebooks ran, from their manifests: those behind the committed figures, and those of a
-    ``make paper-figures`` from an empty results store on a fresh clone (its manifests, table CSVs and verdicts
-    copied to ``empty_store``); then how that run's tables and verdicts, and those of the notebooks run on the
-    ``local`` executor's store (``executor``, :mod:`benchmarks.bench_executors`), compare with the committed ones."""
+    """How long the main job ran, from its manifests: the run behind the committed figures, a ``make paper-figures``
+    from an empty results store on a fresh clone (its manifests, table CSVs and verdicts copied to ``empty_store``),
+    and the same on other machines (copied beside it, to ``machine_NAME_PROFILE/``); how each one's
+    tables and verdicts, and those of the notebooks run on the ``local`` executor's store (``executor``,
+    :mod:`benchmarks.bench_executors`), compare with the committed ones; and the range of the runs from an empty
+    store, with their processors."""
+    machines = sorted(empty_store.parent.glob(f"machine_*_{DEFAULT_PROFILE}"))
     lines = [_manifests_line(f"The committed `{DEFAULT_PROFILE}` figures", figures / "manifests",
                              f"figures/{DEFAULT_PROFILE}/manifests/")]
-    if any((empty_store / "manifests").glob("*.json")):
-        lines += [_manifests_line("`make paper-figures` from an empty results store on a fresh clone",
-                                  empty_store / "manifests", f"benchmarks/results/{empty_store.name}/"),
-                  _rerun_line("That run's", figures, empty_store)]
+    from_empty = [folder for folder in (empty_store, *machines) if any((folder / "manifests").glob("*.json"))]
+    for folder in from_empty:
+        where = "on a fresh clone" if folder == empty_store else "on another machine"
+        lines += [_manifests_line(f"`make paper-figures` from an empty results store {where}", folder / "manifests",
+                                  f"benchmarks/results/{folder.name}/"),
+                  _rerun_line("That run's", figures, folder)]
     if any((executor / "claims").glob("*.json")):
         lines.append(_rerun_line("The notebooks on the runs `train --executor local --jobs 2` trained "
                                  f"(`benchmarks/results/{executor.name}/`)", figures, executor))
+    if len(from_empty) > 1:
+        lines.append(_range_line([folder / "manifests" for folder in from_empty]))
     return "\n".join(lines)
+
+
+def _range_line(folders: list[Path]) -> str:
+    """The range of the main job's times from an empty store over the runs whose manifests are in ``folders``."""
+    runs = [[json.loads(path.read_text()) for path in folder.glob("*.json")] for folder in folders]
+    minutes = [sum(m["seconds"] for m in manifests) / 60 for manifests in runs]
+    processors = sorted({f"{m.get('machine', m['device'])}, {m['cpus']} cores" for manifests in runs
+                         for m in manifests if "cpus" in m})
+    return (f"- Expect {min(minutes):.0f} to {max(minutes):.0f} minutes for the training and the notebooks from an "
+            f"empty store: the range of these {len(runs)} runs ({'; '.join(processors)})")
 
 
 def _rerun_line(what: str, figures: Path, rerun: Path) -> str:

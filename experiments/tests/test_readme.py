@@ -243,6 +243,30 @@ def test_the_executors_time_comes_first_and_counts_in_the_main_jobs(tmp_path):
            "torch threads; commit dddddddddd" in text
 
 
+def test_another_machines_run_is_listed_compared_and_gives_the_range(tmp_path):
+    def run_folder(folder, seconds, machine, table):
+        (folder / "manifests").mkdir(parents=True)
+        (folder / "claims").mkdir()
+        (folder / "manifests" / "a.json").write_text(json.dumps({
+            "profile": "quick", "commit": "d" * 40, "device": "cpu", "threads": 2, "cpus": 2, "machine": machine,
+            "seconds": seconds, "runs": {"trained": 5, "from_store": 0}}))
+        (folder / "claims" / "claim5.json").write_text(json.dumps({"claim": 5, "status": "reproduced"}))
+        (folder / "table4.csv").write_text(table)
+
+    figures, empty = tmp_path / "figures", tmp_path / "empty_store_quick"
+    run_folder(figures, 600, "Fast CPU", "loss,top5\nCE,1 ± 0.5\n")
+    run_folder(empty, 660, "Fast CPU", "loss,top5\nCE,1 ± 0.5\n")
+    assert "Expect" not in readme.figures_time(figures, empty, tmp_path / "none")  # one run: no range
+    run_folder(tmp_path / "machine_slow_quick", 1800, "Slow CPU", "loss,top5\nCE,1.2 ± 0.5\n")
+    lines = readme.figures_time(figures, empty, tmp_path / "none").splitlines()
+    assert lines[3].startswith("- `make paper-figures` from an empty results store on another machine: 1 notebooks, 30 "
+                               "minutes in all") and "Slow CPU, 2 cores" in lines[3]
+    assert lines[4] == ("- That run's: of 1 tables, 0 byte-identical to the committed ones, 1 within the seeds' noise "
+                        "(table4), 0 beyond it; 1 of 1 verdicts the same")
+    assert lines[5] == ("- Expect 11 to 30 minutes for the training and the notebooks from an empty store: the range of "
+                        "these 2 runs (Fast CPU, 2 cores; Slow CPU, 2 cores)")
+
+
 def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_from(tmp_path):
     (tmp_path / "manifests").mkdir()
     common = {"profile": "quick", "commit": "d" * 40, "device": "cpu", "threads": 2, "cpus": 2, "machine": "x86_64"}
