@@ -465,8 +465,8 @@ def _range_line(folders: list[Path]) -> str:
     """The range of the main job's times from an empty store over the runs whose manifests are in ``folders``."""
     runs = [[json.loads(path.read_text()) for path in folder.glob("*.json")] for folder in folders]
     minutes = [sum(m["seconds"] for m in manifests) / 60 for manifests in runs]
-    processors = sorted({f"{m.get('machine', m['device'])}, {m['cpus']} cores" for manifests in runs
-                         for m in manifests if "cpus" in m})
+    processors = sorted({f"{m.get('machine') or m['device']}, {m['cpus']} cores" for manifests in runs
+                         for m in manifests if "cpus" in m and "executor" not in m})
     return (f"- Expect {min(minutes):.0f} to {max(minutes):.0f} minutes for the training and the notebooks from an "
             f"empty store: the range of these {len(runs)} runs ({'; '.join(processors)})")
 
@@ -511,7 +511,7 @@ def _manifests_line(what: str, directory: Path, shown: str) -> str:
     where = sorted({f"{m.get('machine', m['device'])}, {m['cpus']} cores, {m['threads']} torch threads"
                     if "cpus" in m else f"{m['device']}, {m['threads']} torch threads" for m in notebooks})
     steps = [f"the `{m['executor']}` executor ({_workers(m)}{m['runs']['trained']} runs trained, "
-             f"{_minutes(m['seconds'])}, {m['threads']} torch threads each)" for m in executor]
+             f"{_minutes(m['seconds'])}{_threads_each(m)})" for m in executor]
     steps += [f"{len(notebooks)} notebooks"] * bool(notebooks)
     details = [runs] * bool(notebooks) + where + [f"commit {', '.join(sorted({short_commit(m['commit']) for m in manifests}))}"]
     return f"- {what}: {', then '.join(steps)}, {_minutes(seconds)} in all ({'; '.join(details)}; `{shown}`)"
@@ -519,6 +519,10 @@ def _manifests_line(what: str, directory: Path, shown: str) -> str:
 
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} seconds"
+
+
+def _threads_each(manifest: dict) -> str:
+    return f", {manifest['threads']} torch threads each" if manifest.get("threads") else ""  # none: Slurm's tasks
 
 
 def _workers(manifest: dict) -> str:

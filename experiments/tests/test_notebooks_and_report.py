@@ -300,7 +300,7 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     assert f"{sys.executable} -m papermill" in dry.stdout
     assert re.search(r"-m experiments train smoke --executor local --device cpu --jobs \d", dry.stdout)
 
-    def executor(*settings):  # a dry run runs nothing: the training is a sub-make's too
+    def executor(*settings):  # a dry run trains nothing: the training is a sub-make's
         run = subprocess.run(["make", "-n", "-B", "paper-figures", "PROFILE=smoke", f"PY={sys.executable}",
                               *settings], cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
         trains = re.search(r"-m experiments train smoke --executor (\w+)", run.stdout)
@@ -309,6 +309,12 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
 
     assert executor("DEVICE=cuda") is None and executor("EXECUTOR=") is None  # the notebooks train their own runs
     assert executor("EXECUTOR=slurm") == "slurm"
+    report = paths.PROJECT_ROOT / "figures" / "quick" / "report" / "index.html"
+    before = report.read_bytes()
+    quick = subprocess.run(["make", "-n", "-B", "paper-figures", f"PY={sys.executable}"], cwd=paths.PROJECT_ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert "cp build/report/*.html figures/quick/report/" in quick.stdout  # printed, not run: the committed report
+    assert report.read_bytes() == before                                   # stays as it is
     missing = subprocess.run(["make", "check-python", "PY=" + sys.executable, "MODULES=torch no_such_module_here"],
                              cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "lacks ['no_such_module_here']" in missing.stderr
