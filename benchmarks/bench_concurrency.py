@@ -47,7 +47,8 @@ import torch
 from benchmarks._fig3_setup import checked_device, paper_model_and_optimiser
 from benchmarks._measure import append_csv_row
 from benchmarks.bench_epoch_time import cifar_shaped
-from experiments.analysis.timings import TRAIN_IMAGES, engine_code
+from experiments.analysis.timings import (EIGHT_GPUS_HOURS_TARGET, GPUS, ONE_GPU_HOURS_TARGET, RATIO_TARGET,
+                                          TRAIN_IMAGES, engine_code)
 from experiments.analysis.workload import notebook_train_images
 from experiments.engine.batches import order_seed
 from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
@@ -59,9 +60,6 @@ from topk.losses import build_loss
 FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "batch_size", "warmup", "steps", "concurrency",
           "run_images_per_s_mean", "run_images_per_s_min", "aggregate_images_per_s", "ratio_to_one_run",
           "run_peak_mib", "device_used_mib", "device_total_mib"]
-#: The targets printed at the end (issue: the paper at its own scale).
-RATIO_TARGET, ONE_GPU_HOURS_TARGET, EIGHT_GPUS_HOURS_TARGET = 3.0, 8.0, 1.0
-GPUS = 8
 MIB = 2 ** 20
 
 
@@ -264,8 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     training = Training(device.type, args.model, args.batch_size, args.warmup, args.steps,
                         args.compile_mode if args.compile else None)
     settings = {**stamp(device), "engine_code": engine_code(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "model": args.model, "compile": training.compile_mode or "eager", "batch_size": args.batch_size, "warmup": args.warmup,
-                "steps": args.steps}
+                "model": args.model, "compile": training.compile_mode or "eager", "batch_size": args.batch_size,
+                "warmup": args.warmup, "steps": args.steps}
     print(f"{settings['device_name']}: {args.model}, batch {args.batch_size}, compile {settings['compile']}, "
           f"{args.warmup} + {args.steps} steps per run", flush=True)
     one_run_aggregate = None

@@ -12,6 +12,11 @@ from experiments import paths
 
 EPOCH_TIME_CSV = paths.BENCHMARK_RESULTS / "fig3_epoch_time.csv"
 TRAIN_IMAGES = 45_000  #: the paper's CIFAR-100 training part: the images of one timed epoch
+#: The targets of trainings side by side on one GPU (``benchmarks.bench_concurrency``, the docs' concurrency block):
+#: the best aggregate at least x3 one run's on an H100, and the ``gpu`` profile's CIFAR-100 notebooks in 8 h on one
+#: GPU and 1 h on :data:`GPUS` (taken at eight times one GPU's rate: the runs are independent).
+RATIO_TARGET, ONE_GPU_HOURS_TARGET, EIGHT_GPUS_HOURS_TARGET = 3.0, 8.0, 1.0
+GPUS = 8
 #: The code an engine timing runs: a row made with other contents of these files is stale.
 ENGINE_EPOCH_CODE = ("experiments/engine/train.py", "experiments/engine/batches.py", "experiments/engine/models.py",
                      "data_prep/transforms.py")

@@ -62,13 +62,17 @@ def _stamp(row: dict) -> str:
             f"commit {short_commit(row['commit'])}")
 
 
-def _measurements(rows: list[dict]) -> list[list[dict]]:
-    """``rows`` split by measurement (device name and commit), in the order each first appears: what one stamp
-    truthfully describes."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+def _groups(rows: list[dict], *keys: str) -> list[list[dict]]:
+    """``rows`` split by their values of ``keys``, in the order each group first appears."""
+    groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["device_name"], row["commit"]), []).append(row)
+        groups.setdefault(tuple(row[key] for key in keys), []).append(row)
     return list(groups.values())
+
+
+def _measurements(rows: list[dict]) -> list[list[dict]]:
+    """``rows`` split by measurement (device name and commit): what one stamp truthfully describes."""
+    return _groups(rows, "device_name", "commit")
 
 
 def _cell(text: str) -> str:
@@ -393,14 +397,12 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     """Trainings side by side on one GPU (:mod:`benchmarks.bench_concurrency`), one line per invocation: one run's
     images/s, each concurrency's aggregate against it, and the ``gpu`` profile's CIFAR-100 notebooks' training hours
     at the best aggregate rate, on one such GPU and on eight (evaluation left out)."""
-    invocations: dict[str, list[dict]] = {}
-    for row in _rows(path):
-        invocations.setdefault(row["date"], []).append(row)
+    invocations = _groups(_rows(path), "date")
     if not invocations:
         return (f"*No `{path.name}` in `benchmarks/results/`: run `bash benchmarks/gpu_session.sh concurrency` on a "
                 f"GPU.*")
     images, lines = _gpu_cifar_notebook_images(), []
-    for rows in invocations.values():
+    for rows in invocations:
         one, best = rows[0], max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
         stale = _stale_engine_warning(one, "bash benchmarks/gpu_session.sh concurrency").rstrip()
         rate = float(best["aggregate_images_per_s"])
@@ -408,10 +410,12 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
         lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
                      f"the engine's step "
                      f"({one['compile']}): one run {float(one['aggregate_images_per_s']):,.0f} images/s; side by side "
-                     f"{ratios} (target >= x3 on an H100); at the best rate, {best['concurrency']} runs and "
-                     f"{rate:,.0f} images/s, the `gpu` profile's CIFAR-100 notebooks ({images:,} training images) "
-                     f"train in {images / rate / 3600:.1f} h on one such GPU and {images / rate / 3600 / 8:.1f} h on "
-                     f"eight (targets 8 h and 1 h; `concurrency.csv`: {_stamp(one)})")
+                     f"{ratios} (target >= x{timings.RATIO_TARGET:g} on an H100); at the best rate, "
+                     f"{best['concurrency']} runs and {rate:,.0f} images/s, the `gpu` profile's CIFAR-100 notebooks "
+                     f"({images:,} training images) train in {images / rate / 3600:.1f} h on one such GPU and "
+                     f"{images / rate / 3600 / timings.GPUS:.1f} h on {timings.GPUS} (targets "
+                     f"{timings.ONE_GPU_HOURS_TARGET:g} h and {timings.EIGHT_GPUS_HOURS_TARGET:g} h; `concurrency.csv`: "
+                     f"{_stamp(one)})")
     return "\n".join(lines)
 
 
@@ -465,8 +469,7 @@ def _range_line(folders: list[Path]) -> str:
     """The range of the main job's times from an empty store over the runs whose manifests are in ``folders``."""
     runs = [[json.loads(path.read_text()) for path in folder.glob("*.json")] for folder in folders]
     minutes = [sum(m["seconds"] for m in manifests) / 60 for manifests in runs]
-    processors = sorted({f"{m.get('machine') or m['device']}, {m['cpus']} cores" for manifests in runs
-                         for m in manifests if "cpus" in m and "executor" not in m})
+    processors = sorted({_processor(m) for manifests in runs for m in manifests if "cpus" in m and "executor" not in m})
     return (f"- Expect {min(minutes):.0f} to {max(minutes):.0f} minutes for the training and the notebooks from an "
             f"empty store: the range of these {len(runs)} runs ({'; '.join(processors)})")
 
@@ -508,13 +511,17 @@ def _manifests_line(what: str, directory: Path, shown: str) -> str:
     runs = (f"{sum(r['trained'] for r in recorded)} runs trained in them and {sum(r['from_store'] for r in recorded)} "
             f"read back from the results store" if len(recorded) == len(notebooks)
             else f"runs not counted in {len(notebooks) - len(recorded)} of them, which predate the count")
-    where = sorted({f"{m.get('machine', m['device'])}, {m['cpus']} cores, {m['threads']} torch threads"
-                    if "cpus" in m else f"{m['device']}, {m['threads']} torch threads" for m in notebooks})
+    where = sorted({f"{_processor(m) if 'cpus' in m else m['device']}, {m['threads']} torch threads" for m in notebooks})
     steps = [f"the `{m['executor']}` executor ({_workers(m)}{m['runs']['trained']} runs trained, "
              f"{_minutes(m['seconds'])}{_threads_each(m)})" for m in executor]
     steps += [f"{len(notebooks)} notebooks"] * bool(notebooks)
     details = [runs] * bool(notebooks) + where + [f"commit {', '.join(sorted({short_commit(m['commit']) for m in manifests}))}"]
     return f"- {what}: {', then '.join(steps)}, {_minutes(seconds)} in all ({'; '.join(details)}; `{shown}`)"
+
+
+def _processor(manifest: dict) -> str:
+    """Where a manifest's run went: the processor (the device for manifests that predate its name) and its cores."""
+    return f"{manifest.get('machine') or manifest['device']}, {manifest['cpus']} cores"
 
 
 def _minutes(seconds: float) -> str:

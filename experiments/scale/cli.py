@@ -121,17 +121,19 @@ def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, p
     """The executor's manifest beside the notebooks' (``FIGURES/manifests/executor.json``): how long it trained and
     how many runs, where, with how many workers and threads each (none for Slurm's tasks, which ran elsewhere); the
     main job's time is the executor's and the notebooks' together."""
-    here = {"inline": ([options.device], torch.get_num_threads()), "slurm": ([], None)}
     if args.executor == "local":
         devices = executors.slots(args.jobs, args.per_gpu, options.device)
-        here["local"] = (devices, options.threads or executors.cpu_threads(len(devices)))
-    devices, threads = here[args.executor]
+        threads = options.threads or executors.cpu_threads(len(devices))
+    elif args.executor == "inline":
+        devices, threads = [options.device], torch.get_num_threads()
+    else:  # Slurm's tasks ran elsewhere
+        devices, threads = [], None
     manifest = {"executor": args.executor, "workers": len(devices) or None, "profile": args.profile,
                 "commit": git_commit(), "device": devices[0] if devices else options.device,
                 "seconds": round(seconds, 1),
                 "runs": {"trained": progress.done, "from_store": already, "failed": len(progress.failed)},
                 "threads": threads, "cpus": os.cpu_count(),
-                "machine": device_name(devices[0]) if devices else None}  # Slurm's tasks ran elsewhere
+                "machine": device_name(devices[0]) if devices else None}
     folder = Path(args.figures or FIGURES / args.profile) / "manifests"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "executor.json").write_text(json.dumps(manifest, indent=1))
