@@ -52,6 +52,9 @@ GRIDS = {
     # the grid at B = 10 and K in {5, 50}: what a device call of ten minutes covers after a kernel change
     "focus": {"inputs": INPUTS, "batch": (256, 4096), "n_classes": (1000, 10**4, 10**5, 10**6), "k": (5, 50),
               "n_samples": (10,)},
+    # where backend="auto" should leave the fused kernel for PyTorch: ranks between the focus grid's 5 and 50
+    "crossover": {"inputs": ((5.0, 0.2),), "batch": (1024, 4096), "n_classes": (1000, 10**4), "k": (10, 20, 30, 50),
+                  "n_samples": (10,)},
     "smoke": {"inputs": ((1.0, 1.0), (20.0, 0.01)), "batch": (2,), "n_classes": (100, 1000), "k": (1, 5),
               "n_samples": (3,)},
 }

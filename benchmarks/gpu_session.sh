@@ -18,9 +18,9 @@
 #           the gpu profile's hours (benchmarks.bench_concurrency; the second argument: torch.compile's mode,
 #           "default" unless given, e.g. reduce-overhead for CUDA graphs)
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests, then Fig. 3 at K 5 and the
-#           concurrency stage, each with default and reduce-overhead compilation, every stage under its own limit
-#           (LEASE_LIMITS="tests fig3 concurrency" seconds, default "170 80 90": 490 s with the stages' grace, inside
-#           a 600 s call); wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device
+#           concurrency stage, each with default and reduce-overhead compilation, then the kernel's crossover grid,
+#           every stage under its own limit (LEASE_LIMITS="tests fig3 concurrency crossover" seconds, default
+#           "170 80 90 60": 570 s, inside a 600 s call); wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device
 #           machine returns few files), written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
@@ -81,8 +81,8 @@ case "${1:-tests}" in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s fig3_s concurrency_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-170} fig3_s=${fig3_s:-80} concurrency_s=${concurrency_s:-90}
+    read -r tests_s fig3_s concurrency_s crossover_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-170} fig3_s=${fig3_s:-80} concurrency_s=${concurrency_s:-90} crossover_s=${crossover_s:-60}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
@@ -97,6 +97,7 @@ $fig3_s fig3_default fig3 default 5
 $fig3_s fig3_reduce_overhead fig3 reduce-overhead 5
 $concurrency_s concurrency_default concurrency default
 $concurrency_s concurrency_reduce_overhead concurrency reduce-overhead
+$crossover_s kernel_crossover kernel $((crossover_s - 5)) crossover
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;
