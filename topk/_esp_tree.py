@@ -96,11 +96,13 @@ def _pair_terms(a: torch.Tensor, b: torch.Tensor, product_degree: int, absent: f
     """``terms[t, m] = a_{d - t} + b_{m - d + t}``, so that ``c_m = logsumexp_t terms[t, m]``: [d + 1, d' + 1, M].
 
     ``b`` is padded with absent coefficients (``d`` below, ``d' - d`` above), then read through overlapping
-    windows: row ``t + m`` of the padded ``b`` is ``b_{m - d + t}``.
+    windows: row ``t + m`` of the padded ``b`` is ``b_{m - d + t}``. The windows are ``unfold``'s, whose gradient
+    sums each row's windows in a fixed order; an overlapping ``as_strided`` view's gradient adds them with atomics on
+    CUDA, so that a differentiable backward gave different last bits from one call to the next.
     """
     degree, width = a.shape[0] - 1, a.shape[1]
     padded = torch.cat([b.new_full((degree, width), absent), b, b.new_full((product_degree - degree, width), absent)])
-    windows = padded.as_strided((degree + 1, product_degree + 1, width), (width, width, 1))
+    windows = padded.unfold(0, product_degree + 1, 1).transpose(1, 2)  # [d + 1, d' + 1, M]
     return a.flip(0).unsqueeze(1) + windows
 
 

@@ -51,6 +51,27 @@ def test_smooth_hinge_has_the_second_derivative_of_its_log_sum_exps(k, n_classes
     assert torch.autograd.grad(gradient.square().sum(), s)[0].abs().max() > 1e-3
 
 
+def _node_names(tensor: torch.Tensor) -> set[str]:
+    """The names of the autograd nodes ``tensor`` was made by."""
+    names, seen, stack = set(), set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            names.add(type(node).__name__)
+            stack.extend(parent for parent, _ in node.next_functions)
+    return names
+
+
+def test_the_smooth_hinges_differentiable_gradient_adds_in_a_fixed_order():
+    """An overlapping ``as_strided`` view's gradient is an ``index_add``, whose CUDA kernel adds with atomics: the
+    second derivative changed in its last bits from one call to the next, and ``gradgradcheck`` failed on an H200
+    (benchmarks/results/h200-2026-11-26b). The tree's windows are ``unfold``'s, whose gradient adds in order."""
+    s, y = _scores_and_labels(batch=2, n_classes=8)
+    gradient = torch.autograd.grad(losses.SmoothHinge(3, 1.0, backend="torch")(s, y), s, create_graph=True)[0]
+    assert "IndexAddBackward0" not in _node_names(gradient)
+
+
 @KERNEL_LOSSES
 def test_kernel_backends_are_twice_differentiable(make_loss, kernel_device):
     s, y = _scores_and_labels(kernel_device, batch=2, n_classes=8)
