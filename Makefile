@@ -23,18 +23,20 @@ DATA ?=
 DEVICE ?= cpu
 THREADS ?= 0
 # WORKERS=N processes read image-folder datasets (default: the machine's cores); COMPILE=default|reduce-overhead|...
-# compiles the training step with torch.compile (default: eager).
+# compiles the training step with torch.compile (default: eager on a CPU; on CUDA reduce-overhead, CUDA graphs: one
+# DenseNet-40-40 run trained x4.1 the images/s of `default` on an H200, benchmarks/results/h200-2026-11-26b).
 WORKERS ?=
-COMPILE ?=
+COMPILE ?= $(if $(filter cuda%,$(DEVICE)),reduce-overhead)
 # EXECUTOR=inline|local|slurm trains every run of the profile before the notebooks, which then read them from the store
 # (empty: each notebook trains its own runs, one after another). JOBS=N worker processes (local), PER_GPU=M runs on
 # each visible GPU (local), SLURM="--partition gpu --gpus-per-task 1 --time-min 600 ..." (slurm: `python -m
-# experiments train --help` lists the options). On a CPU the default is local with one worker per core this process
-# may use, at most 8, the threads split between them (measured on 2 cores: the same records, bit for bit, sooner;
-# docs/reproducing.md#executors); elsewhere none.
-EXECUTOR ?= $(if $(filter cpu,$(DEVICE)),local)
+# experiments train --help` lists the options). The default is local: on a CPU one worker per core this process may
+# use, at most 8, the threads split between them (measured on 2 cores: the same records, bit for bit, sooner); on CUDA
+# one run on each visible GPU (with CUDA graphs a second run on an H200 added nothing: x0.95;
+# docs/reproducing.md#executors).
+EXECUTOR ?= local
 JOBS ?= $(shell $(PYTHON) -c 'import os; print(min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
-PER_GPU ?=
+PER_GPU ?= $(if $(filter cuda%,$(DEVICE)),1)
 SLURM ?=
 TRAIN := PYTHONPATH=$(CURDIR) $(PY) -m experiments train $(PROFILE) --executor $(or $(EXECUTOR),inline) --device $(DEVICE) \
 	$(if $(filter local,$(EXECUTOR)),$(if $(PER_GPU),--per-gpu $(PER_GPU),--jobs $(JOBS))) $(if $(DATA),--data-root $(abspath $(DATA))) \

@@ -17,11 +17,12 @@
 #   concurrency  1, 2, 4 and 8 compiled DenseNet-40-40 trainings side by side on the GPU: aggregate images/s, memory,
 #           the gpu profile's hours (benchmarks.bench_concurrency; the second argument: torch.compile's mode,
 #           "default" unless given, e.g. reduce-overhead for CUDA graphs)
-#   lease   the next lease's checks in one call that ends inside ten minutes: tests, then Fig. 3 at K 5 and the
-#           concurrency stage, each with default and reduce-overhead compilation, then the kernel's crossover grid,
-#           every stage under its own limit (LEASE_LIMITS="tests fig3 concurrency crossover" seconds, default
-#           "170 80 90 60": 570 s, inside a 600 s call); wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device
-#           machine returns few files), written again after each stage, and each stage's end
+#   lease   the next lease's checks in one call that ends inside ten minutes: tests, Fig. 3 at K 5 with reduce-overhead
+#           (the CUDA default), one and two runs side by side with reduce-overhead, one run with max-autotune, every
+#           stage under its own limit (LEASE_LIMITS="tests fig3 concurrency autotune" seconds, default
+#           "240 120 80 130": 570 s, inside a 600 s call, sized on NOTES section 11); wheels in .whl/ installed first;
+#           everything in one archive, $OUT/lease.tgz (a device machine returns few files), written again after each
+#           stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
@@ -74,15 +75,16 @@ case "${1:-tests}" in
     done
     grep -h "^==" "$out"/profile_overhead_*.txt ;;
   concurrency)
-    python3 -m benchmarks.bench_concurrency --device cuda --model densenet40_40 --concurrency 1 2 4 8 \
+    counts="${*:3}"
+    python3 -m benchmarks.bench_concurrency --device cuda --model densenet40_40 --concurrency ${counts:-1 2 4 8} \
       --compile-mode "${2:-default}" --out "$out/concurrency.csv" 2>&1 | tee -a "$out/concurrency.log" || status=1 ;;
   lease)
     if compgen -G ".whl/*.whl" > /dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s fig3_s concurrency_s crossover_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-170} fig3_s=${fig3_s:-80} concurrency_s=${concurrency_s:-90} crossover_s=${crossover_s:-60}
+    read -r tests_s fig3_s concurrency_s autotune_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-240} fig3_s=${fig3_s:-120} concurrency_s=${concurrency_s:-80} autotune_s=${autotune_s:-130}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
@@ -93,11 +95,9 @@ case "${1:-tests}" in
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
     done <<EOF
 $tests_s tests tests
-$fig3_s fig3_default fig3 default 5
 $fig3_s fig3_reduce_overhead fig3 reduce-overhead 5
-$concurrency_s concurrency_default concurrency default
-$concurrency_s concurrency_reduce_overhead concurrency reduce-overhead
-$crossover_s kernel_crossover kernel $((crossover_s - 5)) crossover
+$concurrency_s concurrency_reduce_overhead concurrency reduce-overhead 1 2
+$autotune_s concurrency_max_autotune concurrency max-autotune 1
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;

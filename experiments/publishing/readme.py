@@ -411,11 +411,19 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
                      f"the engine's step "
                      f"({one['compile']}): one run {float(one['aggregate_images_per_s']):,.0f} images/s; side by side "
                      f"{ratios} (target >= x{timings.RATIO_TARGET:g} on an H100); at the best rate, "
-                     f"{best['concurrency']} runs and {rate:,.0f} images/s, the `gpu` profile's CIFAR-100 notebooks "
+                     f"{best['concurrency']} run{'s' * (best['concurrency'] != '1')} and {rate:,.0f} images/s, the `gpu` profile's CIFAR-100 notebooks "
                      f"({images:,} training images) train in {images / rate / 3600:.1f} h on one such GPU and "
                      f"{images / rate / 3600 / timings.GPUS:.1f} h on {timings.GPUS} (targets "
                      f"{timings.ONE_GPU_HOURS_TARGET:g} h and {timings.EIGHT_GPUS_HOURS_TARGET:g} h; `concurrency.csv`: "
                      f"{_stamp(one)})")
+    current = [row for rows in invocations for row in rows if row.get("engine_code") == timings.engine_code()]
+    for rows in _groups(current, "device_name"):
+        best = max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
+        rate = float(best["aggregate_images_per_s"])
+        lines.append(f"- **Fastest with today's engine on the {best['device_name']}:** `{best['compile']}`, "
+                     f"{best['concurrency']} run{'s' * (best['concurrency'] != '1')} on the GPU, {rate:,.0f} images/s: "
+                     f"{images / rate / 3600:.1f} h on one such GPU, {images / rate / 3600 / timings.GPUS:.1f} h on "
+                     f"{timings.GPUS}")
     return "\n".join(lines)
 
 

@@ -2,7 +2,7 @@
 
     python -m experiments plan PROFILE                         # every run, the notebooks that read it, its state
     python -m experiments train PROFILE --executor local --jobs 2
-    python -m experiments train PROFILE --executor local --per-gpu 4 --device cuda
+    python -m experiments train PROFILE --executor local --per-gpu 1 --device cuda --compile reduce-overhead
     python -m experiments train PROFILE --executor slurm --partition gpu --gpus-per-task 1 --time-min 600
     python -m experiments run-one KEY --profile PROFILE        # one planned run (what an sbatch array task calls)
 

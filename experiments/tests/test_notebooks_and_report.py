@@ -283,8 +283,8 @@ def test_code_is_hidden_by_default_whatever_the_body_classes():
 
 def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     """``make paper-figures PY=python3`` (a machine with its own stack): no .venv is made, that interpreter runs the
-    notebooks, and it is first checked for every module the project needs. On a CPU the profile's runs are trained
-    first by the local executor; elsewhere, or with ``EXECUTOR=`` empty, by the notebooks themselves."""
+    notebooks, and it is first checked for every module the project needs. The profile's runs are trained first by the
+    local executor (on CUDA one run per GPU, compiled with CUDA graphs); with ``EXECUTOR=`` empty, by the notebooks."""
     import shutil
     import subprocess
     import sys
@@ -303,12 +303,14 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     def executor(*settings):  # a dry run trains nothing: the training is a sub-make's
         run = subprocess.run(["make", "-n", "-B", "paper-figures", "PROFILE=smoke", f"PY={sys.executable}",
                               *settings], cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
-        trains = re.search(r"-m experiments train smoke --executor (\w+)", run.stdout)
+        trains = re.search(r"-m experiments train smoke --executor (\w+)(.*)", run.stdout)
         assert ("rm -f figures/smoke/manifests/executor.json" in run.stdout) == (trains is None), run.stdout
-        return trains and trains.group(1)
+        return trains and " ".join([trains.group(1), *trains.group(2).split()])
 
-    assert executor("DEVICE=cuda") is None and executor("EXECUTOR=") is None  # the notebooks train their own runs
-    assert executor("EXECUTOR=slurm") == "slurm"
+    assert executor("DEVICE=cuda") == "local --device cuda --per-gpu 1 --compile reduce-overhead"
+    assert executor("DEVICE=cuda", "PER_GPU=2", "COMPILE=default") == "local --device cuda --per-gpu 2 --compile default"
+    assert executor("EXECUTOR=") is None  # the notebooks train their own runs
+    assert executor("EXECUTOR=slurm").startswith("slurm --device cpu")
     report = paths.PROJECT_ROOT / "figures" / "quick" / "report" / "index.html"
     before = report.read_bytes()
     quick = subprocess.run(["make", "-n", "-B", "paper-figures", f"PY={sys.executable}"], cwd=paths.PROJECT_ROOT,

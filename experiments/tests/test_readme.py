@@ -389,6 +389,22 @@ def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_best_rate(t
     assert "Stale" not in text and "commit aaaaaaaaaa" in text
 
 
+def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_modes(tmp_path):
+    """Invocations with other compile modes are compared: the fastest current one is named, a stale one is not."""
+    from experiments.analysis import timings
+
+    graphs = [{**row, "compile": "reduce-overhead", "date": "2026-01-02T00:00:00",
+               "aggregate_images_per_s": str(4 * float(row["aggregate_images_per_s"]))}
+              for row in _concurrency_rows("a" * 40, timings.engine_code())[:2]]
+    stale = [{**row, "engine_code": "0" * 12, "date": "2026-01-03T00:00:00", "aggregate_images_per_s": "99999"}
+             for row in _concurrency_rows("b" * 40, "0" * 12)[:1]]
+    _csv(tmp_path / "concurrency.csv", [*_concurrency_rows("a" * 40, timings.engine_code()), *graphs, *stale])
+    images = readme._gpu_cifar_notebook_images()
+    last = readme.concurrency(tmp_path / "concurrency.csv").splitlines()[-1]
+    assert last == (f"- **Fastest with today's engine on the test-gpu:** `reduce-overhead`, 2 runs on the GPU, 7,200 "
+                    f"images/s: {images / 7200 / 3600:.1f} h on one such GPU, {images / 7200 / 3600 / 8:.1f} h on 8")
+
+
 @pytest.mark.parametrize("engine_code, why", [("0" * 12, "the engine's epoch changed since"),
                                               ("", "it was made before the rows named the engine's code")])
 def test_an_engine_timing_made_with_other_engine_code_is_shown_stale(tmp_path, engine_code, why):
