@@ -275,12 +275,14 @@ def test_a_cuda_epoch_waits_for_the_device_a_fixed_number_of_times_whatever_its_
 @pytest.mark.skipif(os.environ.get("CUBLAS_WORKSPACE_CONFIG") is None,
                     reason="deterministic cuBLAS needs CUBLAS_WORKSPACE_CONFIG=:4096:8 set before CUDA starts")
 @CUDA
-def test_an_interrupted_cuda_run_resumes_to_the_same_result_with_its_noise_stream(tmp_path, deterministic):
+@pytest.mark.parametrize("compile_mode", [None, "reduce-overhead"])  # eager, and make's default on CUDA (CUDA graphs)
+def test_an_interrupted_cuda_run_resumes_to_the_same_result_with_its_noise_stream(tmp_path, deterministic,
+                                                                                  compile_mode):
     config = RunConfig(**TINY)  # the noised loss: its noise comes from the CUDA generator saved with the checkpoint
-    whole = run(config, ResultsStore(tmp_path / "whole"), device="cuda")
+    whole = run(config, ResultsStore(tmp_path / "whole"), device="cuda", compile_mode=compile_mode)
     store = ResultsStore(tmp_path / "killed")
-    assert run(config, store, device="cuda", stop_after_epochs=1) is None
-    resumed = run(config, store, device="cuda")
+    assert run(config, store, device="cuda", stop_after_epochs=1, compile_mode=compile_mode) is None
+    resumed = run(config, store, device="cuda", compile_mode=compile_mode)
     assert _result(resumed) == _result(whole)
 
 
