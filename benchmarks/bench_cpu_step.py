@@ -21,13 +21,15 @@ import copy
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks._measure import interleaved_median_seconds
+from experiments.engine.config import RunConfig
 from experiments.engine.models import build_model
 from experiments.engine.store import write_csv
 from experiments.provenance import STAMP_FIELDS, stamp
+from experiments.engine.train import train_epoch
 from experiments.spec.profiles import get_profile
+from topk.losses import build_loss
 
 FIELDS = [*STAMP_FIELDS, "profile", "model", "image_size", "batch", "threads", "variant", "ms_per_step",
           "ratio_to_engine", "first_loss_difference"]
@@ -35,23 +37,18 @@ FIELDS = [*STAMP_FIELDS, "profile", "model", "image_size", "batch", "threads", "
 VARIANTS = ("channels_last", "compiled", "1 thread")
 
 
-def step_of(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, lr: float, weight_decay: float):
-    """One SGD step of ``model`` on a fixed batch (cross-entropy), returning its loss."""
-    optimiser = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=weight_decay)
-
-    def step() -> torch.Tensor:
-        loss = F.cross_entropy(model(images), labels)
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        optimiser.step()
-        return loss.detach()
-
-    return step
+def step_of(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, config: RunConfig):
+    """One step of the engine (its epoch, :func:`experiments.engine.train.train_epoch`, over one fixed batch) with
+    ``config``'s optimiser and loss; the step returns the loss."""
+    optimiser = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, nesterov=True,
+                                weight_decay=config.weight_decay)  # the engine's (experiments.engine.train.run)
+    loss_fn, cpu = build_loss(config.loss), torch.device("cpu")
+    return lambda: train_epoch(model, loss_fn, [(images, labels)], optimiser, cpu, False, 0)[2]
 
 
-def variants(names, model: torch.nn.Module, images, labels, optimiser: dict, compiler: str, threads: int) -> dict:
-    """The engine's step, then that of each variant in ``names``, each on its own copy of ``model``; ``optimiser``:
-    the SGD step's ``lr`` and ``weight_decay``."""
+def variants(names, model: torch.nn.Module, images, labels, config: RunConfig, compiler: str, threads: int) -> dict:
+    """The engine's step, then that of each variant in ``names``, each on its own copy of ``model``, with ``config``'s
+    optimiser and loss."""
     def on_threads(step, count):
         def call():
             torch.set_num_threads(count)
@@ -65,14 +62,14 @@ def variants(names, model: torch.nn.Module, images, labels, optimiser: dict, com
     for name in ("engine", *names):
         copied = copy.deepcopy(model)
         if name == "engine":
-            made[name] = step_of(copied, images, labels, **optimiser)
+            made[name] = step_of(copied, images, labels, config)
         elif name == "channels_last":
             copied = copied.to(memory_format=torch.channels_last)
-            made[name] = step_of(copied, images.contiguous(memory_format=torch.channels_last), labels, **optimiser)
+            made[name] = step_of(copied, images.contiguous(memory_format=torch.channels_last), labels, config)
         elif name == "compiled":
-            made[name] = step_of(torch.compile(copied, backend=compiler), images, labels, **optimiser)
+            made[name] = step_of(torch.compile(copied, backend=compiler), images, labels, config)
         elif name == "1 thread":
-            made[name] = on_threads(step_of(copied, images, labels, **optimiser), 1)
+            made[name] = on_threads(step_of(copied, images, labels, config), 1)
     return made
 
 
@@ -91,8 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     images, labels = torch.randn(setup.batch_size, 3, size, size), torch.randint(0, classes, (setup.batch_size,))
     model = build_model(setup.model, classes, **setup.model_options)
-    steps = variants(args.variants, model, images, labels, {"lr": setup.lr, "weight_decay": setup.weight_decay},
-                     args.compiler, threads)
+    steps = variants(args.variants, model, images, labels, setup.config("cross_entropy", seed=0), args.compiler, threads)
     first = {name: float(step()) for name, step in steps.items()}  # also compiles
     seconds = interleaved_median_seconds(steps, torch.device("cpu"), budget_s=args.budget_s)
     provenance, rows = stamp("cpu"), []
