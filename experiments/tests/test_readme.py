@@ -54,7 +54,7 @@ def test_the_committed_readme_and_docs_match_the_committed_results():
 def test_each_block_lives_in_exactly_one_document_and_the_readme_holds_the_headlines():
     where = readme.placement()
     assert set(where) == set(readme.BLOCKS)
-    in_readme = ("verdict-summary", "performance-headline", "setup-time", "executors-time")
+    in_readme = ("verdict-summary", "performance-headline", "setup-time", "executors-time", "gpu-hours")
     assert all(where[name] == readme.README for name in in_readme)
     assert all(path.parent == readme.DOCS for name, path in where.items() if name not in in_readme)
 
@@ -403,6 +403,11 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
     last = readme.concurrency(tmp_path / "concurrency.csv").splitlines()[-1]
     assert last == (f"- **Fastest with today's engine on the test-gpu:** `reduce-overhead`, 2 runs on the GPU, 7,200 "
                     f"images/s: {images / 7200 / 3600:.1f} h on one such GPU, {images / 7200 / 3600 / 8:.1f} h on 8")
+    assert readme.gpu_hours(tmp_path / "concurrency.csv").startswith(  # the README's line, from the same rows
+        f"*The `gpu` profile's CIFAR-100 notebooks train in {images / 7200 / 3600:.1f} h on one test-gpu and "
+        f"{images / 7200 / 3600 / 8:.1f} h on 8 (training only; `reduce-overhead`, 2 runs a GPU, 7,200 images/s;")
+    _csv(tmp_path / "concurrency.csv", stale)
+    assert "not measured with today's engine" in readme.gpu_hours(tmp_path / "concurrency.csv")
 
 
 @pytest.mark.parametrize("engine_code, why", [("0" * 12, "the engine's epoch changed since"),
