@@ -57,7 +57,8 @@ from experiments.scale.executors import cpu_threads
 from experiments.spec.profiles import get_profile
 from topk.losses import build_loss
 
-FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "batch_size", "warmup", "steps", "concurrency",
+FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "gpu_sharing", "batch_size", "warmup", "steps",
+          "concurrency",
           "run_images_per_s_mean", "run_images_per_s_min", "aggregate_images_per_s", "ratio_to_one_run",
           "run_peak_mib", "device_used_mib", "device_total_mib"]
 MIB = 2 ** 20
@@ -102,6 +103,21 @@ def timed_training(index: int, training: Training, threads: int, barrier) -> dic
     barrier.wait()  # every run still holds its memory
     return {"images_per_s": training.steps * training.batch_size / seconds, "peak_mib": peak_mib(device),
             **device_memory_mib(device)}
+
+
+def gpu_sharing(device: torch.device, proc: Path = Path("/proc")) -> str:
+    """How processes side by side share a GPU: ``"mps"`` while NVIDIA's Multi-Process Service runs (its control
+    daemon or server, whose kernels from several processes run at once), else ``"time-slicing"`` (the driver runs
+    one process's kernels at a time); empty on a CPU."""
+    if device.type != "cuda":
+        return ""
+    for comm in proc.glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().startswith("nvidia-cuda-mps"):  # -control, -server (a name is cut at 15 characters)
+                return "mps"
+        except OSError:  # the process ended meanwhile
+            continue
+    return "time-slicing"
 
 
 def peak_mib(device: torch.device) -> float:
@@ -262,10 +278,11 @@ def main(argv: list[str] | None = None) -> None:
     training = Training(device.type, args.model, args.batch_size, args.warmup, args.steps,
                         args.compile_mode if args.compile else None)
     settings = {**stamp(device), "engine_code": engine_code(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "model": args.model, "compile": training.compile_mode or "eager", "batch_size": args.batch_size,
-                "warmup": args.warmup, "steps": args.steps}
+                "model": args.model, "compile": training.compile_mode or "eager", "gpu_sharing": gpu_sharing(device),
+                "batch_size": args.batch_size, "warmup": args.warmup, "steps": args.steps}
+    shared = f", the GPU shared by {settings['gpu_sharing']}" if settings["gpu_sharing"] else ""
     print(f"{settings['device_name']}: {args.model}, batch {args.batch_size}, compile {settings['compile']}, "
-          f"{args.warmup} + {args.steps} steps per run", flush=True)
+          f"{args.warmup} + {args.steps} steps per run{shared}", flush=True)
     one_run_aggregate = None
     for concurrency in sorted({1, *args.concurrency}):  # one run first: the baseline
         results = side_by_side(training, concurrency)

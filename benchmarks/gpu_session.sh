@@ -16,11 +16,12 @@
 #           and each loss's step, enqueue and kernel times with the profiler's table (benchmarks.profile_loss_overhead)
 #   concurrency  1, 2, 4 and 8 compiled DenseNet-40-40 trainings side by side on the GPU: aggregate images/s, memory,
 #           the gpu profile's hours (benchmarks.bench_concurrency; the second argument: torch.compile's mode,
-#           "default" unless given, e.g. reduce-overhead for CUDA graphs)
+#           "default" unless given, e.g. reduce-overhead for CUDA graphs; the third and later: the counts)
+#   concurrency-mps  the concurrency stage under NVIDIA's Multi-Process Service (started and stopped around it)
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests, Fig. 3 at K 5 with reduce-overhead
-#           (the CUDA default), one and two runs side by side with reduce-overhead, one run with max-autotune, every
-#           stage under its own limit (LEASE_LIMITS="tests fig3 concurrency autotune" seconds, default
-#           "240 120 80 130": 570 s, inside a 600 s call, sized on NOTES section 11); wheels in .whl/ installed first;
+#           (the CUDA default), 1, 2 and 4 reduce-overhead runs side by side under MPS, one run with max-autotune,
+#           every stage under its own limit (LEASE_LIMITS="tests fig3 concurrency autotune" seconds, default
+#           "230 100 130 100": 560 s, inside a 600 s call, sized on NOTES section 11); wheels in .whl/ installed first;
 #           everything in one archive, $OUT/lease.tgz (a device machine returns few files), written again after each
 #           stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
@@ -78,30 +79,38 @@ case "${1:-tests}" in
     counts="${*:3}"
     python3 -m benchmarks.bench_concurrency --device cuda --model densenet40_40 --concurrency ${counts:-1 2 4 8} \
       --compile-mode "${2:-default}" --out "$out/concurrency.csv" 2>&1 | tee -a "$out/concurrency.log" || status=1 ;;
+  concurrency-mps)
+    # the concurrency stage with NVIDIA's Multi-Process Service: kernels of runs side by side execute at once instead
+    # of taking turns (root starts the daemon; the rows say gpu_sharing=mps)
+    command -v nvidia-cuda-mps-control > /dev/null || { echo "no nvidia-cuda-mps-control here" >&2; exit 3; }
+    nvidia-cuda-mps-control -d || { echo "the MPS daemon did not start" >&2; exit 3; }
+    bash "$0" concurrency "${@:2}" || status=1
+    echo quit | nvidia-cuda-mps-control ;;
   lease)
     if compgen -G ".whl/*.whl" > /dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
     read -r tests_s fig3_s concurrency_s autotune_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-240} fig3_s=${fig3_s:-120} concurrency_s=${concurrency_s:-80} autotune_s=${autotune_s:-130}
+    tests_s=${tests_s:-230} fig3_s=${fig3_s:-100} concurrency_s=${concurrency_s:-130} autotune_s=${autotune_s:-100}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
       OUT="$work/$name" timeout -k 5 "$limit" bash "$0" "$stage" $mode $ks > "$work/$name.log" 2>&1 < /dev/null
       rc=$?
+      [ "$stage" != concurrency-mps ] || { echo quit | nvidia-cuda-mps-control; } > /dev/null 2>&1  # also if cut short
       [ $rc -eq 0 ] || status=1
       echo "$name: rc $rc in $((SECONDS - start)) s (limit $limit)" | tee -a "$work/lease.txt"
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
     done <<EOF
 $tests_s tests tests
 $fig3_s fig3_reduce_overhead fig3 reduce-overhead 5
-$concurrency_s concurrency_reduce_overhead concurrency reduce-overhead 1 2
+$concurrency_s concurrency_mps_reduce_overhead concurrency-mps reduce-overhead 1 2 4
 $autotune_s concurrency_max_autotune concurrency max-autotune 1
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;
   *)
-    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile, host, concurrency or lease" >&2; status=2 ;;
+    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile, host, concurrency, concurrency-mps or lease" >&2; status=2 ;;
 esac
 exit $status

@@ -12,14 +12,15 @@ import pytest
 import torch
 
 from benchmarks._measure import append_csv_row
-from benchmarks.bench_concurrency import FIELDS, GPUS, Training, _collect, main, profile_hours, side_by_side
+from benchmarks.bench_concurrency import (FIELDS, GPUS, Training, _collect, gpu_sharing, main, profile_hours,
+                                         side_by_side)
 from experiments.analysis.timings import engine_code
 from experiments.provenance import git_commit
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 
 COLUMNS = ["device", "device_name", "commit", "python", "torch", "triton", "topk", "engine_code", "date", "model", "compile",
-           "batch_size", "warmup", "steps", "concurrency", "run_images_per_s_mean", "run_images_per_s_min",
+           "gpu_sharing", "batch_size", "warmup", "steps", "concurrency", "run_images_per_s_mean", "run_images_per_s_min",
            "aggregate_images_per_s", "ratio_to_one_run", "run_peak_mib", "device_used_mib", "device_total_mib"]
 
 
@@ -44,8 +45,8 @@ def test_rows_ratios_and_profile_hours(tmp_path, capsys):
     assert [int(row["concurrency"]) for row in rows] == [1, 2]  # one run measured first, though not asked for
     assert len({row["date"] for row in rows}) == 1 and rows[0]["date"] != _earlier_invocation()["date"]
     for row in rows:
-        assert (row["device"], row["commit"], row["torch"], row["compile"], row["engine_code"]) == (
-            "cpu", commit, torch.__version__, "eager", engine_code())
+        assert (row["device"], row["commit"], row["torch"], row["compile"], row["engine_code"], row["gpu_sharing"]) == (
+            "cpu", commit, torch.__version__, "eager", engine_code(), "")
         assert 0 < float(row["run_images_per_s_min"]) <= float(row["run_images_per_s_mean"])
         assert float(row["aggregate_images_per_s"]) == pytest.approx(
             int(row["concurrency"]) * float(row["run_images_per_s_mean"]), rel=1e-3)
@@ -70,6 +71,17 @@ def test_rows_ratios_and_profile_hours(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"{hours['cifar100_hours_1_gpu']:.2f} h on one GPU" in printed
     assert f"x{float(rows[1]['ratio_to_one_run']):.2f} one run" in printed
+
+
+def test_a_gpu_is_shared_by_mps_while_its_daemon_runs(tmp_path):
+    """Read from the processes' names (``/proc/PID/comm``, cut at 15 characters), as the kernel writes them."""
+    cuda = torch.device("cuda")
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "comm").write_text("bash\n")
+    assert gpu_sharing(cuda, tmp_path) == "time-slicing"
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242" / "comm").write_text("nvidia-cuda-mps\n")
+    assert gpu_sharing(cuda, tmp_path) == "mps" and gpu_sharing(torch.device("cpu"), tmp_path) == ""
 
 
 def test_a_failing_run_is_reported_with_its_traceback():

@@ -409,7 +409,7 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
         ratios = ", ".join(f"{row['concurrency']} x{float(row['ratio_to_one_run']):.2f}" for row in rows[1:])
         lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
                      f"the engine's step "
-                     f"({one['compile']}): one run {float(one['aggregate_images_per_s']):,.0f} images/s; side by side "
+                     f"({one['compile']}{', under MPS' * (one.get('gpu_sharing') == 'mps')}): one run {float(one['aggregate_images_per_s']):,.0f} images/s; side by side "
                      f"{ratios} (target >= x{timings.RATIO_TARGET:g} on an H100); at the best rate, "
                      f"{_runs(best)} and {rate:,.0f} images/s, the `gpu` profile's CIFAR-100 notebooks "
                      f"({images:,} training images) train in {images / rate / 3600:.1f} h on one such GPU and "
@@ -417,7 +417,7 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
                      f"{timings.ONE_GPU_HOURS_TARGET:g} h and {timings.EIGHT_GPUS_HOURS_TARGET:g} h; `concurrency.csv`: "
                      f"{_stamp(one)})")
     for best, rate, one_gpu in _fastest_current(path):
-        lines.append(f"- **Fastest with today's engine on the {best['device_name']}:** `{best['compile']}`, "
+        lines.append(f"- **Fastest with today's engine on the {best['device_name']}:** {_setting(best)}, "
                      f"{_runs(best)} on the GPU, {rate:,.0f} images/s: {one_gpu:.1f} h on one such GPU, "
                      f"{one_gpu / timings.GPUS:.1f} h on {timings.GPUS}")
     return "\n".join(lines)
@@ -425,6 +425,11 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
 
 def _runs(row: dict) -> str:
     return f"{row['concurrency']} run{'s' * (row['concurrency'] != '1')}"
+
+
+def _setting(row: dict) -> str:
+    """The compile mode, and MPS where the GPU was shared by it (``bench_concurrency.gpu_sharing``)."""
+    return f"`{row['compile']}`" + " under MPS" * (row.get("gpu_sharing") == "mps")
 
 
 def _fastest_current(path: Path) -> list[tuple[dict, float, float]]:
@@ -443,7 +448,7 @@ def gpu_hours(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     """The README's line: how long the ``gpu`` profile's CIFAR-100 notebooks train at the fastest setting measured
     with today's engine (:func:`concurrency` has every measurement)."""
     lines = [f"*The `gpu` profile's CIFAR-100 notebooks train in {one_gpu:.1f} h on one {best['device_name']} and "
-             f"{one_gpu / timings.GPUS:.1f} h on {timings.GPUS} (training only; `{best['compile']}`, {_runs(best)} a "
+             f"{one_gpu / timings.GPUS:.1f} h on {timings.GPUS} (training only; {_setting(best)}, {_runs(best)} a "
              f"GPU, {rate:,.0f} images/s; `{path.name}`, {_stamp(best)}; "
              f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu)).*"
              for best, rate, one_gpu in _fastest_current(path)]
