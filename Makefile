@@ -89,7 +89,7 @@ readme: | $(STAMP) ## Regenerate the README's and docs' numbers from the committ
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.publishing.readme
 
 profile-time: $(STAMP) ## Estimate a stand-in profile's hours on this machine [PROFILE=quick|gpu DEVICE=cpu|cuda THREADS=n]
-	$(PY) -m benchmarks.bench_profile_time $(PROFILE) --device $(DEVICE) --threads $(THREADS)
+	$(PY) -m benchmarks.bench_profile_time $(PROFILE) --device $(DEVICE) --threads $(THREADS) $(if $(COMPILE),--compile $(COMPILE))
 
 bench-gpu: $(STAMP) ## On a CUDA machine: the fused kernel's grid and Fig. 3 in GPU seconds (CSV in benchmarks/results/)
 	$(PY) -m benchmarks.bench_fused_kernel --device cuda
