@@ -30,13 +30,13 @@ COMPILE ?= $(if $(filter cuda%,$(DEVICE)),reduce-overhead)
 # EXECUTOR=inline|local|slurm trains every run of the profile before the notebooks, which then read them from the store
 # (empty: each notebook trains its own runs, one after another). JOBS=N worker processes (local), PER_GPU=M runs on
 # each visible GPU (local), SLURM="--partition gpu --gpus-per-task 1 --time-min 600 ..." (slurm: `python -m
-# experiments train --help` lists the options). The default is local: on a CPU one worker per core this process may
-# use, at most 8, the threads split between them (measured on 2 cores: the same records, bit for bit, sooner); on CUDA
-# one run on each visible GPU (with CUDA graphs a second run on an H200 added nothing: x0.95;
-# docs/reproducing.md#executors).
-EXECUTOR ?= local
+# experiments train --help` lists the options). The default is local: with DEVICE=cpu one worker per core this
+# process may use, at most 8, the threads split between them (measured on 2 cores: the same records, bit for bit,
+# sooner); with DEVICE=cuda one run on each visible GPU (with CUDA graphs a second run on an H200 added nothing: x0.95;
+# docs/reproducing.md#executors); with another DEVICE (cuda:1, say) none.
+EXECUTOR ?= $(if $(filter cpu cuda,$(DEVICE)),local)
 JOBS ?= $(shell $(PYTHON) -c 'import os; print(min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
-PER_GPU ?= $(if $(filter cuda%,$(DEVICE)),1)
+PER_GPU ?= $(if $(filter cuda,$(DEVICE)),1)
 SLURM ?=
 TRAIN := PYTHONPATH=$(CURDIR) $(PY) -m experiments train $(PROFILE) --executor $(or $(EXECUTOR),inline) --device $(DEVICE) \
 	$(if $(filter local,$(EXECUTOR)),$(if $(PER_GPU),--per-gpu $(PER_GPU),--jobs $(JOBS))) $(if $(DATA),--data-root $(abspath $(DATA))) \
@@ -101,7 +101,7 @@ kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU need
 plan: | $(STAMP) ## List every run of PROFILE, the notebooks that read it and what the store holds of it
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments plan $(PROFILE)
 
-train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default: local on a CPU, else inline) [JOBS=n PER_GPU=m SLURM="..."]
+train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default: local with DEVICE=cpu or cuda, else inline) [JOBS=n PER_GPU=m SLURM="..."]
 	$(TRAIN)
 
 forget-executor: ## Remove the executor's manifest of PROFILE (its notebooks train their own runs)

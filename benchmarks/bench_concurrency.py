@@ -106,9 +106,10 @@ def timed_training(index: int, training: Training, threads: int, barrier) -> dic
 
 
 def gpu_sharing(device: torch.device, proc: Path = Path("/proc")) -> str:
-    """How processes side by side share a GPU: ``"mps"`` while NVIDIA's Multi-Process Service runs (its control
-    daemon or server, whose kernels from several processes run at once), else ``"time-slicing"`` (the driver runs
-    one process's kernels at a time); empty on a CPU."""
+    """How processes side by side share a GPU: ``"mps"`` while a process of NVIDIA's Multi-Process Service (its
+    control daemon or server, through which kernels of several processes run at once) is among those this machine
+    shows, else ``"time-slicing"`` (the driver runs one process's kernels at a time); empty on a CPU. What it reads
+    is that a daemon was there, as ``gpu_session.sh concurrency-mps`` starts it, not that each run connected to it."""
     if device.type != "cuda":
         return ""
     for comm in proc.glob("[0-9]*/comm"):

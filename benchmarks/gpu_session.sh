@@ -19,11 +19,11 @@
 #           "default" unless given, e.g. reduce-overhead for CUDA graphs; the third and later: the counts)
 #   concurrency-mps  the concurrency stage under NVIDIA's Multi-Process Service (started and stopped around it)
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests, Fig. 3 at K 5 with reduce-overhead
-#           (the CUDA default), 1, 2 and 4 reduce-overhead runs side by side under MPS, one run with max-autotune,
-#           every stage under its own limit (LEASE_LIMITS="tests fig3 concurrency autotune" seconds, default
-#           "230 100 130 100": 560 s, inside a 600 s call, sized on NOTES section 11); wheels in .whl/ installed first;
-#           everything in one archive, $OUT/lease.tgz (a device machine returns few files), written again after each
-#           stage, and each stage's end
+#           (the CUDA default; its 8 points took about 150 s in NOTES section 11's pace), then 1, 2 and 4
+#           reduce-overhead runs side by side under MPS, every stage under its own limit (LEASE_LIMITS="tests fig3
+#           concurrency" seconds, default "230 170 140": 540 s, with the stages' grace inside a 600 s call); wheels in
+#           .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device machine returns few files),
+#           written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
@@ -41,6 +41,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
 # the tree that runs: a device machine may lay it over an older commit, whose stamp then reads -dirty
 { git rev-parse HEAD; git diff HEAD --stat; } >> "$out/gpu.txt" 2>&1
+mps_running() {  # an MPS control daemon or server among the processes (a name is cut at 15 characters)
+  grep -qsx "nvidia-cuda-mps" /proc/[0-9]*/comm
+}
+stop_mps() {  # ask the daemon to quit, then wait (at most 20 s) until no MPS process is left
+  echo quit | nvidia-cuda-mps-control > /dev/null 2>&1
+  for _ in $(seq 20); do mps_running || return 0; sleep 1; done
+  echo "MPS processes still running after 20 s" >&2; return 1
+}
 case "${1:-tests}" in
   tests)
     python3 -m pytest -n "${PYTEST_WORKERS:-14}" -q -p no:cacheprovider topk/tests 2>&1 | tee "$out/cuda_tests.log" || status=1
@@ -83,22 +91,26 @@ case "${1:-tests}" in
     # the concurrency stage with NVIDIA's Multi-Process Service: kernels of runs side by side execute at once instead
     # of taking turns (root starts the daemon; the rows say gpu_sharing=mps)
     command -v nvidia-cuda-mps-control > /dev/null || { echo "no nvidia-cuda-mps-control here" >&2; exit 3; }
-    nvidia-cuda-mps-control -d || { echo "the MPS daemon did not start" >&2; exit 3; }
-    bash "$0" concurrency "${@:2}" || status=1
-    echo quit | nvidia-cuda-mps-control ;;
+    if ! mps_running; then
+      nvidia-cuda-mps-control -d || { echo "the MPS daemon did not start" >&2; exit 3; }
+      trap stop_mps EXIT
+    fi
+    bash "$0" concurrency "${@:2}" || status=1 ;;
   lease)
     if compgen -G ".whl/*.whl" > /dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s fig3_s concurrency_s autotune_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-230} fig3_s=${fig3_s:-100} concurrency_s=${concurrency_s:-130} autotune_s=${autotune_s:-100}
+    read -r tests_s fig3_s concurrency_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-230} fig3_s=${fig3_s:-170} concurrency_s=${concurrency_s:-140}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
       OUT="$work/$name" timeout -k 5 "$limit" bash "$0" "$stage" $mode $ks > "$work/$name.log" 2>&1 < /dev/null
       rc=$?
-      [ "$stage" != concurrency-mps ] || { echo quit | nvidia-cuda-mps-control; } > /dev/null 2>&1  # also if cut short
+      if [ "$stage" = concurrency-mps ] && mps_running; then  # cut short before its own stop
+        stop_mps 2>&1 | tee -a "$work/lease.txt"
+      fi
       [ $rc -eq 0 ] || status=1
       echo "$name: rc $rc in $((SECONDS - start)) s (limit $limit)" | tee -a "$work/lease.txt"
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
@@ -106,7 +118,6 @@ case "${1:-tests}" in
 $tests_s tests tests
 $fig3_s fig3_reduce_overhead fig3 reduce-overhead 5
 $concurrency_s concurrency_mps_reduce_overhead concurrency-mps reduce-overhead 1 2 4
-$autotune_s concurrency_max_autotune concurrency max-autotune 1
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;

@@ -407,11 +407,11 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
         stale = _stale_engine_warning(one, "bash benchmarks/gpu_session.sh concurrency").rstrip()
         rate = float(best["aggregate_images_per_s"])
         ratios = ", ".join(f"{row['concurrency']} x{float(row['ratio_to_one_run']):.2f}" for row in rows[1:])
+        side_by_side = (f"; side by side {ratios} (target >= x{timings.RATIO_TARGET:g} on an H100); at the best rate, "
+                        f"{_runs(best)} and" if ratios else "; at")
         lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
-                     f"the engine's step "
-                     f"({one['compile']}{', under MPS' * (one.get('gpu_sharing') == 'mps')}): one run {float(one['aggregate_images_per_s']):,.0f} images/s; side by side "
-                     f"{ratios} (target >= x{timings.RATIO_TARGET:g} on an H100); at the best rate, "
-                     f"{_runs(best)} and {rate:,.0f} images/s, the `gpu` profile's CIFAR-100 notebooks "
+                     f"the engine's step ({_setting(one)}): one run {float(one['aggregate_images_per_s']):,.0f} "
+                     f"images/s{side_by_side} {rate:,.0f} images/s, the `gpu` profile's CIFAR-100 notebooks "
                      f"({images:,} training images) train in {images / rate / 3600:.1f} h on one such GPU and "
                      f"{images / rate / 3600 / timings.GPUS:.1f} h on {timings.GPUS} (targets "
                      f"{timings.ONE_GPU_HOURS_TARGET:g} h and {timings.EIGHT_GPUS_HOURS_TARGET:g} h; `concurrency.csv`: "
@@ -428,14 +428,19 @@ def _runs(row: dict) -> str:
 
 
 def _setting(row: dict) -> str:
-    """The compile mode, and MPS where the GPU was shared by it (``bench_concurrency.gpu_sharing``)."""
+    """The compile mode, and MPS where an MPS daemon shared the GPU (``bench_concurrency.gpu_sharing``)."""
     return f"`{row['compile']}`" + " under MPS" * (row.get("gpu_sharing") == "mps")
 
 
 def _fastest_current(path: Path) -> list[tuple[dict, float, float]]:
-    """Per GPU model, the fastest setting (compile mode, runs side by side) measured with today's engine: its row,
-    its images/s and the ``gpu`` profile's CIFAR-100 notebooks' training hours on one such GPU at that rate."""
-    current = [row for row in _rows(path) if row.get("engine_code") == timings.engine_code()]
+    """Per GPU model, the fastest setting (compile mode, runs side by side, MPS) measured with today's engine on the
+    ``gpu`` profile's CIFAR-100 model and batch: its row, its images/s and that part's training hours on one such GPU
+    at that rate."""
+    from experiments.spec.profiles import GPU
+
+    current = [row for row in _rows(path) if row.get("engine_code") == timings.engine_code()
+               and row["device"] == "cuda" and row["model"] == GPU.cifar.model
+               and row["batch_size"] == str(GPU.cifar.batch_size)]
     fastest = []
     for rows in _groups(current, "device_name"):
         best = max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
@@ -445,15 +450,17 @@ def _fastest_current(path: Path) -> list[tuple[dict, float, float]]:
 
 
 def gpu_hours(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
-    """The README's line: how long the ``gpu`` profile's CIFAR-100 notebooks train at the fastest setting measured
-    with today's engine (:func:`concurrency` has every measurement)."""
-    lines = [f"*The `gpu` profile's CIFAR-100 notebooks train in {one_gpu:.1f} h on one {best['device_name']} and "
-             f"{one_gpu / timings.GPUS:.1f} h on {timings.GPUS} (training only; {_setting(best)}, {_runs(best)} a "
-             f"GPU, {rate:,.0f} images/s; `{path.name}`, {_stamp(best)}; "
-             f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu)).*"
+    """The README's line (one, whatever the GPU models measured): how long the ``gpu`` profile's CIFAR-100 notebooks
+    train at the fastest setting measured with today's engine on each GPU model (:func:`concurrency` has every
+    measurement)."""
+    parts = [f"{one_gpu:.1f} h on one {best['device_name']} and {one_gpu / timings.GPUS:.1f} h on {timings.GPUS} "
+             f"({_setting(best)}, {_runs(best)} a GPU, {rate:,.0f} images/s; {_stamp(best)})"
              for best, rate, one_gpu in _fastest_current(path)]
-    return "\n".join(lines) or ("*The `gpu` profile's training time is not measured with today's engine: run `bash "
-                                "benchmarks/gpu_session.sh concurrency reduce-overhead` on a GPU.*")
+    if not parts:
+        return ("*The `gpu` profile's training time is not measured with today's engine: run `bash "
+                "benchmarks/gpu_session.sh concurrency reduce-overhead` on a GPU.*")
+    return (f"*The `gpu` profile's CIFAR-100 notebooks train in {'; in '.join(parts)}: training only, `{path.name}`, "
+            f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu).*")
 
 
 def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:

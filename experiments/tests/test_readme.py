@@ -384,10 +384,14 @@ def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_best_rate(t
     _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40, timings.engine_code()))
     images = readme._gpu_cifar_notebook_images()
     text = readme.concurrency(tmp_path / "concurrency.csv")
-    assert text.startswith("- test-gpu, densenet40_40, batch 64, the engine's step (default): one run 1,000 images/s; "
-                           "side by side 2 x1.80, 4 x3.60, 8 x3.00")
+    assert text.startswith("- test-gpu, densenet40_40, batch 64, the engine's step (`default`): one run 1,000 "
+                           "images/s; side by side 2 x1.80, 4 x3.60, 8 x3.00")
     assert "at the best rate, 4 runs and 3,600 images/s" in text and f"{images / 3600 / 3600:.1f} h on one" in text
     assert "Stale" not in text and "commit aaaaaaaaaa" in text
+    _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40, timings.engine_code())[:1])  # one run alone
+    assert readme.concurrency(tmp_path / "concurrency.csv").startswith(
+        "- test-gpu, densenet40_40, batch 64, the engine's step (`default`): one run 1,000 images/s; at 1,000 "
+        "images/s, the `gpu` profile's")
 
 
 def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_modes(tmp_path):
@@ -400,15 +404,23 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
               for row in _concurrency_rows("a" * 40, timings.engine_code())[:2]]
     stale = [{**row, "engine_code": "0" * 12, "date": "2026-01-03T00:00:00", "aggregate_images_per_s": "99999"}
              for row in _concurrency_rows("b" * 40, "0" * 12)[:1]]
-    _csv(tmp_path / "concurrency.csv", [*_concurrency_rows("a" * 40, timings.engine_code()), *graphs, *stale])
+    not_the_profiles = [{**row, "date": "2026-01-04T00:00:00", "aggregate_images_per_s": "99999", **change}
+                        for change in ({"device": "cpu", "device_name": "a-cpu"}, {"model": "small_cnn"},
+                                       {"batch_size": "256"})
+                        for row in _concurrency_rows("a" * 40, timings.engine_code())[:1]]
+    _csv(tmp_path / "concurrency.csv", [*_concurrency_rows("a" * 40, timings.engine_code()), *graphs, *stale,
+                                        *not_the_profiles])
     images = readme._gpu_cifar_notebook_images()
     last = readme.concurrency(tmp_path / "concurrency.csv").splitlines()[-1]
     assert last == (f"- **Fastest with today's engine on the test-gpu:** `reduce-overhead` under MPS, 2 runs on the "
                     f"GPU, 7,200 images/s: {images / 7200 / 3600:.1f} h on one such GPU, {images / 7200 / 3600 / 8:.1f} h on 8")
     assert readme.gpu_hours(tmp_path / "concurrency.csv").startswith(  # the README's line, from the same rows
         f"*The `gpu` profile's CIFAR-100 notebooks train in {images / 7200 / 3600:.1f} h on one test-gpu and "
-        f"{images / 7200 / 3600 / 8:.1f} h on 8 (training only; `reduce-overhead` under MPS, 2 runs a GPU, 7,200 "
-        f"images/s;")
+        f"{images / 7200 / 3600 / 8:.1f} h on 8 (`reduce-overhead` under MPS, 2 runs a GPU, 7,200 images/s;")
+    other_gpu = [{**row, "device_name": "other-gpu"} for row in _concurrency_rows("a" * 40, timings.engine_code())]
+    _csv(tmp_path / "concurrency.csv", [*graphs, *other_gpu])
+    line = readme.gpu_hours(tmp_path / "concurrency.csv")  # one line in the README whatever the GPU models
+    assert "\n" not in line and "on one test-gpu" in line and "; in " in line and "on one other-gpu" in line
     _csv(tmp_path / "concurrency.csv", stale)
     assert "not measured with today's engine" in readme.gpu_hours(tmp_path / "concurrency.csv")
 
