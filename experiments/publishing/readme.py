@@ -13,7 +13,6 @@ stamped with its device, commit and versions.
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import importlib
 import json
@@ -22,7 +21,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments.analysis import compare, kernel_targets, timings
+from experiments.analysis import compare
 from experiments.tuning.calibration import TOLERANCE, rate_text, unmatched
 from experiments.tuning.learning_rates import fitted_gap_at_chosen_rate
 from experiments.spec import tuned
@@ -31,48 +30,21 @@ from experiments.spec.paper import CLAIMS
 from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, CALIBRATION_SEEDS, CROWDED_CLASSES, FIGURES,
                                LABEL_NOISE_FIT, PROJECT_ROOT)
 from experiments.provenance import short_commit
+from experiments.publishing.gpu_blocks import concurrency, gpu_hours, gpu_results, profile_time
+from experiments.publishing.result_rows import (NOISED_HEADLINE, SMOOTH_HEADLINE, headline_rows, read_rows,
+                                                short_stamp_text, stamp_text)
 
 README = PROJECT_ROOT / "README.md"
 #: The documentation's pages (``docs/*.md``), whose blocks are generated and checked as the README's.
 DOCS = PROJECT_ROOT / "docs"
 #: The profile whose outputs are committed and summarised.
 DEFAULT_PROFILE = "quick"
-#: The configuration of the CPU headline (``python -m benchmarks.bench_noised_losses --headline``) and its target,
-#: pytopk / topk.
-NOISED_HEADLINE = {"logit_scale": "2.0", "epsilon": "0.2", "batch": "128", "n_classes": "1000", "k": "5", "n_samples": "10"}
+#: The target of the CPU headline (:data:`~experiments.publishing.result_rows.NOISED_HEADLINE`), pytopk / topk.
 SPEEDUP_TARGET = 10.0
-#: The smoothed hinge's headline (``python -m benchmarks.bench_smooth_hinge --headline``).
-SMOOTH_HEADLINE = {"batch": "128", "n_classes": "1000", "k": "5"}
-GPU_CSVS = ("training_step.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
 #: The README's training-step headline (``training_step.csv``): the compiled step with the noised loss on the kernel.
 STEP_HEADLINE = {"mode": "compiled", "backend": "auto", "K": "5", "B": "10"}
 #: The longest line of evidence the README's verdict summary quotes of a claim.
 EVIDENCE_CHARACTERS = 110
-
-
-def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with path.open() as handle:
-        return list(csv.DictReader(handle))
-
-
-def _stamp(row: dict) -> str:
-    return (f"{row['device_name']} ({row['device']}), torch {row['torch']}, triton {row['triton']}, "
-            f"commit {short_commit(row['commit'])}")
-
-
-def _groups(rows: list[dict], *keys: str) -> list[list[dict]]:
-    """``rows`` split by their values of ``keys``, in the order each group first appears."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault(tuple(row[key] for key in keys), []).append(row)
-    return list(groups.values())
-
-
-def _measurements(rows: list[dict]) -> list[list[dict]]:
-    """``rows`` split by measurement (device name and commit): what one stamp truthfully describes."""
-    return _groups(rows, "device_name", "commit")
 
 
 def _cell(text: str) -> str:
@@ -130,14 +102,10 @@ def verdict_summary(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     return "\n".join(lines) + f"\n\n*From `figures/{DEFAULT_PROFILE}/claims/` ({DEFAULT_PROFILE} profile, {made}).*"
 
 
-def _short_stamp(row: dict) -> str:
-    return f"{row['device_name']}, torch {row['torch']}, commit {short_commit(row['commit'])}"
-
-
 def setup_time(path: Path = BENCHMARK_RESULTS / "setup_time.csv") -> str:
     """The two set-up commands' times on a fresh clone, with the processor they were measured on: the install, and
     the range of ``make test``'s runs after it (``python -m benchmarks.bench_setup_time``)."""
-    rows = _rows(path)
+    rows = read_rows(path)
     installs, tests = [r for r in rows if r["step"] == "install"], [r for r in rows if r["step"] == "test"]
     if not installs or not tests:
         return f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_setup_time`.*"
@@ -156,29 +124,29 @@ def performance_headline(results: Path = BENCHMARK_RESULTS) -> str:
     """Three numbers: the noised loss against ``pytopk`` on a CPU, the compiled training step's overhead over
     cross-entropy on a GPU, the smoothed hinge against Berrada et al.'s code; each from its committed CSV."""
     lines = []
-    noised, _, _ = _headline(results / "noised_losses.csv", NOISED_HEADLINE, ())
+    noised, _, _ = headline_rows(results / "noised_losses.csv", NOISED_HEADLINE, ())
     if {"topk", "pytopk"} <= set(noised):
         ours, theirs = float(noised["topk"]["ms"]), float(noised["pytopk"]["ms"])
         lines.append(f"- **x{theirs / ours:.1f} faster than the published `pytopk`**: the noised loss's forward + "
                      f"backward on a CPU, batch {NOISED_HEADLINE['batch']}, L {NOISED_HEADLINE['n_classes']}, "
                      f"K {NOISED_HEADLINE['k']}, B {NOISED_HEADLINE['n_samples']} ({ours:.2f} ms against "
-                     f"{theirs:.2f}; `noised_losses.csv`, {_short_stamp(noised['topk'])})")
-    steps = [r for r in _rows(results / "training_step.csv") if r["device"] == "cuda"
+                     f"{theirs:.2f}; `noised_losses.csv`, {short_stamp_text(noised['topk'])})")
+    steps = [r for r in read_rows(results / "training_step.csv") if r["device"] == "cuda"
              and r["loss"].startswith("noised_balanced") and all(r[k] == v for k, v in STEP_HEADLINE.items())]
     if steps:
         step = steps[0]
         lines.append(f"- **{100 * float(step['overhead_vs_ce']):+.1f}% over cross-entropy**: a {step['mode']} training "
                      f"step of {step['model']} (batch {step['batch_size']}) with the noised loss at K {step['K']}, "
                      f"B {step['B']}: {float(step['ms_per_step']):.2f} ms a step, against cross-entropy's in the same "
-                     f"run (`training_step.csv`, {_short_stamp(step)})")
-    smooth, _, _ = _headline(results / "smooth_hinge.csv", SMOOTH_HEADLINE, ())
+                     f"run (`training_step.csv`, {short_stamp_text(step)})")
+    smooth, _, _ = headline_rows(results / "smooth_hinge.csv", SMOOTH_HEADLINE, ())
     if {"smooth_hinge", "reference"} <= set(smooth):
         ours, theirs = float(smooth["smooth_hinge"]["ms"]), float(smooth["reference"]["ms"])
         error = " / ".join(f"{float(smooth[m]['grad_error_x20']):.1e}" for m in ("smooth_hinge", "reference"))
         lines.append(f"- **x{theirs / ours:.1f} faster than Berrada et al.'s smoothed hinge**: forward + backward on a "
                      f"CPU, batch {SMOOTH_HEADLINE['batch']}, L {SMOOTH_HEADLINE['n_classes']}, "
                      f"K {SMOOTH_HEADLINE['k']} ({ours:.2f} ms against {theirs:.2f}), float32 gradient error on "
-                     f"scores x20, ours / theirs: {error} (`smooth_hinge.csv`, {_short_stamp(smooth['smooth_hinge'])})")
+                     f"scores x20, ours / theirs: {error} (`smooth_hinge.csv`, {short_stamp_text(smooth['smooth_hinge'])})")
     return "\n".join(lines) or "*No benchmark result in `benchmarks/results/`: run `make bench`.*"
 
 
@@ -234,23 +202,9 @@ def _rates(entry: tuned.LearningRates) -> str:
     return " or ".join(f"{lr:g}" for lr in sorted({c.lr for c in entry.choices}))
 
 
-def _headline(path: Path, configuration: dict[str, str], order: tuple[str, ...],
-              device: str = "cpu") -> tuple[dict, list[str], list[str]]:
-    """The rows of ``path`` on ``device`` at ``configuration`` by method, the methods present in ``order``, and the
-    table's first lines (time and memory of each method)."""
-    rows = [r for r in _rows(path) if r["status"] == "ok" and r["device"] == device
-            and all(r[key] == value for key, value in configuration.items())]
-    by_method = {r["method"]: r for r in rows}
-    methods = [m for m in order if m in by_method]
-    lines = ["| | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods),
-             "| forward + backward (ms) | " + " | ".join(f"{float(by_method[m]['ms']):.2f}" for m in methods) + " |",
-             "| peak extra memory (MB) | " + " | ".join(by_method[m]["peak_extra_mb"] for m in methods) + " |"]
-    return by_method, methods, lines
-
-
 def noised_headline(results: Path = BENCHMARK_RESULTS) -> str:
     """Forward + backward of the noised loss, pytopk and cross-entropy at the CPU headline configuration."""
-    by_method, _, lines = _headline(results / "noised_losses.csv", NOISED_HEADLINE, ("topk", "pytopk", "cross_entropy"))
+    by_method, _, lines = headline_rows(results / "noised_losses.csv", NOISED_HEADLINE, ("topk", "pytopk", "cross_entropy"))
     if "topk" not in by_method:
         return "*No CPU headline in `benchmarks/results/noised_losses.csv`: run `make bench`.*"
     text = "\n".join(lines) + "\n\n"
@@ -258,12 +212,12 @@ def noised_headline(results: Path = BENCHMARK_RESULTS) -> str:
         speedup = float(by_method["pytopk"]["ms"]) / float(by_method["topk"]["ms"])
         text += (f"pytopk / topk = x{speedup:.1f} (target x{SPEEDUP_TARGET:g}: "
                  f"{'met' if speedup >= SPEEDUP_TARGET else 'not met'}). ")
-    return text + f"*{_stamp(by_method['topk'])}.*"
+    return text + f"*{stamp_text(by_method['topk'])}.*"
 
 
 def smooth_headline(results: Path = BENCHMARK_RESULTS) -> str:
     """Forward + backward, memory and float32 gradient error of the smoothed hinge against its reference."""
-    by_method, methods, lines = _headline(results / "smooth_hinge.csv", SMOOTH_HEADLINE,
+    by_method, methods, lines = headline_rows(results / "smooth_hinge.csv", SMOOTH_HEADLINE,
                                           ("smooth_hinge", "reference", "noised", "cross_entropy"))
     if "smooth_hinge" not in by_method:
         return "*No CPU headline in `benchmarks/results/smooth_hinge.csv`: run `make bench REFERENCE=path`.*"
@@ -277,7 +231,7 @@ def smooth_headline(results: Path = BENCHMARK_RESULTS) -> str:
     if {"esp_autograd", "esp_saved_weights"} <= set(by_method):
         ratio = float(by_method["esp_autograd"]["ms"]) / float(by_method["esp_saved_weights"]["ms"])
         text += f"Autograd through the recursion / our saved-weights backward = x{ratio:.1f}. "
-    return text + f"*{_stamp(by_method['smooth_hinge'])}.*"
+    return text + f"*{stamp_text(by_method['smooth_hinge'])}.*"
 
 
 def kernel_resources(results: Path = BENCHMARK_RESULTS) -> str:
@@ -291,196 +245,6 @@ def kernel_resources(results: Path = BENCHMARK_RESULTS) -> str:
         lines.append(f"- {header.split(', kernel')[0]}: {min(registers)}-{max(registers)} registers per thread, "
                      f"{'spills ' + ', '.join(spilled) if spilled else 'no spill'} (`{path.name}`)")
     return "\n".join(lines) or "*No kernel resource report in `benchmarks/results/`.*"
-
-
-def _training_steps(results: Path) -> str:
-    tables = []
-    for rows in _measurements([r for r in _rows(results / "training_step.csv") if r["device"] == "cuda"]):
-        lines = ["| step | loss | backend | K | B | ms per step | over CE (same run) |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['mode']} | {r['loss'].split(' ')[0]} | {r['backend'] or '-'} | {r['K'] or '-'} | {r['B'] or '-'} "
-                  f"| {float(r['ms_per_step']):.2f} | {100 * float(r['overhead_vs_ce']):+.1f}% |" for r in rows]
-        tables.append(f"Training step, {rows[0]['model']}, batch {rows[0]['batch_size']} (`training_step.csv`; "
-                      f"{_stamp(rows[0])}):\n\n" + "\n".join(lines))
-    return "\n\n".join(tables)
-
-
-def _smooth_hinge_gpu(results: Path) -> str:
-    by_method, _, _ = _headline(results / "smooth_hinge_cuda.csv", SMOOTH_HEADLINE, (), "cuda")
-    if "cross_entropy" not in by_method:
-        return ""
-    ce = float(by_method["cross_entropy"]["ms"])
-    parts = [f"{name} {float(by_method[name]['ms']):.2f} ms (x{float(by_method[name]['ms']) / ce:.1f})"
-             for name in ("smooth_hinge_triton", "smooth_hinge_triton_compiled", "smooth_hinge") if name in by_method]
-    return (f"Smoothed hinge, batch 128, L 1,000, K 5, forward + backward against cross-entropy's {ce:.2f} ms "
-            f"(target <= x5 on CUDA): {', '.join(parts)} (`smooth_hinge_cuda.csv`; {_stamp(by_method['cross_entropy'])})")
-
-
-def _fused_kernel(results: Path) -> str:
-    parts = []
-    for rows in _measurements([r for r in _rows(results / "fused_kernel.csv") if r["device"] == "cuda"]):
-        if lines := kernel_targets.summary(rows, "cuda"):
-            parts.append(f"Fused kernel, forward + backward of the noised hinge, eager (`fused_kernel.csv`; "
-                         f"{_stamp(rows[0])}):\n\n" + "\n".join(f"- {line}" for line in lines))
-    return "\n\n".join(parts)
-
-
-def _epochs(results: Path) -> str:
-    parts = []
-    for rows in _measurements([r for r in _rows(results / "fig3_epoch_time.csv") if r["device"] == "cuda"]):
-        lines = [f"- whole epoch of {int(r['images']):,} images, the training engine compiled ({r['compile']}), "
-                 f"{_loss_label(r)}: {float(r['epoch_seconds']):.2f} s" for r in rows]
-        parts.append(f"Fig. 3's epochs (`fig3_epoch_time.csv`; {_stamp(rows[0])}):\n\n"
-                     + _stale_engine_warning(rows[0], "python -m benchmarks.bench_epoch_time")
-                     + "\n".join(lines))
-    return "\n\n".join(parts)
-
-
-def _stale_engine_warning(row: dict, command: str) -> str:
-    """A warning for an engine timing made with other code than today's (:data:`timings.ENGINE_EPOCH_CODE`), or
-    nothing."""
-    made_with = row.get("engine_code")
-    if made_with == timings.engine_code():
-        return ""
-    why = ("it was made before the rows named the engine's code" if not made_with else
-           "the engine's epoch changed since")
-    files = ", ".join(f"`{name}`" for name in timings.ENGINE_EPOCH_CODE)
-    return f"**Stale:** {why} ({files}); rerun `{command}` on a GPU.\n\n"
-
-
-def _loss_label(row: dict) -> str:
-    """A Fig. 3 row's loss with its K and backend where it has them."""
-    details = [f"K = {row['K']}"] * bool(row["K"]) + [f"{row['backend']} backend"] * bool(row["backend"])
-    return f"{row['loss']} ({', '.join(details)})" if details else row["loss"]
-
-
-def gpu_results(results: Path = BENCHMARK_RESULTS) -> str:
-    """What the committed GPU measurements say, or that there are none."""
-    parts = [part for part in (_training_steps(results), _smooth_hinge_gpu(results), _fused_kernel(results),
-                               _epochs(results)) if part]
-    if not parts:
-        return ("*No GPU measurement is committed yet: " + ", ".join(f"`benchmarks/results/{name}`" for name in GPU_CSVS)
-                + " hold no CUDA row.*")
-    return "\n\n".join(parts)
-
-
-def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
-    """Each committed estimate of a profile's time (``python -m benchmarks.bench_profile_time``): hours of the training
-    notebooks, of the learning-rate choice's runs beyond theirs (where the profile chooses) and of one calibration
-    point, on the machine that measured it."""
-    from experiments.analysis.workload import CALIBRATION_POINT, CHOICE
-
-    lines = []
-    for path in sorted(results.glob("profile_time_*.csv")):
-        rows = _rows(path)
-        if not rows:
-            continue
-        hours = {part: sum(float(r["hours"]) for r in rows if r["notebook"] == part)
-                 for part in (CHOICE, CALIBRATION_POINT)}
-        notebooks = sum(float(r["hours"]) for r in rows) - sum(hours.values())
-        choice = (f", the learning-rate choice's other runs {hours[CHOICE]:.2f} h (trained only when the choice is made "
-                  f"again)" if any(r["notebook"] == CHOICE for r in rows) else "")
-        lines.append(f"- `{rows[0]['profile']}` profile: training notebooks {notebooks:.2f} h{choice}, one calibration "
-                     f"point {hours[CALIBRATION_POINT]:.2f} h ({_stamp(rows[0])}; `{path.name}`)")
-    if not any(results.glob("profile_time_gpu_*.csv")) and (bound := gpu_cifar_lower_bound(results)):
-        lines.append(bound)
-    return "\n".join(lines) or "*No profile time estimate in `benchmarks/results/`: run `make profile-time`.*"
-
-
-def _gpu_cifar_notebook_images() -> int:
-    from experiments.analysis.workload import notebook_train_images
-    from experiments.spec.profiles import GPU
-
-    return notebook_train_images(GPU, ("cifar",))
-
-
-def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
-    """Trainings side by side on one GPU (:mod:`benchmarks.bench_concurrency`), one line per invocation: one run's
-    images/s, each concurrency's aggregate against it, and the ``gpu`` profile's CIFAR-100 notebooks' training hours
-    at the best aggregate rate, on one such GPU and on eight (evaluation left out)."""
-    invocations = _groups(_rows(path), "date")
-    if not invocations:
-        return (f"*No `{path.name}` in `benchmarks/results/`: run `bash benchmarks/gpu_session.sh concurrency` on a "
-                f"GPU.*")
-    images, lines = _gpu_cifar_notebook_images(), []
-    for rows in invocations:
-        one, best = rows[0], max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
-        stale = _stale_engine_warning(one, "bash benchmarks/gpu_session.sh concurrency").rstrip()
-        rate = float(best["aggregate_images_per_s"])
-        ratios = ", ".join(f"{row['concurrency']} x{float(row['ratio_to_one_run']):.2f}" for row in rows[1:])
-        side_by_side = (f"; side by side {ratios} (target >= x{timings.RATIO_TARGET:g} on an H100); at the best rate, "
-                        f"{_runs(best)} and" if ratios else "; at")
-        lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
-                     f"the engine's step ({_setting(one)}): one run {float(one['aggregate_images_per_s']):,.0f} "
-                     f"images/s{side_by_side} {rate:,.0f} images/s, the `gpu` profile's CIFAR-100 notebooks "
-                     f"({images:,} training images) train in {images / rate / 3600:.1f} h on one such GPU and "
-                     f"{images / rate / 3600 / timings.GPUS:.1f} h on {timings.GPUS} (targets "
-                     f"{timings.ONE_GPU_HOURS_TARGET:g} h and {timings.EIGHT_GPUS_HOURS_TARGET:g} h; `concurrency.csv`: "
-                     f"{_stamp(one)})")
-    for best, rate, one_gpu in _fastest_current(path):
-        lines.append(f"- **Fastest with today's engine on the {best['device_name']}:** {_setting(best)}, "
-                     f"{_runs(best)} on the GPU, {rate:,.0f} images/s: {one_gpu:.1f} h on one such GPU, "
-                     f"{one_gpu / timings.GPUS:.1f} h on {timings.GPUS}")
-    return "\n".join(lines)
-
-
-def _runs(row: dict) -> str:
-    return f"{row['concurrency']} run{'s' * (row['concurrency'] != '1')}"
-
-
-def _setting(row: dict) -> str:
-    """The compile mode, and MPS where an MPS daemon shared the GPU (``bench_concurrency.gpu_sharing``)."""
-    return f"`{row['compile']}`" + " under MPS" * (row.get("gpu_sharing") == "mps")
-
-
-def _fastest_current(path: Path) -> list[tuple[dict, float, float]]:
-    """Per GPU model, the fastest setting (compile mode, runs side by side, MPS) measured with today's engine on the
-    ``gpu`` profile's CIFAR-100 model and batch: its row, its images/s and that part's training hours on one such GPU
-    at that rate."""
-    from experiments.spec.profiles import GPU
-
-    current = [row for row in _rows(path) if row.get("engine_code") == timings.engine_code()
-               and row["device"] == "cuda" and row["model"] == GPU.cifar.model
-               and row["batch_size"] == str(GPU.cifar.batch_size)]
-    fastest = []
-    for rows in _groups(current, "device_name"):
-        best = max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
-        rate = float(best["aggregate_images_per_s"])
-        fastest.append((best, rate, _gpu_cifar_notebook_images() / rate / 3600))
-    return fastest
-
-
-def gpu_hours(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
-    """The README's line (one, whatever the GPU models measured): how long the ``gpu`` profile's CIFAR-100 notebooks
-    train at the fastest setting measured with today's engine on each GPU model (:func:`concurrency` has every
-    measurement)."""
-    parts = [f"{one_gpu:.1f} h on one {best['device_name']} and {one_gpu / timings.GPUS:.1f} h on {timings.GPUS} "
-             f"({_setting(best)}, {_runs(best)} a GPU, {rate:,.0f} images/s; {_stamp(best)})"
-             for best, rate, one_gpu in _fastest_current(path)]
-    if not parts:
-        return ("*The `gpu` profile's training time is not measured with today's engine: run `bash "
-                "benchmarks/gpu_session.sh concurrency reduce-overhead` on a GPU.*")
-    return (f"*The `gpu` profile's CIFAR-100 notebooks train in {'; in '.join(parts)}: training only, `{path.name}`, "
-            f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu).*")
-
-
-def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
-    """Until the ``gpu`` profile's time is measured: its CIFAR-100 notebooks' training steps at the compiled
-    DenseNet-40-40 cross-entropy step of ``training_step.csv`` (the paper's batch of 64), a lower bound."""
-    from experiments.spec.profiles import GPU
-
-    steps = [row for row in _rows(results / "training_step.csv") if row["device"] == "cuda"
-             and row["model"] == "densenet40_40" and row["mode"] == "compiled" and row["loss"] == "cross_entropy"
-             and int(row["batch_size"]) == GPU.cifar.batch_size]
-    images, lines = _gpu_cifar_notebook_images(), []
-    for measured in _measurements(steps):
-        ms = sum(float(row["ms_per_step"]) for row in measured) / len(measured)
-        hours = images / GPU.cifar.batch_size * ms / 3.6e6
-        lines.append(f"- `gpu` profile, CIFAR-100's training notebooks alone: at least {hours:.0f} h on "
-                     f"{measured[0]['device_name']} ({images:,} training images at {ms:.2f} ms per batch of "
-                     f"{GPU.cifar.batch_size}, the compiled cross-entropy step of DenseNet-40-40, mean of {len(measured)} "
-                     f"in `training_step.csv`: {_stamp(measured[0])}); evaluation, the other setups and the losses' own "
-                     f"cost come on top")
-    return "\n".join(lines)
 
 
 def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE,
@@ -593,7 +357,7 @@ def _probe(module_name: str, runs: Callable[[list[dict]], str], results: Path) -
     runs (``runs(rows)``) on which devices, commits and torch versions."""
     module = importlib.import_module(f"experiments.probes.{module_name}")
     path = module.path_for(DEFAULT_PROFILE, results)
-    rows = _rows(path)
+    rows = read_rows(path)
     if not rows:
         return f"*No `{path.name}` in `benchmarks/results/`: run `python -m experiments.probes.{module_name} {DEFAULT_PROFILE}`.*"
     made = "; ".join(sorted({f"{r['device']}, torch {r['torch']}, commit {short_commit(r['commit'])}" for r in rows}))
@@ -633,7 +397,7 @@ def crowding(results: Path = BENCHMARK_RESULTS) -> str:
 def executors_time(path: Path = BENCHMARK_RESULTS / f"executors_{DEFAULT_PROFILE}.csv") -> str:
     """The default profile trained from an empty store by the inline and the local executor in one script run
     (:mod:`benchmarks.bench_executors`): their times, and how many records they computed alike."""
-    rows = {row["executor"]: row for row in _rows(path)}
+    rows = {row["executor"]: row for row in read_rows(path)}
     if not {"inline", "local"} <= set(rows):
         return (f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_executors "
                 f"{DEFAULT_PROFILE} --jobs 2`.*")
@@ -649,7 +413,7 @@ def executors_time(path: Path = BENCHMARK_RESULTS / f"executors_{DEFAULT_PROFILE
 def compile_time(path: Path = BENCHMARK_RESULTS / "compile_time_cpu.csv") -> str:
     """Seconds of each loss's first compiled training step (a compilation), its second, and one at a batch one
     smaller (a recompilation), on a CPU (:mod:`benchmarks.bench_compile_time`)."""
-    rows = _rows(path)
+    rows = read_rows(path)
     if not rows:
         return f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_compile_time`.*"
     lines = ["| loss | first step (compiles) | second step | a batch one smaller (compiles again) |", "|---|---|---|---|"]
@@ -665,7 +429,7 @@ def compile_time(path: Path = BENCHMARK_RESULTS / "compile_time_cpu.csv") -> str
 def cpu_step(path: Path = BENCHMARK_RESULTS / "cpu_step.csv") -> str:
     """The default profile's training step on a CPU as the engine runs it, against the variants that change how it
     runs, not what it trains (:mod:`benchmarks.bench_cpu_step`), and the bound of their gains multiplied."""
-    rows = _rows(path)
+    rows = read_rows(path)
     if not rows:
         return f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_cpu_step`.*"
     lines = ["| variant | threads | ms per step | speed against the engine's step | first loss differs by |",
@@ -674,7 +438,7 @@ def cpu_step(path: Path = BENCHMARK_RESULTS / "cpu_step.csv") -> str:
               f"x{float(row['ratio_to_engine']):.2f} | {float(row['first_loss_difference']):.1e} |" for row in rows]
     engine = rows[0]
     lines += ["", f"*{engine['profile']} profile's CIFAR-100 step: {engine['model']}, {engine['image_size']} px, batch "
-                  f"{engine['batch']}; {_short_stamp(engine)} (`{path.name}`).*"]
+                  f"{engine['batch']}; {short_stamp_text(engine)} (`{path.name}`).*"]
     ratios = {row["variant"]: float(row["ratio_to_engine"]) for row in rows}
     if {"channels_last", "1 thread"} <= set(ratios):
         runs = int(engine["threads"])  # one one-thread run per thread the engine's step had

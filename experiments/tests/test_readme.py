@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from experiments.probes import crowding, label_noise_capacity
-from experiments.publishing import readme
+from experiments.publishing import gpu_blocks, readme, result_rows
 from experiments.spec import grids
 from experiments.spec.profiles import get_profile
 from experiments.paths import FIGURES, PROJECT_ROOT
@@ -198,14 +198,14 @@ def test_profile_time_block_sums_the_notebooks_apart_from_the_choice_and_the_cal
             for name, hours in (("table3_samples", "2.5"), ("table9_imagenet", "1.25"), ("calibration point", "4.0"))]
     with (tmp_path / "profile_time_gpu_cuda.csv").open("w") as handle:
         handle.write(",".join(rows[0]) + "\n" + "\n".join(",".join(r.values()) for r in rows) + "\n")
-    text = readme.profile_time(tmp_path)
+    text = gpu_blocks.profile_time(tmp_path)
     assert "`gpu` profile: training notebooks 3.75 h, one calibration point 4.00 h (test-gpu (cuda)" in text
     rows = [{**row, "profile": "quick"} for row in rows] + [
         {**fields, "profile": "quick", "notebook": "learning-rate choice", "hours": "0.5"}]
     with (tmp_path / "profile_time_quick_cpu.csv").open("w") as handle:
         handle.write(",".join(rows[0]) + "\n" + "\n".join(",".join(r.values()) for r in rows) + "\n")
     assert "`quick` profile: training notebooks 3.75 h, the learning-rate choice's other runs 0.50 h (trained only " \
-           "when the choice is made again), one calibration point 4.00 h" in readme.profile_time(tmp_path)
+           "when the choice is made again), one calibration point 4.00 h" in gpu_blocks.profile_time(tmp_path)
 
 
 def test_until_the_gpu_profile_is_timed_its_cifar_steps_give_a_lower_bound(tmp_path):
@@ -218,16 +218,16 @@ def test_until_the_gpu_profile_is_timed_its_cifar_steps_give_a_lower_bound(tmp_p
             f"{stamp},eager,cross_entropy,64,20.0", f"{stamp},compiled,smooth_hinge,64,9.0"]
     (tmp_path / "training_step.csv").write_text(header + "\n".join(rows) + "\n")
     images = sum(w.train_images for w in profile_work(GPU, ("cifar",)) if w.notebook in grids.NOTEBOOK_GRIDS)
-    text = readme.profile_time(tmp_path)
+    text = gpu_blocks.profile_time(tmp_path)
     assert f"at least {images / 64 * 7.0 / 3.6e6:.0f} h on test-gpu ({images:,} training images at 7.00 ms per batch " \
            "of 64" in text and "mean of 2" in text
     other = f"cuda,other-gpu,{'f' * 40},3,9.9,3,0,densenet40_40,compiled,cross_entropy,64,5.0"
     (tmp_path / "training_step.csv").write_text(header + "\n".join(rows + [other]) + "\n")
-    lines = readme.profile_time(tmp_path).splitlines()  # one bound per GPU and commit, each with its own stamp
+    lines = gpu_blocks.profile_time(tmp_path).splitlines()  # one bound per GPU and commit, each with its own stamp
     assert len(lines) == 2 and "on test-gpu" in lines[0] and "on other-gpu" in lines[1] and "mean of 1" in lines[1]
     assert "commit ffffffffff" in lines[1] and "commit ffffffffff" not in lines[0]
     (tmp_path / "profile_time_gpu_cuda.csv").write_text("profile,notebook,hours\n")  # measured: no bound any more
-    assert "at least" not in readme.profile_time(tmp_path)
+    assert "at least" not in gpu_blocks.profile_time(tmp_path)
 
 
 def test_the_executors_time_comes_first_and_counts_in_the_main_jobs(tmp_path):
@@ -351,7 +351,7 @@ def test_calibration_block_gives_ce_s_gap_at_the_calibration_s_rate_and_at_the_o
 def test_a_probe_made_of_other_runs_than_the_current_setups_says_so_where_it_is_shown(module, block):
     """The committed docs show a probe's table as stale, with why, exactly when its rows are not the runs the
     current stand-ins, calibration, learning rates and grids give: never a stale number passed off as current."""
-    stale = readme.probe_staleness(module, readme._rows(module.path_for(readme.DEFAULT_PROFILE)))
+    stale = readme.probe_staleness(module, result_rows.read_rows(module.path_for(readme.DEFAULT_PROFILE)))
     shown = readme._pattern(block).search(readme.placement()[block].read_text()).group(2)
     assert ("**Stale:**" in shown) == (stale is not None), stale
     if stale:
@@ -380,16 +380,16 @@ def _concurrency_rows(commit: str, engine_code: str) -> list[dict]:
 def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_best_rate(tmp_path):
     from experiments.analysis import timings
 
-    assert "gpu_session.sh concurrency" in readme.concurrency(tmp_path / "concurrency.csv")
+    assert "gpu_session.sh concurrency" in gpu_blocks.concurrency(tmp_path / "concurrency.csv")
     _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40, timings.engine_code()))
-    images = readme._gpu_cifar_notebook_images()
-    text = readme.concurrency(tmp_path / "concurrency.csv")
+    images = gpu_blocks._gpu_cifar_notebook_images()
+    text = gpu_blocks.concurrency(tmp_path / "concurrency.csv")
     assert text.startswith("- test-gpu, densenet40_40, batch 64, the engine's step (`default`): one run 1,000 "
                            "images/s; side by side 2 x1.80, 4 x3.60, 8 x3.00")
     assert "at the best rate, 4 runs and 3,600 images/s" in text and f"{images / 3600 / 3600:.1f} h on one" in text
     assert "Stale" not in text and "commit aaaaaaaaaa" in text
     _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40, timings.engine_code())[:1])  # one run alone
-    assert readme.concurrency(tmp_path / "concurrency.csv").startswith(
+    assert gpu_blocks.concurrency(tmp_path / "concurrency.csv").startswith(
         "- test-gpu, densenet40_40, batch 64, the engine's step (`default`): one run 1,000 images/s; at 1,000 "
         "images/s, the `gpu` profile's")
 
@@ -410,23 +410,23 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
                         for row in _concurrency_rows("a" * 40, timings.engine_code())[:1]]
     _csv(tmp_path / "concurrency.csv", [*_concurrency_rows("a" * 40, timings.engine_code()), *graphs, *stale,
                                         *not_the_profiles])
-    images = readme._gpu_cifar_notebook_images()
-    last = readme.concurrency(tmp_path / "concurrency.csv").splitlines()[-1]
+    images = gpu_blocks._gpu_cifar_notebook_images()
+    last = gpu_blocks.concurrency(tmp_path / "concurrency.csv").splitlines()[-1]
     assert last == (f"- **Fastest with today's engine on the test-gpu:** `reduce-overhead` under MPS, 2 runs on the "
                     f"GPU, 7,200 images/s: {images / 7200 / 3600:.1f} h on one such GPU, {images / 7200 / 3600 / 8:.1f} h on 8")
-    assert readme.gpu_hours(tmp_path / "concurrency.csv").startswith(  # the README's line, from the same rows
+    assert gpu_blocks.gpu_hours(tmp_path / "concurrency.csv").startswith(  # the README's line, from the same rows
         f"*The `gpu` profile's CIFAR-100 notebooks train in {images / 7200 / 3600:.1f} h on one test-gpu and "
         f"{images / 7200 / 3600 / 8:.1f} h on 8 (`reduce-overhead` under MPS, 2 runs a GPU, 7,200 images/s;")
     other_gpu = [{**row, "device_name": "other-gpu"} for row in _concurrency_rows("a" * 40, timings.engine_code())]
     _csv(tmp_path / "concurrency.csv", [*graphs, *other_gpu])
-    line = readme.gpu_hours(tmp_path / "concurrency.csv")  # one line in the README whatever the GPU models
+    line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # one line in the README whatever the GPU models
     assert "\n" not in line and "on one test-gpu" in line and "; in " in line and "on one other-gpu" in line
     _csv(tmp_path / "concurrency.csv", stale)
-    assert "not measured with today's engine" in readme.gpu_hours(tmp_path / "concurrency.csv")
+    assert "not measured with today's engine" in gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")
 
 
 @pytest.mark.parametrize("engine_code, why", [("0" * 12, "the engine's epoch changed since"),
                                               ("", "it was made before the rows named the engine's code")])
 def test_an_engine_timing_made_with_other_engine_code_is_shown_stale(tmp_path, engine_code, why):
     _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40, engine_code))
-    assert readme.concurrency(tmp_path / "concurrency.csv").startswith(f"- **Stale:** {why} (`experiments/engine/")
+    assert gpu_blocks.concurrency(tmp_path / "concurrency.csv").startswith(f"- **Stale:** {why} (`experiments/engine/")

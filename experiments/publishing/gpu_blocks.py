@@ -1,0 +1,205 @@
+"""The generated blocks of what GPUs measured (the training step, the kernels, Fig. 3's epochs, runs side by side and
+the ``gpu`` profile's hours they give) and of the profiles' time estimates, from ``benchmarks/results/``; registered
+in :data:`experiments.publishing.readme.BLOCKS`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.analysis import kernel_targets, timings
+from experiments.paths import BENCHMARK_RESULTS
+from experiments.publishing.result_rows import (SMOOTH_HEADLINE, by_measurement, headline_rows, read_rows, split_by,
+                                                stamp_text)
+
+#: The CSVs of GPU measurements the ``gpu-results`` block reads.
+GPU_CSVS = ("training_step.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
+
+
+def _training_steps(results: Path) -> str:
+    tables = []
+    for rows in by_measurement([r for r in read_rows(results / "training_step.csv") if r["device"] == "cuda"]):
+        lines = ["| step | loss | backend | K | B | ms per step | over CE (same run) |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['mode']} | {r['loss'].split(' ')[0]} | {r['backend'] or '-'} | {r['K'] or '-'} | {r['B'] or '-'} "
+                  f"| {float(r['ms_per_step']):.2f} | {100 * float(r['overhead_vs_ce']):+.1f}% |" for r in rows]
+        tables.append(f"Training step, {rows[0]['model']}, batch {rows[0]['batch_size']} (`training_step.csv`; "
+                      f"{stamp_text(rows[0])}):\n\n" + "\n".join(lines))
+    return "\n\n".join(tables)
+
+
+def _smooth_hinge_gpu(results: Path) -> str:
+    by_method, _, _ = headline_rows(results / "smooth_hinge_cuda.csv", SMOOTH_HEADLINE, (), "cuda")
+    if "cross_entropy" not in by_method:
+        return ""
+    ce = float(by_method["cross_entropy"]["ms"])
+    parts = [f"{name} {float(by_method[name]['ms']):.2f} ms (x{float(by_method[name]['ms']) / ce:.1f})"
+             for name in ("smooth_hinge_triton", "smooth_hinge_triton_compiled", "smooth_hinge") if name in by_method]
+    return (f"Smoothed hinge, batch 128, L 1,000, K 5, forward + backward against cross-entropy's {ce:.2f} ms "
+            f"(target <= x5 on CUDA): {', '.join(parts)} (`smooth_hinge_cuda.csv`; {stamp_text(by_method['cross_entropy'])})")
+
+
+def _fused_kernel(results: Path) -> str:
+    parts = []
+    for rows in by_measurement([r for r in read_rows(results / "fused_kernel.csv") if r["device"] == "cuda"]):
+        if lines := kernel_targets.summary(rows, "cuda"):
+            parts.append(f"Fused kernel, forward + backward of the noised hinge, eager (`fused_kernel.csv`; "
+                         f"{stamp_text(rows[0])}):\n\n" + "\n".join(f"- {line}" for line in lines))
+    return "\n\n".join(parts)
+
+
+def _epochs(results: Path) -> str:
+    parts = []
+    for rows in by_measurement([r for r in read_rows(results / "fig3_epoch_time.csv") if r["device"] == "cuda"]):
+        lines = [f"- whole epoch of {int(r['images']):,} images, the training engine compiled ({r['compile']}), "
+                 f"{_loss_label(r)}: {float(r['epoch_seconds']):.2f} s" for r in rows]
+        parts.append(f"Fig. 3's epochs (`fig3_epoch_time.csv`; {stamp_text(rows[0])}):\n\n"
+                     + _stale_engine_warning(rows[0], "python -m benchmarks.bench_epoch_time")
+                     + "\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def _stale_engine_warning(row: dict, command: str) -> str:
+    """A warning for an engine timing made with other code than today's (:data:`timings.ENGINE_EPOCH_CODE`), or
+    nothing."""
+    made_with = row.get("engine_code")
+    if made_with == timings.engine_code():
+        return ""
+    why = ("it was made before the rows named the engine's code" if not made_with else
+           "the engine's epoch changed since")
+    files = ", ".join(f"`{name}`" for name in timings.ENGINE_EPOCH_CODE)
+    return f"**Stale:** {why} ({files}); rerun `{command}` on a GPU.\n\n"
+
+
+def _loss_label(row: dict) -> str:
+    """A Fig. 3 row's loss with its K and backend where it has them."""
+    details = [f"K = {row['K']}"] * bool(row["K"]) + [f"{row['backend']} backend"] * bool(row["backend"])
+    return f"{row['loss']} ({', '.join(details)})" if details else row["loss"]
+
+
+def gpu_results(results: Path = BENCHMARK_RESULTS) -> str:
+    """What the committed GPU measurements say, or that there are none."""
+    parts = [part for part in (_training_steps(results), _smooth_hinge_gpu(results), _fused_kernel(results),
+                               _epochs(results)) if part]
+    if not parts:
+        return ("*No GPU measurement is committed yet: " + ", ".join(f"`benchmarks/results/{name}`" for name in GPU_CSVS)
+                + " hold no CUDA row.*")
+    return "\n\n".join(parts)
+
+
+def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
+    """Each committed estimate of a profile's time (``python -m benchmarks.bench_profile_time``): hours of the training
+    notebooks, of the learning-rate choice's runs beyond theirs (where the profile chooses) and of one calibration
+    point, on the machine that measured it."""
+    from experiments.analysis.workload import CALIBRATION_POINT, CHOICE
+
+    lines = []
+    for path in sorted(results.glob("profile_time_*.csv")):
+        rows = read_rows(path)
+        if not rows:
+            continue
+        hours = {part: sum(float(r["hours"]) for r in rows if r["notebook"] == part)
+                 for part in (CHOICE, CALIBRATION_POINT)}
+        notebooks = sum(float(r["hours"]) for r in rows) - sum(hours.values())
+        choice = (f", the learning-rate choice's other runs {hours[CHOICE]:.2f} h (trained only when the choice is made "
+                  f"again)" if any(r["notebook"] == CHOICE for r in rows) else "")
+        lines.append(f"- `{rows[0]['profile']}` profile: training notebooks {notebooks:.2f} h{choice}, one calibration "
+                     f"point {hours[CALIBRATION_POINT]:.2f} h ({stamp_text(rows[0])}; `{path.name}`)")
+    if not any(results.glob("profile_time_gpu_*.csv")) and (bound := gpu_cifar_lower_bound(results)):
+        lines.append(bound)
+    return "\n".join(lines) or "*No profile time estimate in `benchmarks/results/`: run `make profile-time`.*"
+
+
+def _gpu_cifar_notebook_images() -> int:
+    from experiments.analysis.workload import notebook_train_images
+    from experiments.spec.profiles import GPU
+
+    return notebook_train_images(GPU, ("cifar",))
+
+
+def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
+    """Trainings side by side on one GPU (:mod:`benchmarks.bench_concurrency`), one line per invocation: one run's
+    images/s, each concurrency's aggregate against it, and the ``gpu`` profile's CIFAR-100 notebooks' training hours
+    at the best aggregate rate, on one such GPU and on eight (evaluation left out)."""
+    invocations = split_by(read_rows(path), "date")
+    if not invocations:
+        return (f"*No `{path.name}` in `benchmarks/results/`: run `bash benchmarks/gpu_session.sh concurrency` on a "
+                f"GPU.*")
+    images, lines = _gpu_cifar_notebook_images(), []
+    for rows in invocations:
+        one, best = rows[0], max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
+        stale = _stale_engine_warning(one, "bash benchmarks/gpu_session.sh concurrency").rstrip()
+        rate = float(best["aggregate_images_per_s"])
+        ratios = ", ".join(f"{row['concurrency']} x{float(row['ratio_to_one_run']):.2f}" for row in rows[1:])
+        side_by_side = (f"; side by side {ratios} (target >= x{timings.RATIO_TARGET:g} on an H100); at the best rate, "
+                        f"{_runs(best)} and" if ratios else "; at")
+        lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
+                     f"the engine's step ({_setting(one)}): one run {float(one['aggregate_images_per_s']):,.0f} "
+                     f"images/s{side_by_side} {rate:,.0f} images/s, the `gpu` profile's CIFAR-100 notebooks "
+                     f"({images:,} training images) train in {images / rate / 3600:.1f} h on one such GPU and "
+                     f"{images / rate / 3600 / timings.GPUS:.1f} h on {timings.GPUS} (targets "
+                     f"{timings.ONE_GPU_HOURS_TARGET:g} h and {timings.EIGHT_GPUS_HOURS_TARGET:g} h; `concurrency.csv`: "
+                     f"{stamp_text(one)})")
+    for best, rate, one_gpu in _fastest_current(path):
+        lines.append(f"- **Fastest with today's engine on the {best['device_name']}:** {_setting(best)}, "
+                     f"{_runs(best)} on the GPU, {rate:,.0f} images/s: {one_gpu:.1f} h on one such GPU, "
+                     f"{one_gpu / timings.GPUS:.1f} h on {timings.GPUS}")
+    return "\n".join(lines)
+
+
+def _runs(row: dict) -> str:
+    return f"{row['concurrency']} run{'s' * (row['concurrency'] != '1')}"
+
+
+def _setting(row: dict) -> str:
+    """The compile mode, and MPS where an MPS daemon shared the GPU (``bench_concurrency.gpu_sharing``)."""
+    return f"`{row['compile']}`" + " under MPS" * (row.get("gpu_sharing") == "mps")
+
+
+def _fastest_current(path: Path) -> list[tuple[dict, float, float]]:
+    """Per GPU model, the fastest setting (compile mode, runs side by side, MPS) measured with today's engine on the
+    ``gpu`` profile's CIFAR-100 model and batch: its row, its images/s and that part's training hours on one such GPU
+    at that rate."""
+    from experiments.spec.profiles import GPU
+
+    current = [row for row in read_rows(path) if row.get("engine_code") == timings.engine_code()
+               and row["device"] == "cuda" and row["model"] == GPU.cifar.model
+               and row["batch_size"] == str(GPU.cifar.batch_size)]
+    fastest = []
+    for rows in split_by(current, "device_name"):
+        best = max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
+        rate = float(best["aggregate_images_per_s"])
+        fastest.append((best, rate, _gpu_cifar_notebook_images() / rate / 3600))
+    return fastest
+
+
+def gpu_hours(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
+    """The README's line (one, whatever the GPU models measured): how long the ``gpu`` profile's CIFAR-100 notebooks
+    train at the fastest setting measured with today's engine on each GPU model (:func:`concurrency` has every
+    measurement)."""
+    parts = [f"{one_gpu:.1f} h on one {best['device_name']} and {one_gpu / timings.GPUS:.1f} h on {timings.GPUS} "
+             f"({_setting(best)}, {_runs(best)} a GPU, {rate:,.0f} images/s; {stamp_text(best)})"
+             for best, rate, one_gpu in _fastest_current(path)]
+    if not parts:
+        return ("*The `gpu` profile's training time is not measured with today's engine: run `bash "
+                "benchmarks/gpu_session.sh concurrency reduce-overhead` on a GPU.*")
+    return (f"*The `gpu` profile's CIFAR-100 notebooks train in {'; in '.join(parts)}: training only, `{path.name}`, "
+            f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu).*")
+
+
+def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
+    """Until the ``gpu`` profile's time is measured: its CIFAR-100 notebooks' training steps at the compiled
+    DenseNet-40-40 cross-entropy step of ``training_step.csv`` (the paper's batch of 64), a lower bound."""
+    from experiments.spec.profiles import GPU
+
+    steps = [row for row in read_rows(results / "training_step.csv") if row["device"] == "cuda"
+             and row["model"] == "densenet40_40" and row["mode"] == "compiled" and row["loss"] == "cross_entropy"
+             and int(row["batch_size"]) == GPU.cifar.batch_size]
+    images, lines = _gpu_cifar_notebook_images(), []
+    for measured in by_measurement(steps):
+        ms = sum(float(row["ms_per_step"]) for row in measured) / len(measured)
+        hours = images / GPU.cifar.batch_size * ms / 3.6e6
+        lines.append(f"- `gpu` profile, CIFAR-100's training notebooks alone: at least {hours:.0f} h on "
+                     f"{measured[0]['device_name']} ({images:,} training images at {ms:.2f} ms per batch of "
+                     f"{GPU.cifar.batch_size}, the compiled cross-entropy step of DenseNet-40-40, mean of {len(measured)} "
+                     f"in `training_step.csv`: {stamp_text(measured[0])}); evaluation, the other setups and the losses' own "
+                     f"cost come on top")
+    return "\n".join(lines)
