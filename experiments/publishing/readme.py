@@ -21,7 +21,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments.analysis import compare
 from experiments.tuning.calibration import TOLERANCE, rate_text, unmatched
 from experiments.tuning.learning_rates import fitted_gap_at_chosen_rate
 from experiments.spec import tuned
@@ -31,14 +30,13 @@ from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, CALIBRATION_SEEDS,
                                LABEL_NOISE_FIT, PROJECT_ROOT)
 from experiments.provenance import short_commit
 from experiments.publishing.gpu_blocks import concurrency, gpu_hours, gpu_results, profile_time
-from experiments.publishing.result_rows import (NOISED_HEADLINE, SMOOTH_HEADLINE, headline_rows, read_rows,
-                                                short_stamp_text, stamp_text)
+from experiments.publishing.result_rows import (DEFAULT_PROFILE, NOISED_HEADLINE, SMOOTH_HEADLINE, headline_rows,
+                                                read_rows, short_stamp_text, stamp_text)
+from experiments.publishing.time_blocks import compile_time, cpu_step, executors_time, figures_time, setup_time
 
 README = PROJECT_ROOT / "README.md"
 #: The documentation's pages (``docs/*.md``), whose blocks are generated and checked as the README's.
 DOCS = PROJECT_ROOT / "docs"
-#: The profile whose outputs are committed and summarised.
-DEFAULT_PROFILE = "quick"
 #: The target of the CPU headline (:data:`~experiments.publishing.result_rows.NOISED_HEADLINE`), pytopk / topk.
 SPEEDUP_TARGET = 10.0
 #: The README's training-step headline (``training_step.csv``): the compiled step with the noised loss on the kernel.
@@ -100,24 +98,6 @@ def verdict_summary(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
                      f"{_cell(one_line(verdict))} |")
     made = f"commit {', '.join(sorted(stamps))}" if stamps else "nothing run yet"
     return "\n".join(lines) + f"\n\n*From `figures/{DEFAULT_PROFILE}/claims/` ({DEFAULT_PROFILE} profile, {made}).*"
-
-
-def setup_time(path: Path = BENCHMARK_RESULTS / "setup_time.csv") -> str:
-    """The two set-up commands' times on a fresh clone, with the processor they were measured on: the install, and
-    the range of ``make test``'s runs after it (``python -m benchmarks.bench_setup_time``)."""
-    rows = read_rows(path)
-    installs, tests = [r for r in rows if r["step"] == "install"], [r for r in rows if r["step"] == "test"]
-    if not installs or not tests:
-        return f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_setup_time`.*"
-    install = installs[-1]
-    minutes = sorted(float(row["seconds"]) / 60 for row in tests)
-    spread = f"{minutes[0]:.1f} min" if len(minutes) == 1 else f"{minutes[0]:.1f} to {minutes[-1]:.1f} min"
-    failed = sum(row["passed"] != "True" for row in tests)
-    outcome = f", and {failed} of its runs FAILED" if failed else ""
-    runs = "one run" if len(minutes) == 1 else f"{len(minutes)} runs"
-    return (f"On a fresh clone, {install['device_name']} with {install['cores']} cores: the install (`make venv`) took "
-            f"{float(install['seconds']) / 60:.1f} min and `make test` {spread}{outcome} ({runs}; `{path.name}`, "
-            f"commit {short_commit(tests[-1]['commit'])}).")
 
 
 def performance_headline(results: Path = BENCHMARK_RESULTS) -> str:
@@ -247,103 +227,6 @@ def kernel_resources(results: Path = BENCHMARK_RESULTS) -> str:
     return "\n".join(lines) or "*No kernel resource report in `benchmarks/results/`.*"
 
 
-def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE,
-                 empty_store: Path = BENCHMARK_RESULTS / f"empty_store_{DEFAULT_PROFILE}",
-                 executor: Path = BENCHMARK_RESULTS / f"executors_{DEFAULT_PROFILE}") -> str:
-    """How long the main job ran, from its manifests: the run behind the committed figures, a ``make paper-figures``
-    from an empty results store on a fresh clone (its manifests, table CSVs and verdicts copied to ``empty_store``),
-    and the same on other machines (copied beside it, to ``machine_NAME_PROFILE/``); how each one's
-    tables and verdicts, and those of the notebooks run on the ``local`` executor's store (``executor``,
-    :mod:`benchmarks.bench_executors`), compare with the committed ones; and the range of the runs from an empty
-    store, with their processors."""
-    machines = sorted(empty_store.parent.glob(f"machine_*_{DEFAULT_PROFILE}"))
-    lines = [_manifests_line(f"The committed `{DEFAULT_PROFILE}` figures", figures / "manifests",
-                             f"figures/{DEFAULT_PROFILE}/manifests/")]
-    from_empty = [folder for folder in (empty_store, *machines) if any((folder / "manifests").glob("*.json"))]
-    for folder in from_empty:
-        where = "on a fresh clone" if folder == empty_store else "on another machine"
-        lines += [_manifests_line(f"`make paper-figures` from an empty results store {where}", folder / "manifests",
-                                  f"benchmarks/results/{folder.name}/"),
-                  _rerun_line("That run's", figures, folder)]
-    if any((executor / "claims").glob("*.json")):
-        lines.append(_rerun_line("The notebooks on the runs `train --executor local --jobs 2` trained "
-                                 f"(`benchmarks/results/{executor.name}/`)", figures, executor))
-    if len(from_empty) > 1:
-        lines.append(_range_line([folder / "manifests" for folder in from_empty]))
-    return "\n".join(lines)
-
-
-def _range_line(folders: list[Path]) -> str:
-    """The range of the main job's times from an empty store over the runs whose manifests are in ``folders``."""
-    runs = [[json.loads(path.read_text()) for path in folder.glob("*.json")] for folder in folders]
-    minutes = [sum(m["seconds"] for m in manifests) / 60 for manifests in runs]
-    processors = sorted({_processor(m) for manifests in runs for m in manifests if "cpus" in m and "executor" not in m})
-    return (f"- Expect {min(minutes):.0f} to {max(minutes):.0f} minutes for the training and the notebooks from an "
-            f"empty store: the range of these {len(runs)} runs ({'; '.join(processors)})")
-
-
-def _rerun_line(what: str, figures: Path, rerun: Path) -> str:
-    """How a rerun's tables and verdicts compare with the committed figures (:mod:`experiments.analysis.compare`),
-    or that the committed figures are the rerun's own."""
-    if _same_files(figures / "manifests", rerun / "manifests"):
-        return "- The committed figures are that run's own (same manifests)"
-    tables, _, claims = compare.compare(figures, rerun)
-    identical = [table for table in tables if table.identical]
-    beyond = [table.name for table in tables if table.outside]
-    differ = [table.name for table in tables if not table.identical and not table.outside]
-    named = lambda names: f" ({', '.join(names)})" if names else ""  # noqa: E731
-    same = sum(ours == theirs for ours, theirs in claims.values())
-    return (f"- {what}: of {len(tables)} tables, {len(identical)} byte-identical to the committed ones, "
-            f"{len(differ)} within the seeds' noise{named(differ)}, {len(beyond)} beyond it{named(beyond)}; "
-            f"{same} of {len(claims)} verdicts the same")
-
-
-def _same_files(one: Path, other: Path) -> bool:
-    """Whether two folders hold the same JSON files, byte for byte."""
-    files = sorted(path.name for path in one.glob("*.json"))
-    return files == sorted(path.name for path in other.glob("*.json")) and all(
-        (one / name).read_bytes() == (other / name).read_bytes() for name in files)
-
-
-def _manifests_line(what: str, directory: Path, shown: str) -> str:
-    """Minutes in all of the executor (where one trained the runs first) and the notebooks whose manifests are in
-    ``directory``, where they ran, and how many runs were trained there or read back from the results store (trained
-    before, by the executor, or by an earlier notebook)."""
-    manifests = [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
-    if not manifests:
-        return f"*No manifest in `{shown}`: run `make paper-figures`.*"
-    seconds = sum(m["seconds"] for m in manifests)
-    executor = [m for m in manifests if "executor" in m]
-    notebooks = [m for m in manifests if "executor" not in m]
-    recorded = [m["runs"] for m in notebooks if "runs" in m]
-    runs = (f"{sum(r['trained'] for r in recorded)} runs trained in them and {sum(r['from_store'] for r in recorded)} "
-            f"read back from the results store" if len(recorded) == len(notebooks)
-            else f"runs not counted in {len(notebooks) - len(recorded)} of them, which predate the count")
-    where = sorted({f"{_processor(m) if 'cpus' in m else m['device']}, {m['threads']} torch threads" for m in notebooks})
-    steps = [f"the `{m['executor']}` executor ({_workers(m)}{m['runs']['trained']} runs trained, "
-             f"{_minutes(m['seconds'])}{_threads_each(m)})" for m in executor]
-    steps += [f"{len(notebooks)} notebooks"] * bool(notebooks)
-    details = [runs] * bool(notebooks) + where + [f"commit {', '.join(sorted({short_commit(m['commit']) for m in manifests}))}"]
-    return f"- {what}: {', then '.join(steps)}, {_minutes(seconds)} in all ({'; '.join(details)}; `{shown}`)"
-
-
-def _processor(manifest: dict) -> str:
-    """Where a manifest's run went: the processor (the device for manifests that predate its name) and its cores."""
-    return f"{manifest.get('machine') or manifest['device']}, {manifest['cpus']} cores"
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} seconds"
-
-
-def _threads_each(manifest: dict) -> str:
-    return f", {manifest['threads']} torch threads each" if manifest.get("threads") else ""  # none: Slurm's tasks
-
-
-def _workers(manifest: dict) -> str:
-    return f"{manifest['workers']} workers, " if manifest.get("workers") else ""
-
-
 def figure_table(name: str, figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     """The table ``name`` a notebook wrote in ``figures/<profile>/``, with its title and stamp."""
     path = figures / f"{name}.md"
@@ -392,61 +275,6 @@ def crowding(results: Path = BENCHMARK_RESULTS) -> str:
     """The probe of classes crowding every top K under the noised losses, and of eps (:mod:`experiments.probes.crowding`)."""
     return _probe("crowding", lambda rows: f"the tables' runs ({len({r['seed'] for r in rows})} seeds at most) and the "
                   "same runs at other eps", results)
-
-
-def executors_time(path: Path = BENCHMARK_RESULTS / f"executors_{DEFAULT_PROFILE}.csv") -> str:
-    """The default profile trained from an empty store by the inline and the local executor in one script run
-    (:mod:`benchmarks.bench_executors`): their times, and how many records they computed alike."""
-    rows = {row["executor"]: row for row in read_rows(path)}
-    if not {"inline", "local"} <= set(rows):
-        return (f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_executors "
-                f"{DEFAULT_PROFILE} --jobs 2`.*")
-    inline, local = rows["inline"], rows["local"]
-    identical, differing = int(local["records_identical"]), int(local["records_differing"])
-    return (f"*The {DEFAULT_PROFILE} profile's {local['runs']} trainings from an empty store on {local['device_name']}, "
-            f"{local['cores']} cores: `inline` {float(inline['seconds']) / 60:.0f} min, `local --jobs {local['jobs']}` "
-            f"{float(local['seconds']) / 60:.0f} min (x{float(local['ratio_to_inline']):.2f}); {identical} of "
-            f"{identical + differing} records computed alike, bit for bit (`{path.name}`, commit "
-            f"{short_commit(local['commit'])}).*")
-
-
-def compile_time(path: Path = BENCHMARK_RESULTS / "compile_time_cpu.csv") -> str:
-    """Seconds of each loss's first compiled training step (a compilation), its second, and one at a batch one
-    smaller (a recompilation), on a CPU (:mod:`benchmarks.bench_compile_time`)."""
-    rows = read_rows(path)
-    if not rows:
-        return f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_compile_time`.*"
-    lines = ["| loss | first step (compiles) | second step | a batch one smaller (compiles again) |", "|---|---|---|---|"]
-    lines += [f"| {row['loss']} | {float(row['first_step_s']):.1f} s | {float(row['second_step_s']):.2f} s | "
-              f"{float(row['short_batch_step_s']):.1f} s |" for row in rows]
-    row = rows[0]
-    lines += ["", f"*{row['model']}, batch {row['batch']}, `torch.compile` mode default; {row['device_name']}, "
-                  f"{row['cpu_threads']} torch threads, torch {row['torch']}, commit {short_commit(row['commit'])} "
-                  f"(`{path.name}`).*"]
-    return "\n".join(lines)
-
-
-def cpu_step(path: Path = BENCHMARK_RESULTS / "cpu_step.csv") -> str:
-    """The default profile's training step on a CPU as the engine runs it, against the variants that change how it
-    runs, not what it trains (:mod:`benchmarks.bench_cpu_step`), and the bound of their gains multiplied."""
-    rows = read_rows(path)
-    if not rows:
-        return f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_cpu_step`.*"
-    lines = ["| variant | threads | ms per step | speed against the engine's step | first loss differs by |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {row['variant']} | {row['threads']} | {float(row['ms_per_step']):.1f} | "
-              f"x{float(row['ratio_to_engine']):.2f} | {float(row['first_loss_difference']):.1e} |" for row in rows]
-    engine = rows[0]
-    lines += ["", f"*{engine['profile']} profile's CIFAR-100 step: {engine['model']}, {engine['image_size']} px, batch "
-                  f"{engine['batch']}; {short_stamp_text(engine)} (`{path.name}`).*"]
-    ratios = {row["variant"]: float(row["ratio_to_engine"]) for row in rows}
-    if {"channels_last", "1 thread"} <= set(ratios):
-        runs = int(engine["threads"])  # one one-thread run per thread the engine's step had
-        lines += ["", f"If the gains multiplied, {runs} one-thread runs side by side in channels-last would train at "
-                      f"x{runs * ratios['1 thread'] * ratios['channels_last']:.1f} the engine's speed: an upper "
-                      f"bound, as the runs share the memory bandwidth, and the data, evaluation and notebooks' own "
-                      f"time stay."]
-    return "\n".join(lines)
 
 
 #: Each generated block and what writes it; :func:`placement` finds the one document that holds it.

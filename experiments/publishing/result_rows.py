@@ -1,6 +1,6 @@
-"""Reading the committed benchmark rows for the generated blocks (:mod:`experiments.publishing.readme`,
-:mod:`experiments.publishing.gpu_blocks`): the rows of a CSV, their stamps, their grouping by measurement, and the
-rows at a benchmark's headline configuration."""
+"""What the generated blocks (:mod:`experiments.publishing.readme` and the modules of its blocks) share: the profile
+they summarise, the benchmarks' headline configurations, and the reading of committed benchmark rows (the rows of a
+CSV, their stamps, their grouping by measurement, the rows at a headline configuration)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 
 from experiments.provenance import short_commit
 
+#: The profile whose outputs are committed and summarised.
+DEFAULT_PROFILE = "quick"
 #: The configuration of the CPU headline (``python -m benchmarks.bench_noised_losses --headline``).
 NOISED_HEADLINE = {"logit_scale": "2.0", "epsilon": "0.2", "batch": "128", "n_classes": "1000", "k": "5", "n_samples": "10"}
 #: The smoothed hinge's headline (``python -m benchmarks.bench_smooth_hinge --headline``).

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from experiments.probes import crowding, label_noise_capacity
-from experiments.publishing import gpu_blocks, readme, result_rows
+from experiments.publishing import gpu_blocks, readme, result_rows, time_blocks
 from experiments.spec import grids
 from experiments.spec.profiles import get_profile
 from experiments.paths import FIGURES, PROJECT_ROOT
@@ -168,11 +168,11 @@ def test_setup_time_block_gives_the_install_and_the_range_of_the_test_runs_with_
             {**stamp, "step": "test", "command": "make test", "seconds": "360.0", "passed": "True"},
             {**stamp, "step": "test", "command": "make test", "seconds": "282.0", "passed": "True"}]
     _csv(tmp_path / "setup.csv", rows)
-    text = readme.setup_time(tmp_path / "setup.csv")
+    text = time_blocks.setup_time(tmp_path / "setup.csv")
     assert text.startswith("On a fresh clone, Test CPU (AVX2) with 2 cores: the install (`make venv`) took 2.0 min")
     assert "`make test` 4.7 to 6.0 min (2 runs; `setup.csv`, commit cccccccccc)." in text and "FAILED" not in text
     _csv(tmp_path / "setup.csv", rows[:2] + [{**rows[2], "passed": "False"}])
-    assert "and 1 of its runs FAILED" in readme.setup_time(tmp_path / "setup.csv")
+    assert "and 1 of its runs FAILED" in time_blocks.setup_time(tmp_path / "setup.csv")
 
 
 def test_cpu_step_block_gives_each_variant_and_the_bound_of_the_gains_multiplied(tmp_path):
@@ -185,10 +185,10 @@ def test_cpu_step_block_gives_each_variant_and_the_bound_of_the_gains_multiplied
                                                             ("2", "channels_last", "8.0", "1.25", "0.0"),
                                                             ("1", "1 thread", "16.0", "0.625", "0.0"))]
     _csv(tmp_path / "cpu_step.csv", rows)
-    text = readme.cpu_step(tmp_path / "cpu_step.csv")
+    text = time_blocks.cpu_step(tmp_path / "cpu_step.csv")
     assert "| channels_last | 2 | 8.0 | x1.25 | 0.0e+00 |" in text and "Test CPU (AVX2), torch 9.9" in text
     assert "would train at x1.6 the engine's speed" in text  # 2 x 0.625 x 1.25
-    assert "No `missing.csv`" in readme.cpu_step(tmp_path / "missing.csv")
+    assert "No `missing.csv`" in time_blocks.cpu_step(tmp_path / "missing.csv")
 
 
 def test_profile_time_block_sums_the_notebooks_apart_from_the_choice_and_the_calibration_point(tmp_path):
@@ -237,7 +237,7 @@ def test_the_executors_time_comes_first_and_counts_in_the_main_jobs(tmp_path):
         "trained": 0, "from_store": 7}}))
     (tmp_path / "manifests" / "executor.json").write_text(json.dumps({**common, "threads": 1, "seconds": 1500,
         "executor": "local", "workers": 2, "runs": {"trained": 7, "from_store": 0, "failed": 0}}))
-    text = readme.figures_time(tmp_path, tmp_path / "empty")
+    text = time_blocks.figures_time(tmp_path, tmp_path / "empty")
     assert "the `local` executor (2 workers, 7 runs trained, 25 minutes, 1 torch threads each), then 1 notebooks, " \
            "30 minutes in all (0 runs trained in them and 7 read back from the results store; x86_64, 2 cores, 2 " \
            "torch threads; commit dddddddddd" in text
@@ -256,9 +256,9 @@ def test_another_machines_run_is_listed_compared_and_gives_the_range(tmp_path):
     figures, empty = tmp_path / "figures", tmp_path / "empty_store_quick"
     run_folder(figures, 600, "Fast CPU", "loss,top5\nCE,1 ± 0.5\n")
     run_folder(empty, 660, "Fast CPU", "loss,top5\nCE,1 ± 0.5\n")
-    assert "Expect" not in readme.figures_time(figures, empty, tmp_path / "none")  # one run: no range
+    assert "Expect" not in time_blocks.figures_time(figures, empty, tmp_path / "none")  # one run: no range
     run_folder(tmp_path / "machine_slow_quick", 1800, "Slow CPU", "loss,top5\nCE,1.2 ± 0.5\n")
-    lines = readme.figures_time(figures, empty, tmp_path / "none").splitlines()
+    lines = time_blocks.figures_time(figures, empty, tmp_path / "none").splitlines()
     assert lines[3].startswith("- `make paper-figures` from an empty results store on another machine: 1 notebooks, 30 "
                                "minutes in all") and "Slow CPU, 2 cores" in lines[3]
     assert lines[4] == ("- That run's: of 1 tables, 0 byte-identical to the committed ones, 1 within the seeds' noise "
@@ -272,7 +272,7 @@ def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_fr
     common = {"profile": "quick", "commit": "d" * 40, "device": "cpu", "threads": 2, "cpus": 2, "machine": "x86_64"}
     for name, seconds, runs in (("a", 600, {"trained": 3, "from_store": 1}), ("b", 1200, {"trained": 5, "from_store": 0})):
         (tmp_path / "manifests" / f"{name}.json").write_text(json.dumps({**common, "seconds": seconds, "runs": runs}))
-    text = readme.figures_time(tmp_path, tmp_path / "empty")
+    text = time_blocks.figures_time(tmp_path, tmp_path / "empty")
     assert "2 notebooks, 30 minutes in all (8 runs trained in them and 1 read back from the results store; x86_64, " \
            "2 cores, 2 torch threads; commit dddddddddd" in text and "empty results store" not in text
     (tmp_path / "empty" / "manifests").mkdir(parents=True)
@@ -284,31 +284,31 @@ def test_figures_time_block_sums_the_manifests_and_says_where_their_runs_came_fr
         (root / "claims" / "claim5.json").write_text(json.dumps({"claim": 5, "status": status}))
     (tmp_path / "fig3.csv").write_text("loss,epoch_seconds\nCE,0.51\n")
     (tmp_path / "empty" / "fig3.csv").write_text("loss,epoch_seconds\nCE,0.52\n")
-    rerun = readme.figures_time(tmp_path, tmp_path / "empty")
+    rerun = time_blocks.figures_time(tmp_path, tmp_path / "empty")
     assert text + "\n- `make paper-figures` from an empty results store on a fresh clone: 1 notebooks, 40 minutes in " \
         "all (170 runs trained in them and 30 read back" in rerun
     assert rerun.endswith("- That run's: of 2 tables, 1 byte-identical to the committed ones, 1 within the seeds' "
                           "noise (fig3), 0 beyond it; 1 of 1 verdicts the same")
     (tmp_path / "claims" / "claim5.json").write_text(json.dumps({"claim": 5, "status": "not reproduced"}))
-    assert readme.figures_time(tmp_path, tmp_path / "empty").endswith("0 of 1 verdicts the same")
+    assert time_blocks.figures_time(tmp_path, tmp_path / "empty").endswith("0 of 1 verdicts the same")
     local = tmp_path / "local"
     (local / "claims").mkdir(parents=True)
     (local / "table4.csv").write_text("1,3\n")
     (local / "claims" / "claim5.json").write_text(json.dumps({"claim": 5, "status": "not reproduced"}))
-    assert readme.figures_time(tmp_path, tmp_path / "empty", local).endswith(
+    assert time_blocks.figures_time(tmp_path, tmp_path / "empty", local).endswith(
         "`train --executor local --jobs 2` trained (`benchmarks/results/local/`): of 1 tables, 0 byte-identical to the "
         "committed ones, 0 within the seeds' noise, 1 beyond it (table4); 1 of 1 verdicts the same")
     for name in ("a", "b"):  # the committed figures copied from the empty-store run: nothing to compare
         (tmp_path / "empty" / "manifests" / f"{name}.json").write_bytes((tmp_path / "manifests" / f"{name}.json").read_bytes())
-    assert readme.figures_time(tmp_path, tmp_path / "empty").endswith("The committed figures are that run's own (same "
+    assert time_blocks.figures_time(tmp_path, tmp_path / "empty").endswith("The committed figures are that run's own (same "
                                                                       "manifests)")
     (tmp_path / "quick").mkdir()
     (tmp_path / "quick" / "a.json").write_text(json.dumps({**common, "seconds": 40, "runs": {"trained": 0,
                                                                                             "from_store": 9}}))
-    assert "1 notebooks, 40 seconds in all (0 runs trained" in readme._manifests_line("x", tmp_path / "quick", "q/")
+    assert "1 notebooks, 40 seconds in all (0 runs trained" in time_blocks._manifests_line("x", tmp_path / "quick", "q/")
     older = {key: value for key, value in common.items() if key not in ("cpus", "machine")}
     (tmp_path / "manifests" / "c.json").write_text(json.dumps({**older, "seconds": 0}))
-    assert "runs not counted in 1 of them" in readme.figures_time(tmp_path, tmp_path / "empty")
+    assert "runs not counted in 1 of them" in time_blocks.figures_time(tmp_path, tmp_path / "empty")
 
 
 def test_a_figure_table_block_is_the_notebooks_table_with_its_stamp(tmp_path):
@@ -351,7 +351,7 @@ def test_calibration_block_gives_ce_s_gap_at_the_calibration_s_rate_and_at_the_o
 def test_a_probe_made_of_other_runs_than_the_current_setups_says_so_where_it_is_shown(module, block):
     """The committed docs show a probe's table as stale, with why, exactly when its rows are not the runs the
     current stand-ins, calibration, learning rates and grids give: never a stale number passed off as current."""
-    stale = readme.probe_staleness(module, result_rows.read_rows(module.path_for(readme.DEFAULT_PROFILE)))
+    stale = readme.probe_staleness(module, result_rows.read_rows(module.path_for(result_rows.DEFAULT_PROFILE)))
     shown = readme._pattern(block).search(readme.placement()[block].read_text()).group(2)
     assert ("**Stale:**" in shown) == (stale is not None), stale
     if stale:
@@ -359,7 +359,7 @@ def test_a_probe_made_of_other_runs_than_the_current_setups_says_so_where_it_is_
 
 
 def test_a_probe_made_on_other_setups_is_shown_stale_with_why(tmp_path):
-    configs = crowding.configs(get_profile(readme.DEFAULT_PROFILE))
+    configs = crowding.configs(get_profile(result_rows.DEFAULT_PROFILE))
     current = [{"key": config.key()} for config in configs]
     assert readme.probe_staleness(crowding, current) is None
     assert "2 of its 100 rows name no run" in readme.probe_staleness(crowding, [{}, {"key": ""}, *current[2:]])
