@@ -26,8 +26,8 @@ from benchmarks._measure import interleaved_median_seconds
 from experiments.engine.config import RunConfig
 from experiments.engine.models import build_model
 from experiments.engine.store import write_csv
-from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.engine.train import train_epoch
+from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.spec.profiles import get_profile
 from topk.losses import build_loss
 

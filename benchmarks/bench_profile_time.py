@@ -99,6 +99,8 @@ def main() -> None:
                         help="training steps per call of the engine's epoch, which reads the device at its end")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.steps_per_call < 1:
+        parser.error(f"--steps-per-call should be a positive number of training steps, got {args.steps_per_call}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device, profile = torch.device(args.device), get_profile(args.profile)

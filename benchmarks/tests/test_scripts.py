@@ -123,6 +123,13 @@ def test_training_step_benchmark_writes_each_loss_with_its_overhead_over_cross_e
     assert "vs CE" in run.stdout
 
 
+def test_profile_time_refuses_a_call_of_no_training_step(tmp_path, capsys):
+    with pytest.raises(AssertionError, match="exit status 2"):  # argparse's usage error
+        _run("bench_profile_time", "smoke", "--device", "cpu", "--steps-per-call", "0", "--out", str(tmp_path / "p.csv"))
+    assert "--steps-per-call should be a positive number of training steps, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "p.csv").exists()
+
+
 def test_profile_time_estimate_writes_one_row_per_notebook_and_setup(tmp_path):
     """``benchmarks.bench_profile_time`` on the smoke profile: every row of the workload gets a measured rate and
     hours equal to its images divided by those rates."""
