@@ -43,12 +43,22 @@ def checked_device(parser: argparse.ArgumentParser, choice: str) -> torch.device
     return device
 
 
-def paper_model_and_optimiser(model_name: str, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The model (seed 0; channels-last on CUDA) and the paper's SGD with Nesterov momentum and weight decay."""
-    torch.manual_seed(0)
+def paper_model(model_name: str, device: torch.device, seed: int = 0) -> torch.nn.Module:
+    """The model for 100 classes initialised from ``seed``, on ``device`` (channels-last on CUDA)."""
+    torch.manual_seed(seed)
     model = build_model(model_name, 100).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-    optimiser = torch.optim.SGD(model.parameters(), lr=PAPER.cifar.lr, momentum=0.9, nesterov=True,
-                                weight_decay=PAPER.cifar.weight_decay)
-    return model, optimiser
+    return model
+
+
+def paper_optimiser(parameters) -> torch.optim.Optimizer:
+    """The paper's SGD with Nesterov momentum and weight decay."""
+    return torch.optim.SGD(parameters, lr=PAPER.cifar.lr, momentum=0.9, nesterov=True,
+                           weight_decay=PAPER.cifar.weight_decay)
+
+
+def paper_model_and_optimiser(model_name: str, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model (seed 0) and its optimiser."""
+    model = paper_model(model_name, device)
+    return model, paper_optimiser(model.parameters())

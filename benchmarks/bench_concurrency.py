@@ -1,6 +1,8 @@
 """How many of the paper's CIFAR-100 trainings one GPU should run side by side: the aggregate images per second of 1,
 2, 4 and 8 trainings at once, each run's own speed and the memory they hold, and what that makes of the ``gpu``
-profile's hours.
+profile's hours. With ``--stack``, each process trains that many runs stacked into one model
+(:mod:`experiments.engine.stacked`: one grouped convolution for the runs' convolutions), each run from its own seed
+and on its own data order: a step of ``S`` stacked runs trains ``S`` x batch images.
 
 Each training is a separate process, spawned (multiprocessing's "spawn", as the ``local`` executor's workers are), that
 trains as the engine does (:func:`experiments.engine.train.train_epoch`, compiled by its ``compile_step``): the paper's
@@ -15,10 +17,12 @@ allocated; CPU: the process's peak resident set) and, on CUDA, the whole device'
 baseline of the ratios printed and written, from the same invocation.
 
     python -m benchmarks.bench_concurrency                                 # CUDA, compiled DenseNet-40-40, 1 2 4 8
+    python -m benchmarks.bench_concurrency --compile-mode reduce-overhead --concurrency 1 --stack 2 4 8
     python -m benchmarks.bench_concurrency --device cpu --model small_cnn --concurrency 1 2 --steps 3 --warmup 1 \\
         --no-compile                                                       # check the script
 
-A row per concurrency is appended to ``--out`` as it finishes; the rows of one invocation share its ``date``. At the
+``--cudnn-benchmark`` lets cuDNN time its algorithms for each convolution's shapes first (``torch.backends.cudnn.
+benchmark``). A row per measurement (processes x stacked runs) is appended to ``--out`` as it finishes; the rows of one invocation share its ``date``. At the
 end, :func:`profile_hours` divides the training images of the ``gpu`` profile's planned runs (its notebooks':
 :func:`experiments.analysis.workload.notebook_train_images`), of its CIFAR-100 part and of the whole profile, by the
 best aggregate rate of the last invocation: evaluation is left out, and the whole profile's other setups train other
@@ -36,7 +40,7 @@ import multiprocessing
 import resource
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from itertools import chain, count, islice
 from multiprocessing.connection import wait
@@ -44,21 +48,22 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._fig3_setup import checked_device, paper_model_and_optimiser
+from benchmarks._fig3_setup import checked_device, paper_model, paper_model_and_optimiser, paper_optimiser
 from benchmarks._measure import append_csv_row
 from benchmarks.bench_epoch_time import cifar_shaped
 from experiments.analysis.timings import (EIGHT_GPUS_HOURS_TARGET, GPUS, ONE_GPU_HOURS_TARGET, RATIO_TARGET,
-                                          TRAIN_IMAGES, engine_code)
+                                          TRAIN_IMAGES, engine_code, runs_text)
 from experiments.analysis.workload import notebook_train_images
 from experiments.engine.batches import order_seed
+from experiments.engine.stacked import StackedLosses, StackedModels, side_by_side_batches
 from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.scale.executors import cpu_threads
 from experiments.spec.profiles import get_profile
 from topk.losses import build_loss
 
-FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "gpu_sharing", "batch_size", "warmup", "steps",
-          "concurrency",
+FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "gpu_sharing", "cudnn_benchmark", "batch_size", "warmup",
+          "steps", "concurrency", "stack",
           "run_images_per_s_mean", "run_images_per_s_min", "aggregate_images_per_s", "ratio_to_one_run",
           "run_peak_mib", "device_used_mib", "device_total_mib"]
 MIB = 2 ** 20
@@ -74,6 +79,8 @@ class Training:
     warmup: int
     steps: int
     compile_mode: str | None  #: None: eager
+    stack: int = 1  #: runs stacked into one model in each process
+    cudnn_benchmark: bool = False
 
 
 def endless_batches(data, batch_size: int, seed: int):
@@ -81,16 +88,29 @@ def endless_batches(data, batch_size: int, seed: int):
     return chain.from_iterable(data.shuffled(order_seed(seed, epoch), batch_size) for epoch in count())
 
 
+def process_training(index: int, training: Training, device: torch.device):
+    """The model, optimiser, loss and endless batches of process ``index``: one run as the engine trains it, or
+    ``training.stack`` runs stacked into one model, run ``r`` from seed ``r`` on its own data order (one copy of the
+    data shared)."""
+    data = cifar_shaped(TRAIN_IMAGES, device)
+    if training.stack == 1:
+        model, optimiser = paper_model_and_optimiser(training.model, device)
+        return model, optimiser, build_loss("cross_entropy").to(device), endless_batches(data, training.batch_size, index)
+    seeds = range(index * training.stack, (index + 1) * training.stack)
+    model = StackedModels([paper_model(training.model, device, seed) for seed in seeds])
+    losses = StackedLosses([build_loss("cross_entropy") for _ in seeds]).to(device)
+    batches = side_by_side_batches([endless_batches(data, training.batch_size, seed) for seed in seeds])
+    return model, paper_optimiser(model.parameters()), losses, batches
+
+
 def timed_training(index: int, training: Training, threads: int, barrier) -> dict:
     """In one process: warm up, then time ``training.steps`` steps between the barriers shared with the other runs."""
     torch.set_num_threads(threads)
+    torch.backends.cudnn.benchmark = training.cudnn_benchmark
     device = torch.device(training.device)
-    data = cifar_shaped(TRAIN_IMAGES, device)
-    model, optimiser = paper_model_and_optimiser(training.model, device)
-    loss = build_loss("cross_entropy").to(device)
+    model, optimiser, loss, batches = process_training(index, training, device)
     if training.compile_mode is not None:
         model, loss = compile_step(model, loss, training.compile_mode)
-    batches = endless_batches(data, training.batch_size, seed=index)
 
     def train(steps: int) -> None:  # train_epoch reads the device at its end: nothing is left queued
         train_epoch(model, loss, islice(batches, steps), optimiser, device, progress=False, epoch=0)
@@ -101,7 +121,7 @@ def timed_training(index: int, training: Training, threads: int, barrier) -> dic
     train(training.steps)
     seconds = time.perf_counter() - start
     barrier.wait()  # every run still holds its memory
-    return {"images_per_s": training.steps * training.batch_size / seconds, "peak_mib": peak_mib(device),
+    return {"images_per_s": training.steps * training.batch_size * training.stack / seconds, "peak_mib": peak_mib(device),
             **device_memory_mib(device)}
 
 
@@ -163,7 +183,7 @@ def _collect(receivers: list, barrier) -> list:
 
 
 def side_by_side(training: Training, concurrency: int) -> list[dict]:
-    """Each run's measurement with ``concurrency`` processes training at once, the CPU's threads shared between
+    """Each process's measurement with ``concurrency`` processes training at once, the CPU's threads shared between
     them as the ``local`` executor shares them; raises with every failed run's traceback."""
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(concurrency)
@@ -192,11 +212,13 @@ def aggregate_rate(results: list[dict]) -> float:
     return sum(result["images_per_s"] for result in results)
 
 
-def summary_row(results: list[dict], one_run_aggregate: float) -> dict:
-    """The CSV columns of one concurrency's measurement (without the stamp and the settings)."""
+def summary_row(results: list[dict], stack: int, one_run_aggregate: float) -> dict:
+    """The CSV columns of one measurement (without the stamp and the settings): ``results`` of the processes, each
+    training ``stack`` runs; a run's images/s is its process's over ``stack``."""
     aggregate = aggregate_rate(results)
-    return {"concurrency": len(results), "run_images_per_s_mean": round(aggregate / len(results), 1),
-            "run_images_per_s_min": round(min(result["images_per_s"] for result in results), 1),
+    return {"concurrency": len(results), "stack": stack,
+            "run_images_per_s_mean": round(aggregate / (len(results) * stack), 1),
+            "run_images_per_s_min": round(min(result["images_per_s"] for result in results) / stack, 1),
             "aggregate_images_per_s": round(aggregate, 1), "ratio_to_one_run": round(aggregate / one_run_aggregate, 4),
             "run_peak_mib": round(max(result["peak_mib"] for result in results)),
             "device_used_mib": max(result["device_used_mib"] for result in results),
@@ -226,7 +248,7 @@ def profile_hours(csv_path: Path, profile_name: str = "gpu") -> dict:
     rate = float(best["aggregate_images_per_s"])
     images = planned_images(profile_name)
     hours = {"profile": profile_name, "device_name": best["device_name"], "model": best["model"], "compile": best["compile"],
-             "best_concurrency": int(best["concurrency"]), "images_per_s": rate,
+             "best_concurrency": int(best["concurrency"]), "best_stack": int(best.get("stack") or 1), "images_per_s": rate,
              "ratio_to_one_run": float(best["ratio_to_one_run"]),
              "cifar100_images": images["cifar100"], "profile_images": images["profile"]}
     for part in ("cifar100", "profile"):
@@ -242,7 +264,7 @@ def _verdict(met: bool, on_gpu: bool) -> str:
 def print_hours(hours: dict, on_gpu: bool) -> None:
     """The hours of :func:`profile_hours` and the targets."""
     one, eight, ratio = hours["cifar100_hours_1_gpu"], hours[f"cifar100_hours_{GPUS}_gpus"], hours["ratio_to_one_run"]
-    print(f"\nbest: {hours['best_concurrency']} side by side, {hours['images_per_s']:,.0f} images/s, x{ratio:.2f} one "
+    print(f"\nbest: {runs_text(hours['best_concurrency'], hours['best_stack'])}, {hours['images_per_s']:,.0f} images/s, x{ratio:.2f} one "
           f"run (target >= x{RATIO_TARGET:g} on an H100: {_verdict(ratio >= RATIO_TARGET, on_gpu)})")
     print(f"{hours['profile']} profile's CIFAR-100 part, {hours['cifar100_images']:,} training images: {one:.2f} h on one GPU "
           f"(target <= {ONE_GPU_HOURS_TARGET:g} h: {_verdict(one <= ONE_GPU_HOURS_TARGET, on_gpu)}), {eight:.2f} h on "
@@ -259,7 +281,11 @@ def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, torch.d
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     parser.add_argument("--model", default="densenet40_40", help="densenet40_40 (the paper's), small_cnn, ...")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8],
-                        help="trainings side by side; 1 (the baseline) is always measured first")
+                        help="processes side by side; one run alone (the baseline) is always measured first")
+    parser.add_argument("--stack", type=int, nargs="+", default=[1],
+                        help="runs stacked into one model in each process (each with every --concurrency)")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="let cuDNN time its algorithms for each convolution first (torch.backends.cudnn.benchmark)")
     parser.add_argument("--steps", type=int, default=200, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps per run first (compilation included)")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -269,31 +295,35 @@ def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, torch.d
     parser.add_argument("--profile", default="gpu", help="the profile whose hours are estimated (default: gpu)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "concurrency.csv")
     args = parser.parse_args(argv)
-    if min(args.concurrency) < 1 or args.steps < 1 or args.warmup < 0:
-        parser.error("--concurrency and --steps should be positive, --warmup at least 0")
+    if min(args.concurrency) < 1 or min(args.stack) < 1 or args.steps < 1 or args.warmup < 0:
+        parser.error(f"--concurrency {args.concurrency}, --stack {args.stack} and --steps {args.steps} should be "
+                     f"positive, --warmup {args.warmup} at least 0")
     return args, checked_device(parser, args.device)
 
 
 def main(argv: list[str] | None = None) -> None:
     args, device = parse_arguments(argv)
     training = Training(device.type, args.model, args.batch_size, args.warmup, args.steps,
-                        args.compile_mode if args.compile else None)
+                        args.compile_mode if args.compile else None, cudnn_benchmark=args.cudnn_benchmark)
     settings = {**stamp(device), "engine_code": engine_code(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "model": args.model, "compile": training.compile_mode or "eager", "gpu_sharing": gpu_sharing(device),
-                "batch_size": args.batch_size, "warmup": args.warmup, "steps": args.steps}
+                "cudnn_benchmark": args.cudnn_benchmark, "batch_size": args.batch_size, "warmup": args.warmup, "steps": args.steps}
     shared = f", the GPU shared by {settings['gpu_sharing']}" if settings["gpu_sharing"] else ""
     print(f"{settings['device_name']}: {args.model}, batch {args.batch_size}, compile {settings['compile']}, "
           f"{args.warmup} + {args.steps} steps per run{shared}", flush=True)
     one_run_aggregate = None
-    for concurrency in sorted({1, *args.concurrency}):  # one run first: the baseline
-        results = side_by_side(training, concurrency)
+    measurements = [(1, 1)] + [(stack, concurrency) for stack in sorted(set(args.stack))
+                               for concurrency in sorted(set(args.concurrency)) if (stack, concurrency) != (1, 1)]
+    for stack, concurrency in measurements:  # one run alone first: the baseline
+        results = side_by_side(replace(training, stack=stack), concurrency)
         one_run_aggregate = one_run_aggregate or aggregate_rate(results)
-        row = summary_row(results, one_run_aggregate)
-        append_csv_row({**settings, **row}, FIELDS, args.out)
+        row = summary_row(results, stack, one_run_aggregate)
+        stacked = {"engine_code": engine_code(stacked=True)} if stack > 1 else {}  # the stacking's code as well
+        append_csv_row({**settings, **row, **stacked}, FIELDS, args.out)
         used = f", device {row['device_used_mib']} / {row['device_total_mib']} MiB" if row["device_used_mib"] else ""
-        print(f"{concurrency} run{'s' * (concurrency > 1)}: {row['run_images_per_s_mean']:9.1f} images/s per run (min "
+        print(f"{runs_text(concurrency, stack)}: {row['run_images_per_s_mean']:9.1f} images/s per run (min "
               f"{row['run_images_per_s_min']:.1f}), aggregate {row['aggregate_images_per_s']:9.1f} images/s, "
-              f"x{row['ratio_to_one_run']:.2f} one run; peak {row['run_peak_mib']} MiB per run{used}", flush=True)
+              f"x{row['ratio_to_one_run']:.2f} one run; peak {row['run_peak_mib']} MiB per process{used}", flush=True)
     print_hours(profile_hours(args.out, args.profile), device.type == "cuda")
     print(f"CSV: {args.out}")
 

@@ -18,13 +18,16 @@
 #           the gpu profile's hours (benchmarks.bench_concurrency; the second argument: torch.compile's mode,
 #           "default" unless given, e.g. reduce-overhead for CUDA graphs; the third and later: the counts)
 #   concurrency-mps  the concurrency stage under NVIDIA's Multi-Process Service (started and stopped around it)
+#   stacked one run alone, then 2, 4 and 8 runs stacked into one model in one process (bench_concurrency --stack:
+#           grouped convolutions; the second argument: torch.compile's mode, "default" unless given; the third and
+#           later: the stack sizes). CUDNN_BENCHMARK=1 lets cuDNN time its algorithms first in this stage and in
+#           concurrency's (the rows say so)
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests (about 125 s for the library's,
-#           then the engine's and the examples', which compile), Fig. 3 at K 5 with reduce-overhead (the CUDA default;
-#           its 8 points about 180 s at NOTES section 11's pace), then 1 and 2 reduce-overhead runs side by side under
-#           MPS, every stage under its own limit (LEASE_LIMITS="tests fig3 concurrency" seconds, default "250 190 110":
-#           550 s, with the stages' grace inside a 600 s call); wheels in .whl/ installed first; everything in one
-#           archive, $OUT/lease.tgz (a device machine returns few files), written again after each stage, and each
-#           stage's end
+#           then the engine's and the examples', which compile), 1 and 2 reduce-overhead runs side by side under MPS
+#           (about 90 s at NOTES section 11's pace), then one reduce-overhead run alone and 2, 4 and 8 stacked, every
+#           stage under its own limit (LEASE_LIMITS="tests concurrency stacked" seconds, default "235 105 220": 560 s,
+#           with the stages' grace inside a 600 s call); wheels in .whl/ installed first; everything in one archive,
+#           $OUT/lease.tgz (a device machine returns few files), written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
@@ -87,7 +90,13 @@ case "${1:-tests}" in
   concurrency)
     counts="${*:3}"
     python3 -m benchmarks.bench_concurrency --device cuda --model densenet40_40 --concurrency ${counts:-1 2 4 8} \
-      --compile-mode "${2:-default}" --out "$out/concurrency.csv" 2>&1 | tee -a "$out/concurrency.log" || status=1 ;;
+      --compile-mode "${2:-default}" ${CUDNN_BENCHMARK:+--cudnn-benchmark} --out "$out/concurrency.csv" 2>&1 \
+      | tee -a "$out/concurrency.log" || status=1 ;;
+  stacked)
+    stacks="${*:3}"
+    python3 -m benchmarks.bench_concurrency --device cuda --model densenet40_40 --concurrency 1 --stack ${stacks:-2 4 8} \
+      --compile-mode "${2:-default}" ${CUDNN_BENCHMARK:+--cudnn-benchmark} --out "$out/concurrency.csv" 2>&1 \
+      | tee -a "$out/stacked.log" || status=1 ;;
   concurrency-mps)
     # the concurrency stage with NVIDIA's Multi-Process Service: kernels of runs side by side execute at once instead
     # of taking turns (root starts the daemon; the rows say gpu_sharing=mps)
@@ -102,8 +111,8 @@ case "${1:-tests}" in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s fig3_s concurrency_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-250} fig3_s=${fig3_s:-190} concurrency_s=${concurrency_s:-110}
+    read -r tests_s concurrency_s stacked_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-235} concurrency_s=${concurrency_s:-105} stacked_s=${stacked_s:-220}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
@@ -117,12 +126,12 @@ case "${1:-tests}" in
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
     done <<EOF
 $tests_s tests tests
-$fig3_s fig3_reduce_overhead fig3 reduce-overhead 5
 $concurrency_s concurrency_mps_reduce_overhead concurrency-mps reduce-overhead 1 2
+$stacked_s stacked_reduce_overhead stacked reduce-overhead 2 4 8
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;
   *)
-    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile, host, concurrency, concurrency-mps or lease" >&2; status=2 ;;
+    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile, host, concurrency, concurrency-mps, stacked or lease" >&2; status=2 ;;
 esac
 exit $status

@@ -7,20 +7,23 @@ import multiprocessing
 import os
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
 from benchmarks._measure import append_csv_row
-from benchmarks.bench_concurrency import (FIELDS, GPUS, Training, _collect, gpu_sharing, main, profile_hours,
-                                         side_by_side)
+from benchmarks._fig3_setup import paper_model
+from benchmarks.bench_concurrency import (FIELDS, GPUS, Training, _collect, gpu_sharing, main, process_training,
+                                         profile_hours, side_by_side)
 from experiments.analysis.timings import engine_code
 from experiments.provenance import git_commit
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 
 COLUMNS = ["device", "device_name", "commit", "python", "torch", "triton", "topk", "engine_code", "date", "model", "compile",
-           "gpu_sharing", "batch_size", "warmup", "steps", "concurrency", "run_images_per_s_mean", "run_images_per_s_min",
+           "gpu_sharing", "cudnn_benchmark", "batch_size", "warmup", "steps", "concurrency", "stack",
+           "run_images_per_s_mean", "run_images_per_s_min",
            "aggregate_images_per_s", "ratio_to_one_run", "run_peak_mib", "device_used_mib", "device_total_mib"]
 
 
@@ -45,8 +48,9 @@ def test_rows_ratios_and_profile_hours(tmp_path, capsys):
     assert [int(row["concurrency"]) for row in rows] == [1, 2]  # one run measured first, though not asked for
     assert len({row["date"] for row in rows}) == 1 and rows[0]["date"] != _earlier_invocation()["date"]
     for row in rows:
-        assert (row["device"], row["commit"], row["torch"], row["compile"], row["engine_code"], row["gpu_sharing"]) == (
-            "cpu", commit, torch.__version__, "eager", engine_code(), "")
+        assert (row["device"], row["commit"], row["torch"], row["compile"], row["engine_code"], row["gpu_sharing"],
+                row["stack"], row["cudnn_benchmark"]) == ("cpu", commit, torch.__version__, "eager", engine_code(), "",
+                                                          "1", "False")
         assert 0 < float(row["run_images_per_s_min"]) <= float(row["run_images_per_s_mean"])
         assert float(row["aggregate_images_per_s"]) == pytest.approx(
             int(row["concurrency"]) * float(row["run_images_per_s_mean"]), rel=1e-3)
@@ -71,6 +75,38 @@ def test_rows_ratios_and_profile_hours(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"{hours['cifar100_hours_1_gpu']:.2f} h on one GPU" in printed
     assert f"x{float(rows[1]['ratio_to_one_run']):.2f} one run" in printed
+
+
+def test_runs_stacked_into_one_model_count_every_runs_images(tmp_path, capsys):
+    out = tmp_path / "concurrency.csv"
+    main(["--device", "cpu", "--model", "small_cnn", "--concurrency", "1", "--stack", "3", "--steps", "2", "--warmup",
+          "1", "--no-compile", "--profile", "smoke", "--out", str(out)])
+    with out.open() as handle:
+        alone, stacked = list(csv.DictReader(handle))
+    assert [(row["concurrency"], row["stack"]) for row in (alone, stacked)] == [("1", "1"), ("1", "3")]
+    assert (alone["engine_code"], stacked["engine_code"]) == (engine_code(), engine_code(stacked=True))
+    assert engine_code() != engine_code(stacked=True)  # a change of the stacking stales the stacked rows only
+    assert float(stacked["aggregate_images_per_s"]) == pytest.approx(3 * float(stacked["run_images_per_s_mean"]),
+                                                                     rel=1e-3)
+    assert float(stacked["run_images_per_s_min"]) == float(stacked["run_images_per_s_mean"])  # one process
+    assert float(stacked["ratio_to_one_run"]) == pytest.approx(
+        float(stacked["aggregate_images_per_s"]) / float(alone["aggregate_images_per_s"]), rel=1e-3)
+    assert "3 runs stacked:" in capsys.readouterr().out
+
+
+def test_stacked_runs_train_from_their_own_seeds_on_their_own_data_orders():
+    """Process 1 of 2-run stacks holds runs 2 and 3: their initial weights and first batches are theirs alone."""
+    training = Training("cpu", "small_cnn", batch_size=4, warmup=0, steps=1, compile_mode=None, stack=2)
+    model, _, losses, batches = process_training(1, training, torch.device("cpu"))
+    images, labels = next(batches)
+    assert images.shape == (4, 2 * 3, 32, 32) and labels.shape == (4, 2) and len(losses.losses) == 2
+    for column, seed in enumerate((2, 3)):
+        alone = replace(training, stack=1)
+        own_images, own_labels = next(process_training(seed, alone, torch.device("cpu"))[3])  # a lone run's order
+        torch.testing.assert_close(images[:, 3 * column:3 * column + 3], own_images)
+        torch.testing.assert_close(labels[:, column], own_labels)
+        torch.testing.assert_close(model.run_state_dict(column), paper_model("small_cnn", torch.device("cpu"),
+                                                                             seed).state_dict())
 
 
 def test_a_gpu_is_shared_by_mps_while_its_daemon_runs(tmp_path):

@@ -22,12 +22,24 @@ ENGINE_EPOCH_CODE = ("experiments/engine/train.py", "experiments/engine/batches.
                      "data_prep/transforms.py")
 
 
-def engine_code() -> str:
-    """A fingerprint of :data:`ENGINE_EPOCH_CODE`'s contents (12 hex digits of their SHA-256)."""
+#: The code a timing of runs stacked into one model runs besides (``benchmarks.bench_concurrency --stack``).
+STACKED_CODE = "experiments/engine/stacked.py"
+
+
+def engine_code(stacked: bool = False) -> str:
+    """A fingerprint of :data:`ENGINE_EPOCH_CODE`'s contents, with :data:`STACKED_CODE`'s for a timing of stacked
+    runs (12 hex digits of their SHA-256)."""
     digest = hashlib.sha256()
-    for name in ENGINE_EPOCH_CODE:
+    for name in (*ENGINE_EPOCH_CODE, *(STACKED_CODE,) * stacked):
         digest.update((paths.PROJECT_ROOT / name).read_bytes())
     return digest.hexdigest()[:12]
+
+
+def runs_text(concurrency: int, stack: int) -> str:
+    """How the runs of a measurement shared the GPU: "2 runs side by side", "4 runs stacked", "2 x 4 runs stacked"."""
+    if stack == 1:
+        return f"{concurrency} run{'s side by side' * (concurrency > 1)}"
+    return f"{f'{concurrency} x ' * (concurrency > 1)}{stack} runs stacked"
 
 
 def load_epoch_times(path: Path = EPOCH_TIME_CSV, device: str = "cuda") -> pd.DataFrame | None:

@@ -1,16 +1,17 @@
-"""Several runs of one architecture trained as one model: the parameters and buffers of ``N`` models stacked along a
-new first dimension (:func:`torch.func.stack_module_state`) and the forward mapped over it (:func:`torch.func.vmap` of
-:func:`torch.func.functional_call`). Each convolution of the ``N`` runs becomes one grouped convolution, each batch
-normalisation one over ``N`` times the channels (still per run: its statistics are per channel), each linear layer
-one batched matrix product; a step launches the kernels of one run with ``N`` times the work in each.
+"""Several runs of one architecture trained as one model: each layer of ``N`` models becomes one layer with ``N``
+groups. A convolution becomes one grouped convolution (group ``n``: run ``n``'s filters on run ``n``'s channels), a
+batch normalisation one over ``N`` times the channels (its statistics are per channel, so still per run), a linear
+head one batched product; a step launches the kernels of one run with ``N`` times the work in each.
 
-The runs stay independent. The gradient of the sum of their losses with respect to run ``n``'s slice is run ``n``'s
-own gradient, and SGD with momentum and weight decay acts element by element, so one optimiser over the stacked
-tensors takes every run's own step (equal up to rounding), as long as the runs share the optimiser's settings.
+The runs stay independent. The gradient of the sum of their losses with respect to run ``n``'s weights is run
+``n``'s own gradient, and SGD with momentum and weight decay acts element by element, so one optimiser over the
+grouped tensors takes every run's own step (equal up to rounding), as long as the runs share the optimiser's
+settings. Autocast reaches every layer as in a single model.
 
-Layout: the images of the ``N`` runs side by side along the channels, ``[B, N * C, H, W]`` (run-major; a
-channels-last batch on CUDA as the engine's), which is the layout of a grouped convolution's input; scores come back
-as ``[B, N, classes]`` and labels go in as ``[B, N]``.
+Layout: the images of the ``N`` runs side by side along the channels, ``[B, N * C, H, W]``, run-major (a
+channels-last batch on CUDA as the engine's), which is a grouped convolution's input; scores come back as
+``[B, N, classes]`` and labels go in as ``[B, N]``. Every tensor of the grouped model is its runs' tensors
+concatenated along the first dimension (a scalar, the batch count, is shared).
 
     >>> import torch
     >>> from experiments.engine.models import build_model
@@ -25,66 +26,132 @@ import copy
 from collections.abc import Iterable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, stack_module_state, vmap
+
+from experiments.engine.models import _Bottleneck
+from topk.layers import CosineClassifier
+
+#: Layers that hold no tensors and act on each channel, or on each image, alone: the same for grouped channels.
+_CHANNELWISE = (nn.ReLU, nn.AvgPool2d, nn.MaxPool2d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Identity)
 
 
-def _tensor_shapes(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
-    return [(name, tuple(tensor.shape)) for name, tensor in (*model.named_parameters(), *model.named_buffers())]
+class _GroupedLinear(nn.Module):
+    """``runs`` linear layers (weights ``[runs * out, in]``): ``[B, runs * in]`` features to ``[B, runs, out]``."""
+
+    def __init__(self, runs: int, in_features: int, out_features: int, bias: bool, cosine_scale: float | None = None):
+        super().__init__()
+        self.runs, self.cosine_scale = runs, cosine_scale
+        self.weight = nn.Parameter(torch.empty(runs * out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(runs * out_features)) if bias else None
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        features = features.unflatten(1, (self.runs, -1))  # [B, N * in] -> [B, N, in]
+        weight = self.weight.unflatten(0, (self.runs, -1))  # [N * out, in] -> [N, out, in]
+        if self.cosine_scale is not None:  # topk.layers.CosineClassifier of each run
+            features, weight = F.normalize(features, dim=-1), F.normalize(weight, dim=-1)
+        scores = torch.einsum("bni,noi->bno", features, weight)
+        if self.bias is not None:
+            scores = scores + self.bias.unflatten(0, (self.runs, -1)).to(scores.dtype)  # autocast's cast, as addmm's
+        return scores if self.cosine_scale is None else self.cosine_scale * scores
+
+
+def cat_runs(first: torch.Tensor, second: torch.Tensor, runs: int) -> torch.Tensor:
+    """Each run's channels of ``first`` then of ``second``, run after run: the grouped form of ``torch.cat(dim=1)``.
+    In the inputs' memory layout (channels-last stays channels-last)."""
+    if first.is_contiguous(memory_format=torch.channels_last) and not first.is_contiguous():
+        last = [t.permute(0, 2, 3, 1).unflatten(3, (runs, -1)) for t in (first, second)]  # [B, H, W, N, C], a view
+        return torch.cat(last, dim=4).flatten(3).permute(0, 3, 1, 2)
+    return torch.cat([t.unflatten(1, (runs, -1)) for t in (first, second)], dim=2).flatten(1, 2)
+
+
+class _GroupedBottleneck(nn.Module):
+    """:class:`experiments.engine.models._Bottleneck` of ``runs`` runs: its new channels after each run's own."""
+
+    def __init__(self, layers: nn.Module, runs: int):
+        super().__init__()
+        self.layers, self.runs = layers, runs
+
+    def forward(self, x):
+        return cat_runs(x, self.layers(x), self.runs)
+
+
+def _grouped(module: nn.Module, runs: int) -> nn.Module:
+    """``module`` with ``runs`` groups in every layer (tensors left unset: :class:`StackedModels` fills them)."""
+    if isinstance(module, nn.Conv2d):
+        return nn.Conv2d(runs * module.in_channels, runs * module.out_channels, module.kernel_size, module.stride,
+                         module.padding, module.dilation, runs * module.groups, module.bias is not None,
+                         module.padding_mode)
+    if isinstance(module, nn.BatchNorm2d):
+        return nn.BatchNorm2d(runs * module.num_features, module.eps, module.momentum, module.affine,
+                              module.track_running_stats)
+    if isinstance(module, nn.Linear):
+        return _GroupedLinear(runs, module.in_features, module.out_features, module.bias is not None)
+    if isinstance(module, CosineClassifier):
+        return _GroupedLinear(runs, module.in_features, module.num_classes, False, module.scale)
+    if isinstance(module, _Bottleneck):
+        return _GroupedBottleneck(_grouped(module.layers, runs), runs)
+    if isinstance(module, _CHANNELWISE):
+        return copy.deepcopy(module)
+    if any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False)):
+        raise ValueError(f"runs cannot be stacked through a {type(module).__name__} layer: only convolutions, batch "
+                         f"normalisations, linear and cosine heads, DenseNet bottlenecks and layers without tensors")
+    grouped = copy.copy(module)  # a container, whose forward only chains its children
+    grouped._modules = {name: _grouped(child, runs) for name, child in module.named_children()}
+    return grouped
+
+
+def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
 
 class StackedModels(nn.Module):
-    """``N`` models of one architecture (same class, same tensors by name and shape) as one module whose forward
-    maps ``[B, N * C, H, W]`` images to ``[B, N, classes]`` scores, run ``n``'s from its own weights and images."""
+    """``N`` models of one architecture (same class, same tensors by name and shape) as one grouped model whose
+    forward maps ``[B, N * C, H, W]`` images to ``[B, N, classes]`` scores, run ``n``'s from its own weights and
+    images. The models are copied, not shared."""
 
     def __init__(self, models: Sequence[nn.Module]):
         super().__init__()
         if len(models) < 1:
             raise ValueError("'models' should hold at least one model to stack, got none")
-        first = models[0]
+        first, shapes = models[0], _shapes(models[0])
         for index, model in enumerate(models[1:], start=1):
-            if type(model) is not type(first) or _tensor_shapes(model) != _tensor_shapes(first):
-                differ = sorted(set(_tensor_shapes(model)) ^ set(_tensor_shapes(first)))[:3]
+            found = _shapes(model)
+            if type(model) is not type(first) or found != shapes:
+                differ = sorted(set(found.items()) ^ set(shapes.items()))[:3]
                 raise ValueError(f"model {index} ({type(model).__name__}) is not model 0's architecture "
                                  f"({type(first).__name__}); tensors that differ: {differ}")
         if any(module.training != first.training for model in models for module in model.modules()):
             raise ValueError("the models to stack should all be in training mode or all in evaluation mode")
-        parameters, buffers = stack_module_state(list(models))  # [N, *shape] each; copies, not the models' own
         self.runs = len(models)
-        self._parameter_names, self._buffer_names = list(parameters), list(buffers)
-        for name, tensor in parameters.items():
-            self.register_parameter(self._attribute(name), nn.Parameter(tensor.detach()))
-        for name, tensor in buffers.items():
-            self.register_buffer(self._attribute(name), tensor)
-        # the architecture without tensors; kept out of the module's children, whose parameters it would add
-        self._template = [copy.deepcopy(first).to("meta")]
-
-    @staticmethod
-    def _attribute(name: str) -> str:
-        return name.replace(".", "__")  # a module attribute's name cannot hold a dot
-
-    def train(self, mode: bool = True) -> "StackedModels":
-        self._template[0].train(mode)  # batch normalisation reads the template's mode
-        return super().train(mode)
-
-    def _one_run(self, parameters: dict, buffers: dict, images: torch.Tensor) -> torch.Tensor:
-        return functional_call(self._template[0], (parameters, buffers), (images,))
+        with torch.device("meta"):  # no tensors made (nor random numbers drawn) for the grouped layers' own init
+            self.model = _grouped(first, self.runs)
+        self.model.train(first.training)
+        states = [model.state_dict() for model in models]
+        grouped = {}
+        for name, tensor in self.model.state_dict().items():
+            own = [state[name] for state in states]
+            if tensor.dim() == 0:  # batch normalisation's count of batches: the same in every run
+                if len({value.item() for value in own}) != 1:
+                    raise ValueError(f"the runs' {name} differ ({[value.item() for value in own]}): stacked runs "
+                                     "should have trained as many steps")
+                grouped[name] = own[0].clone()
+            else:
+                grouped[name] = torch.cat(own)  # in the runs' dtype, device and memory layout
+        self.model.load_state_dict(grouped, assign=True)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if images.dim() != 4 or images.shape[1] % self.runs:
             raise ValueError(f"'images' should be [B, {self.runs} * C, H, W] (the runs' images side by side along the "
                              f"channels), got shape {tuple(images.shape)}")
-        parameters = {name: getattr(self, self._attribute(name)) for name in self._parameter_names}
-        buffers = {name: getattr(self, self._attribute(name)) for name in self._buffer_names}
-        per_run = images.unflatten(1, (self.runs, -1))  # [B, N * C, H, W] -> [B, N, C, H, W], a view
-        return vmap(self._one_run, in_dims=(0, 0, 1), out_dims=1)(parameters, buffers, per_run)
+        return self.model(images)
 
     def run_state_dict(self, run: int) -> dict[str, torch.Tensor]:
         """Run ``run``'s tensors under the single model's names: what ``load_state_dict`` of one model takes."""
         if not 0 <= run < self.runs:
             raise ValueError(f"'run' should be in [0, {self.runs}), got {run}")
-        names = (*self._parameter_names, *self._buffer_names)
-        return {name: getattr(self, self._attribute(name))[run].detach().clone() for name in names}
+        return {name: (tensor.unflatten(0, (self.runs, -1))[run] if tensor.dim() else tensor).detach().clone()
+                for name, tensor in self.model.state_dict().items()}
 
 
 class StackedLosses(nn.Module):

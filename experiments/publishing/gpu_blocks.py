@@ -58,15 +58,24 @@ def _epochs(results: Path) -> str:
     return "\n\n".join(parts)
 
 
+def _stack(row: dict) -> int:
+    """The runs stacked into one model in a ``concurrency.csv`` row (1 in other CSVs and in rows from before)."""
+    return int(row.get("stack") or 1)
+
+
+def _current(row: dict) -> bool:
+    """Whether an engine timing was made with today's code (:func:`timings.engine_code`)."""
+    return row.get("engine_code") == timings.engine_code(stacked=_stack(row) > 1)
+
+
 def _stale_engine_warning(row: dict, command: str) -> str:
-    """A warning for an engine timing made with other code than today's (:data:`timings.ENGINE_EPOCH_CODE`), or
-    nothing."""
-    made_with = row.get("engine_code")
-    if made_with == timings.engine_code():
+    """A warning for an engine timing made with other code than today's (:data:`timings.ENGINE_EPOCH_CODE`, and
+    :data:`timings.STACKED_CODE` for stacked runs), or nothing."""
+    if _current(row):
         return ""
-    why = ("it was made before the rows named the engine's code" if not made_with else
+    why = ("it was made before the rows named the engine's code" if not row.get("engine_code") else
            "the engine's epoch changed since")
-    files = ", ".join(f"`{name}`" for name in timings.ENGINE_EPOCH_CODE)
+    files = ", ".join(f"`{name}`" for name in (*timings.ENGINE_EPOCH_CODE, *(timings.STACKED_CODE,) * (_stack(row) > 1)))
     return f"**Stale:** {why} ({files}); rerun `{command}` on a GPU.\n\n"
 
 
@@ -119,7 +128,7 @@ def _gpu_cifar_notebook_images() -> int:
 
 def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     """Trainings side by side on one GPU (:mod:`benchmarks.bench_concurrency`), one line per invocation: one run's
-    images/s, each concurrency's aggregate against it, and the ``gpu`` profile's CIFAR-100 notebooks' training hours
+    images/s, each concurrency's and each stack's aggregate against it, and the ``gpu`` profile's CIFAR-100 notebooks' training hours
     at the best aggregate rate, on one such GPU and on eight (evaluation left out)."""
     invocations = split_by(read_rows(path), "date")
     if not invocations:
@@ -128,9 +137,10 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     images, lines = _gpu_cifar_notebook_images(), []
     for rows in invocations:
         (best, rate, one_gpu), one = _fastest(rows), rows[0]
-        stale = _stale_engine_warning(one, "bash benchmarks/gpu_session.sh concurrency").rstrip()
-        ratios = ", ".join(f"{row['concurrency']} x{float(row['ratio_to_one_run']):.2f}" for row in rows[1:])
-        side_by_side = (f"; side by side {ratios} (target >= x{timings.RATIO_TARGET:g} on an H100); at the best rate, "
+        stale = next((_stale_engine_warning(row, "bash benchmarks/gpu_session.sh concurrency").rstrip()
+                      for row in rows if not _current(row)), "")
+        ratios = _ratios(rows[1:])
+        side_by_side = (f"; {ratios} (target >= x{timings.RATIO_TARGET:g} on an H100); at the best rate, "
                         f"{_runs(best)} and" if ratios else "; at")
         lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
                      f"the engine's step ({_setting(one)}): one run {float(one['aggregate_images_per_s']):,.0f} "
@@ -146,23 +156,39 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     return "\n".join(lines)
 
 
+def _ratios(rows: list[dict]) -> str:
+    """Each measurement's aggregate against one run's: "side by side 2 x1.80, 4 x3.60; stacked 4 x2.10, 2 x 4 x3.00"."""
+    def ratio(row: dict) -> str:
+        return f"x{float(row['ratio_to_one_run']):.2f}"
+
+    side_by_side = [f"{row['concurrency']} {ratio(row)}" for row in rows if _stack(row) == 1]
+    stacked = [f"{row['concurrency'] + ' x ' if row['concurrency'] != '1' else ''}{_stack(row)} {ratio(row)}"
+               for row in rows if _stack(row) > 1]
+    return "; ".join([*[f"side by side {', '.join(side_by_side)}"] * bool(side_by_side),
+                      *[f"stacked into one model {', '.join(stacked)}"] * bool(stacked)])
+
+
 def _runs(row: dict) -> str:
+    """"2 runs", or for stacked runs :func:`timings.runs_text`'s "4 runs stacked"."""
+    if _stack(row) > 1:
+        return timings.runs_text(int(row["concurrency"]), _stack(row))
     return f"{row['concurrency']} run{'s' * (row['concurrency'] != '1')}"
 
 
 def _setting(row: dict) -> str:
-    """The compile mode, and MPS where an MPS daemon shared the GPU (``bench_concurrency.gpu_sharing``)."""
-    return f"`{row['compile']}`" + " under MPS" * (row.get("gpu_sharing") == "mps")
+    """The compile mode, with MPS where an MPS daemon shared the GPU (``bench_concurrency.gpu_sharing``) and cuDNN's
+    benchmark mode where it chose the convolutions' algorithms."""
+    return (f"`{row['compile']}`" + " under MPS" * (row.get("gpu_sharing") == "mps")
+            + ", `cudnn.benchmark`" * (row.get("cudnn_benchmark") == "True"))
 
 
 def _fastest_current(path: Path) -> list[tuple[dict, float, float]]:
-    """Per GPU model, the fastest setting (compile mode, runs side by side, MPS) measured with today's engine on the
+    """Per GPU model, the fastest setting (compile mode, runs side by side or stacked, MPS) measured with today's engine on the
     ``gpu`` profile's CIFAR-100 model and batch: its row, its images/s and that part's training hours on one such GPU
     at that rate."""
     from experiments.spec.profiles import GPU
 
-    current = [row for row in read_rows(path) if row.get("engine_code") == timings.engine_code()
-               and row["device"] == "cuda" and row["model"] == GPU.cifar.model
+    current = [row for row in read_rows(path) if _current(row) and row["device"] == "cuda" and row["model"] == GPU.cifar.model
                and row["batch_size"] == str(GPU.cifar.batch_size)]
     return [_fastest(rows) for rows in split_by(current, "device_name")]
 

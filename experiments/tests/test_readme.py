@@ -430,3 +430,28 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
 def test_an_engine_timing_made_with_other_engine_code_is_shown_stale(tmp_path, engine_code, why):
     _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40, engine_code))
     assert gpu_blocks.concurrency(tmp_path / "concurrency.csv").startswith(f"- **Stale:** {why} (`experiments/engine/")
+
+
+def test_runs_stacked_into_one_model_are_named_so_and_judged_by_the_stacking_code_too(tmp_path):
+    """A stacked row's ratio is listed apart from the side-by-side ones, can be the fastest setting, and is stale when
+    the stacking's code changed though the engine's did not."""
+    from experiments.analysis import timings
+
+    alone, side_by_side = ({**row, "stack": "1", "cudnn_benchmark": "False"}
+                           for row in _concurrency_rows("a" * 40, timings.engine_code())[:2])
+    stacked = [{**alone, "engine_code": timings.engine_code(stacked=True), "compile": "default", "stack": str(stack),
+                "concurrency": str(processes), "cudnn_benchmark": "True", "aggregate_images_per_s": str(rate),
+                "ratio_to_one_run": str(rate / 1000)} for processes, stack, rate in ((1, 4, 2500.0), (2, 4, 2000.0))]
+    _csv(tmp_path / "concurrency.csv", [alone, side_by_side, *stacked])
+    images = gpu_blocks._gpu_cifar_notebook_images()
+    text = gpu_blocks.concurrency(tmp_path / "concurrency.csv")
+    assert ("one run 1,000 images/s; side by side 2 x1.80; stacked into one model 4 x2.50, 2 x 4 x2.00 (target >= x3 "
+            "on an H100); at the best rate, 4 runs stacked and 2,500 images/s") in text and "Stale" not in text
+    assert text.splitlines()[-1] == (f"- **Fastest with today's engine on the test-gpu:** `default`, `cudnn.benchmark`, "
+                                     f"4 runs stacked on the GPU, 2,500 images/s: {images / 2500 / 3600:.1f} h on one "
+                                     f"such GPU, {images / 2500 / 3600 / 8:.1f} h on 8")
+    changed = [{**row, "engine_code": "0" * 12} for row in stacked]  # made before the stacking's last change
+    _csv(tmp_path / "concurrency.csv", [alone, side_by_side, *changed])
+    text = gpu_blocks.concurrency(tmp_path / "concurrency.csv")
+    assert text.startswith("- **Stale:** the engine's epoch changed since (") and "`experiments/engine/stacked.py`" in text
+    assert f"2 runs on the GPU, 1,800 images/s: {images / 1800 / 3600:.1f} h" in text.splitlines()[-1]
