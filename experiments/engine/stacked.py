@@ -155,8 +155,8 @@ class StackedModels(nn.Module):
 
 
 class StackedLosses(nn.Module):
-    """One loss per run over stacked scores ``[B, N, classes]`` and labels ``[B, N]``: the sum of the runs' losses,
-    whose gradient with respect to run ``n``'s scores is run ``n``'s own loss gradient."""
+    """One loss per run over stacked scores ``[B, N, classes]`` and labels ``[B, N]``: the runs' losses ``[N]``; the
+    gradient of their sum with respect to run ``n``'s scores is run ``n``'s own loss gradient."""
 
     def __init__(self, losses: Sequence[nn.Module]):
         super().__init__()
@@ -166,7 +166,25 @@ class StackedLosses(nn.Module):
         if scores.dim() != 3 or scores.shape[1] != len(self.losses) or tuple(labels.shape) != tuple(scores.shape[:2]):
             raise ValueError(f"'scores' should be [B, {len(self.losses)}, classes] and 'labels' [B, {len(self.losses)}], "
                              f"got {tuple(scores.shape)} and {tuple(labels.shape)}")
-        return sum(loss(scores[:, run], labels[:, run]) for run, loss in enumerate(self.losses))
+        return torch.stack([loss(scores[:, run], labels[:, run]) for run, loss in enumerate(self.losses)])
+
+
+def stack_optimiser_states(states: Sequence[dict]) -> dict:
+    """The state dict of an optimiser over stacked runs' tensors from the runs' own optimisers' (same settings, the
+    parameters in one order): each per-parameter tensor (SGD's momentum) concatenated as the parameters are."""
+    return {"state": {index: {name: torch.cat([state["state"][index][name] for state in states])
+                              if isinstance(value, torch.Tensor) and value.dim() else value
+                              for name, value in values.items()} for index, values in states[0]["state"].items()},
+            "param_groups": copy.deepcopy(states[0]["param_groups"])}
+
+
+def run_optimiser_state(state: dict, run: int, runs: int) -> dict:
+    """Run ``run``'s part of the state dict of an optimiser over ``runs`` stacked runs' tensors: what its own
+    optimiser's ``load_state_dict`` takes (:func:`stack_optimiser_states` undone)."""
+    return {"state": {index: {name: value.unflatten(0, (runs, -1))[run].clone()
+                              if isinstance(value, torch.Tensor) and value.dim() else value
+                              for name, value in values.items()} for index, values in state["state"].items()},
+            "param_groups": copy.deepcopy(state["param_groups"])}
 
 
 def side_by_side_batches(loaders: Sequence[Iterable]) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:

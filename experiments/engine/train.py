@@ -21,6 +21,7 @@ import hashlib
 import json
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,8 @@ from data_prep.common import TensorImages
 from experiments.engine.batches import batches, order_seed
 from experiments.engine.config import SELECTION, RunConfig, selection_metrics
 from experiments.engine.models import build_model, parameter_count
+from experiments.engine.stacked import (StackedLosses, StackedModels, run_optimiser_state, side_by_side_batches,
+                                        stack_optimiser_states)
 from experiments.engine.store import ResultsStore
 from experiments.provenance import device_name, git_commit, versions
 from topk.losses import build_loss
@@ -51,16 +54,107 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
     :data:`COMPILE_MODES`: the model and the loss (as one graph, ``fullgraph=True``) are compiled; how a run is
     executed is not part of its config, and the result is eager mode's up to rounding (same random stream). ``stop_after_epochs`` stops this
     call early (as a kill would), leaving the checkpoint; it returns None then."""
+    return run_stacked([config], store, device=device, data_root=data_root, num_workers=num_workers,
+                       compile_mode=compile_mode, progress=progress, stop_after_epochs=stop_after_epochs)[0]
+
+
+def stack_signature(config: RunConfig) -> tuple:
+    """What runs trained stacked into one model (:mod:`experiments.engine.stacked`) share: the data, the
+    architecture, the batches and the optimiser's settings and schedule (the loss, the seed and the selection may
+    differ)."""
+    return (config.dataset, repr(config.dataset_options), config.model, repr(config.model_options), config.epochs,
+            config.batch_size, config.lr, config.weight_decay, config.milestones, config.lr_gamma, config.momentum)
+
+
+def run_stacked(configs: list[RunConfig], store: ResultsStore, *, device: str = "cpu",
+                data_root: str | Path | None = None, num_workers: int | None = None, compile_mode: str | None = None,
+                progress: bool = False, stop_after_epochs: int | None = None) -> list[dict | None]:
+    """Train ``configs`` together, as :func:`run` trains one, and return their records in order (None for all when
+    ``stop_after_epochs`` stopped the call). Two or more unfinished runs train stacked into one model
+    (:class:`experiments.engine.stacked.StackedModels`: one grouped step for all), each from its own seed, on its own
+    data order, with its own loss, evaluation, checkpoints and records, which are a lone run's up to rounding and the
+    noised losses' draws (the runs share PyTorch's random stream, in turn); a record says which runs it trained with.
+    The runs should share a :func:`stack_signature` and, when resumed, the epoch of their checkpoints."""
     if compile_mode is not None and compile_mode not in COMPILE_MODES:
         raise ValueError(f"'compile_mode' should be None or one of {COMPILE_MODES}, got {compile_mode!r}")
-    key = config.key()
-    if (record := store.finished(key)) is not None:
-        return record
+    records = [store.finished(config.key()) for config in configs]
+    todo = [config for config, record in zip(configs, records) if record is None]
+    if not todo:
+        return records
+    differ = [config.key() for config in todo if stack_signature(config) != stack_signature(todo[0])]
+    if differ:
+        raise ValueError(f"runs trained stacked should share their data, model, batches and optimiser settings; "
+                         f"{differ[:3]} differ from {todo[0].key()}")
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    device = torch.device(device)
-    splits = data_prep.load(config.dataset, data_root, **config.dataset_options)
+    if world > 1 and len(todo) > 1:
+        raise ValueError(f"runs are stacked in one process, not under DistributedDataParallel ({world} processes)")
+    first, device = todo[0], torch.device(device)
+    splits = data_prep.load(first.dataset, data_root, **first.dataset_options)
     train_batches, val_batches, test_batches = (batches(split, device, num_workers)
                                                 for split in (splits.train, splits.val, splits.test))
+    runs = [_start(config, store, splits, device, data_root) for config in todo]
+    epochs = sorted({one.state["epoch"] for one in runs})
+    if len(epochs) > 1:
+        raise ValueError(f"runs trained stacked should resume from one epoch, got checkpoints at epochs {epochs}")
+    if runs[0].checkpoint is not None:
+        _set_rng_states(runs[0].checkpoint["rng"])
+    model, loss_fn, optimiser, schedule = _trained_together(runs)
+    trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    if compile_mode is not None:
+        trained, loss_fn = compile_step(trained, loss_fn, compile_mode)
+    epochs_this_call = 0
+    while runs[0].state["epoch"] < first.epochs:
+        epoch = runs[0].state["epoch"]
+        if world > 1:
+            reseed_process(first.seed, epoch, rank)
+        loaders = [train_batches.shuffled(order_seed(one.config.seed, epoch), first.batch_size // world, rank, world)
+                   for one in runs]
+        lr = optimiser.param_groups[0]["lr"]  # the epoch's rate, before the schedule's step sets the next one's
+        seconds, loss_seconds, mean_loss, grad_nonzero = train_epoch(
+            trained, loss_fn, loaders[0] if len(runs) == 1 else side_by_side_batches(loaders), optimiser, device,
+            progress, epoch)
+        schedule.step()
+        for index, one in enumerate(runs):
+            if len(runs) > 1:  # the run's own model, for its evaluation and checkpoint
+                one.model.load_state_dict(model.run_state_dict(index))
+            validation = evaluate(one.model, val_batches, one.config.eval_ks, splits.class_counts, first.batch_size)
+            one.state["history"].append({
+                "epoch": epoch + 1, "train_loss": _of_run(mean_loss, index), "epoch_seconds": seconds,
+                "loss_seconds": loss_seconds, "grad_nonzero": _of_run(grad_nonzero, index), "lr": lr,
+                "val": validation, **({"stack": len(runs)} if len(runs) > 1 else {})})
+            _keep_selected(one.state, validation, one.model)
+            one.state["epoch"] = epoch + 1
+            if rank == 0:
+                store.save_checkpoint(one.config.key(), {
+                    "model": one.model.state_dict(), "schedule": schedule.state_dict(), "state": one.state,
+                    "optimiser": (optimiser.state_dict() if len(runs) == 1
+                                  else run_optimiser_state(optimiser.state_dict(), index, len(runs))),
+                    "rng": _rng_states()})
+        epochs_this_call += 1
+        if stop_after_epochs is not None and epochs_this_call >= stop_after_epochs and epoch + 1 < first.epochs:
+            return [None] * len(configs)
+    stacked_with = [one.config.training_key() for one in runs] if len(runs) > 1 else None
+    finished = {config.key(): _finish(one, store, splits, test_batches, device, world, rank, compile_mode, stacked_with)
+                for config, one in zip(todo, runs)}
+    return [record if record is not None else finished[config.key()] for config, record in zip(configs, records)]
+
+
+@dataclass
+class _Run:
+    """One run of a :func:`run_stacked` call: its config, its own model (the one trained, or a copy of its part of
+    the stacked one), loss, optimiser and schedule, its training state and the checkpoint it resumed from."""
+
+    config: RunConfig
+    model: nn.Module
+    loss_fn: nn.Module
+    optimiser: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    state: dict
+    checkpoint: dict | None
+
+
+def _start(config: RunConfig, store: ResultsStore, splits, device: torch.device, data_root) -> _Run:
+    """The run built from its seed, resumed from its checkpoint where the store holds one."""
     _seed_everything(config.seed)
     model_options = {name: value.format(data_root=data_root) if isinstance(value, str) else value
                      for name, value in config.model_options.items()}  # "{data_root}/file" names a file of the data
@@ -68,43 +162,50 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     loss_fn = build_loss(config.loss, class_counts=splits.class_counts, **config.loss_options).to(device)
-    optimiser = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, nesterov=True,
-                                weight_decay=config.weight_decay)
+    optimiser = optimiser_of(model.parameters(), config)
     schedule = torch.optim.lr_scheduler.MultiStepLR(optimiser, list(config.milestones), config.lr_gamma)
     state = {"epoch": 0, "history": [], "selected": dict.fromkeys(selection_metrics(config.eval_ks)), "models": {}}
-    if (checkpoint := store.load_checkpoint(key, _fits(model, optimiser, config))) is not None:
+    if (checkpoint := store.load_checkpoint(config.key(), _fits(model, optimiser, config))) is not None:
         model.load_state_dict(checkpoint["model"])
         optimiser.load_state_dict(checkpoint["optimiser"])
         schedule.load_state_dict(checkpoint["schedule"])
         state = checkpoint["state"]
-        _set_rng_states(checkpoint["rng"])
-    trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    if compile_mode is not None:
-        trained, loss_fn = compile_step(trained, loss_fn, compile_mode)
-    epochs_this_call = 0
-    while state["epoch"] < config.epochs:
-        epoch = state["epoch"]
-        if world > 1:
-            reseed_process(config.seed, epoch, rank)
-        loader = train_batches.shuffled(order_seed(config.seed, epoch), config.batch_size // world, rank, world)
-        lr = optimiser.param_groups[0]["lr"]  # the epoch's rate, before the schedule's step sets the next one's
-        seconds, loss_seconds, mean_loss, grad_nonzero = train_epoch(trained, loss_fn, loader, optimiser, device,
-                                                                      progress, epoch)
-        schedule.step()
-        validation = evaluate(model, val_batches, config.eval_ks, splits.class_counts, config.batch_size)
-        state["history"].append({"epoch": epoch + 1, "train_loss": mean_loss, "epoch_seconds": seconds,
-                                 "loss_seconds": loss_seconds, "grad_nonzero": grad_nonzero,
-                                 "lr": lr, "val": validation})
-        _keep_selected(state, validation, model)
-        state["epoch"] = epoch + 1
-        if rank == 0:
-            store.save_checkpoint(key, {"model": model.state_dict(), "optimiser": optimiser.state_dict(),
-                                        "schedule": schedule.state_dict(), "state": state, "rng": _rng_states()})
-        epochs_this_call += 1
-        if stop_after_epochs is not None and epochs_this_call >= stop_after_epochs and state["epoch"] < config.epochs:
-            return None
+    return _Run(config, model, loss_fn, optimiser, schedule, state, checkpoint)
+
+
+def optimiser_of(parameters, config: RunConfig) -> torch.optim.SGD:
+    """SGD with Nesterov momentum, the config's rate, momentum and weight decay (every experiment of the paper)."""
+    return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, nesterov=True,
+                           weight_decay=config.weight_decay)
+
+
+def _trained_together(runs: list[_Run]) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer, object]:
+    """What the step trains: the lone run's own model, loss, optimiser and schedule, or the runs stacked into one model
+    with one optimiser holding their momenta and one schedule at their epoch."""
+    if len(runs) == 1:
+        return runs[0].model, runs[0].loss_fn, runs[0].optimiser, runs[0].schedule
+    model = StackedModels([one.model for one in runs])
+    optimiser = optimiser_of(model.parameters(), runs[0].config)
+    if runs[0].checkpoint is not None:
+        optimiser.load_state_dict(stack_optimiser_states([one.optimiser.state_dict() for one in runs]))
+    schedule = torch.optim.lr_scheduler.MultiStepLR(optimiser, list(runs[0].config.milestones), runs[0].config.lr_gamma)
+    schedule.load_state_dict(runs[0].schedule.state_dict())
+    return model, StackedLosses([one.loss_fn for one in runs]), optimiser, schedule
+
+
+def _of_run(value: float | list[float], index: int) -> float:
+    """A lone run's epoch statistic, or run ``index``'s of stacked runs' (:func:`train_epoch` gives one per run)."""
+    return value[index] if isinstance(value, list) else value
+
+
+def _finish(one: _Run, store: ResultsStore, splits, test_batches, device: torch.device, world: int, rank: int,
+            compile_mode: str | None, stacked_with: list[str] | None) -> dict:
+    """The trained run's records: its own and its siblings' (each tests the model of its selected epoch)."""
+    config, state, model = one.config, one.state, one.model
     tested = {}  # selected epoch -> its test metrics (and label-noise fit)
     provenance = {**_provenance(device, world, model), "compile_mode": compile_mode}
+    if stacked_with is not None:
+        provenance["stacked_with"] = stacked_with
     for sibling in sorted(config.siblings(), key=lambda sibling: sibling == config):  # its own record last
         selected = state["selected"].get(sibling.selection_metric)
         if sibling != config and (selected is None or store.finished(sibling.key()) is not None):
@@ -262,7 +363,9 @@ class _Stopwatch:
 def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> tuple[float, float, float, float]:
     """One epoch; returns (seconds, seconds in the loss's forward, mean loss, mean number of non-zero coordinates
     of the loss's gradient with respect to a sample's scores: the sparsity of Fig. 2). The loss sums and the sparsity
-    count stay on the device and the times are CUDA events on CUDA: the epoch reads the device once, at its end."""
+    count stay on the device and the times are CUDA events on CUDA: the epoch reads the device once, at its end.
+    Stacked runs (:mod:`experiments.engine.stacked`: scores ``[B, N, classes]``, one loss per run) get a list of ``N``
+    means for each of the last two."""
     model.train()
     cuda = device.type == "cuda"
     batches = loader
@@ -286,15 +389,16 @@ def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> t
         loss = loss_fn(scores, labels)
         loss_time.stop()
         optimiser.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.sum().backward()  # stacked runs' losses: each run's gradient is its own loss's
         optimiser.step()
         total, count = total + loss.detach(), count + 1
-        nonzero, rows = nonzero + torch.count_nonzero(scores.grad), rows + len(labels)
+        nonzero = nonzero + torch.count_nonzero(scores.grad, dim=-1).sum(0)  # per run when stacked
+        rows += len(labels)
     epoch_time.stop()
-    mean_loss = float(total / max(count, 1))  # the epoch's one synchronisation
-    if mean_loss != mean_loss:
+    mean_loss = torch.as_tensor(total / max(count, 1)).tolist()  # the epoch's one synchronisation
+    if any(value != value for value in (mean_loss if isinstance(mean_loss, list) else [mean_loss])):
         raise FloatingPointError(f"the training loss became NaN in epoch {epoch + 1}")
-    return epoch_time.total(), loss_time.total(), mean_loss, float(nonzero / max(rows, 1))
+    return epoch_time.total(), loss_time.total(), mean_loss, torch.as_tensor(nonzero / max(rows, 1)).tolist()
 
 
 @torch.no_grad()

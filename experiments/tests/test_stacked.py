@@ -12,7 +12,8 @@ import torch
 
 from experiments.engine import stacked as stacked_module
 from experiments.engine.models import build_model
-from experiments.engine.stacked import StackedLosses, StackedModels, side_by_side_batches
+from experiments.engine.stacked import (StackedLosses, StackedModels, run_optimiser_state, side_by_side_batches,
+                                        stack_optimiser_states)
 from topk.losses import build_loss
 
 ARCHITECTURES = {"small_cnn": ("small_cnn", {"width": 4}),
@@ -53,7 +54,7 @@ def test_stacked_training_takes_each_runs_own_steps(architecture):
         stacked_images, stacked_labels = next(iter(side_by_side_batches([[pair] for pair in zip(images, labels)])))
         scores = stacked(stacked_images)
         stacked_optimiser.zero_grad()
-        StackedLosses(losses)(scores, stacked_labels).backward()
+        StackedLosses(losses)(scores, stacked_labels).sum().backward()
         stacked_optimiser.step()
         for run, model in enumerate(separate):
             own = model(images[run])
@@ -61,8 +62,13 @@ def test_stacked_training_takes_each_runs_own_steps(architecture):
             separate_optimisers[run].zero_grad()
             losses[run](own, labels[run]).backward()
             separate_optimisers[run].step()
-    for run, model in enumerate(separate):  # the weights, the running statistics and the batch counts
+    for run, model in enumerate(separate):  # the weights, the running statistics and the batch counts; the momenta
         torch.testing.assert_close(stacked.run_state_dict(run), model.state_dict(), rtol=1e-10, atol=1e-12)
+        own = run_optimiser_state(stacked_optimiser.state_dict(), run, len(separate))
+        torch.testing.assert_close(own, separate_optimisers[run].state_dict(), rtol=1e-10, atol=1e-12)
+    restacked = _optimiser(stacked.parameters())  # the runs' own optimisers stacked again: the same state
+    restacked.load_state_dict(stack_optimiser_states([optimiser.state_dict() for optimiser in separate_optimisers]))
+    torch.testing.assert_close(restacked.state_dict(), stacked_optimiser.state_dict(), rtol=1e-10, atol=1e-12)
 
 
 def test_in_evaluation_mode_each_run_uses_its_running_statistics():
@@ -138,9 +144,9 @@ def test_a_compiled_stacked_step_is_the_eager_one_up_to_rounding():
     compiled = copy.deepcopy(eager)
     compiled_model = torch.compile(compiled, backend="aot_eager", fullgraph=True)
     images, labels = torch.randn(BATCH, 2 * 3, SIZE, SIZE), torch.randint(0, CLASSES, (BATCH, 2))
-    expected = StackedLosses(_losses()[:2])(eager(images), labels)
+    expected = StackedLosses(_losses()[:2])(eager(images), labels).sum()
     expected.backward()
-    found = StackedLosses(_losses()[:2])(compiled_model(images), labels)
+    found = StackedLosses(_losses()[:2])(compiled_model(images), labels).sum()
     found.backward()
     torch.testing.assert_close(found, expected, rtol=1e-5, atol=1e-6)
     for (name, tensor), (_, reference) in zip(compiled.named_parameters(), eager.named_parameters()):
