@@ -122,5 +122,12 @@ class RunConfig:
         """The key shared by this run's :meth:`siblings`: what is actually trained."""
         return self.replace(selection_metric=selection_metrics(self.eval_ks)[0]).key()
 
+    def stack_signature(self) -> tuple:
+        """What runs trained stacked into one model (:func:`experiments.engine.train.run_stacked`) share: the data,
+        the architecture, the batches and the optimiser's settings and schedule (the loss, the seed and the
+        selection may differ)."""
+        return (self.dataset, repr(self.dataset_options), self.model, repr(self.model_options), self.epochs,
+                self.batch_size, self.lr, self.weight_decay, self.milestones, self.lr_gamma, self.momentum)
+
     def replace(self, **changes) -> "RunConfig":
         return RunConfig.from_dict({**self.to_dict(), **changes})

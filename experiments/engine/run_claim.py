@@ -16,10 +16,10 @@ import os
 import socket
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from experiments.engine.train import run
+from experiments.engine.train import run, run_stacked
 
 HEARTBEAT = 30.0  #: seconds between two touches of a held claim
 STALE_AFTER = 300.0  #: a claim from another host whose heartbeat is older than this is taken over
@@ -143,3 +143,19 @@ def train_once(config, store, *, wait: bool = True, poll: float = 2.0, **options
         if not wait:
             return None
         time.sleep(poll)
+
+
+def train_stacked_once(configs, store, *, poll: float = 2.0, **options) -> list[dict]:
+    """The records of ``configs``: the unfinished runs whose claims this process takes train stacked into one model
+    (:func:`experiments.engine.train.run_stacked`, ``options``), in one group per epoch their checkpoints reached;
+    those a live process holds are waited for as :func:`train_once` waits (and resumed alone if it dies)."""
+    with ExitStack() as claims:
+        by_epoch: dict[int, list] = {}
+        for config in configs:
+            if store.finished(config.key()) is None and try_claim(store.root, config.training_key()):
+                claims.enter_context(held(store.root, config.training_key()))
+                checkpoint = store.load_checkpoint(config.key())
+                by_epoch.setdefault(checkpoint["state"]["epoch"] if checkpoint else 0, []).append(config)
+        for group in by_epoch.values():
+            run_stacked(group, store, **options)
+    return [train_once(config, store, poll=poll, **options) for config in configs]

@@ -58,14 +58,6 @@ def run(config: RunConfig, store: ResultsStore, *, device: str = "cpu", data_roo
                        compile_mode=compile_mode, progress=progress, stop_after_epochs=stop_after_epochs)[0]
 
 
-def stack_signature(config: RunConfig) -> tuple:
-    """What runs trained stacked into one model (:mod:`experiments.engine.stacked`) share: the data, the
-    architecture, the batches and the optimiser's settings and schedule (the loss, the seed and the selection may
-    differ)."""
-    return (config.dataset, repr(config.dataset_options), config.model, repr(config.model_options), config.epochs,
-            config.batch_size, config.lr, config.weight_decay, config.milestones, config.lr_gamma, config.momentum)
-
-
 def run_stacked(configs: list[RunConfig], store: ResultsStore, *, device: str = "cpu",
                 data_root: str | Path | None = None, num_workers: int | None = None, compile_mode: str | None = None,
                 progress: bool = False, stop_after_epochs: int | None = None) -> list[dict | None]:
@@ -74,14 +66,14 @@ def run_stacked(configs: list[RunConfig], store: ResultsStore, *, device: str = 
     (:class:`experiments.engine.stacked.StackedModels`: one grouped step for all), each from its own seed, on its own
     data order, with its own loss, evaluation, checkpoints and records, which are a lone run's up to rounding and the
     noised losses' draws (the runs share PyTorch's random stream, in turn); a record says which runs it trained with.
-    The runs should share a :func:`stack_signature` and, when resumed, the epoch of their checkpoints."""
+    The runs should share a :meth:`RunConfig.stack_signature` and, when resumed, the epoch of their checkpoints."""
     if compile_mode is not None and compile_mode not in COMPILE_MODES:
         raise ValueError(f"'compile_mode' should be None or one of {COMPILE_MODES}, got {compile_mode!r}")
     records = [store.finished(config.key()) for config in configs]
     todo = [config for config, record in zip(configs, records) if record is None]
     if not todo:
         return records
-    differ = [config.key() for config in todo if stack_signature(config) != stack_signature(todo[0])]
+    differ = [config.key() for config in todo if config.stack_signature() != todo[0].stack_signature()]
     if differ:
         raise ValueError(f"runs trained stacked should share their data, model, batches and optimiser settings; "
                          f"{differ[:3]} differ from {todo[0].key()}")

@@ -3,8 +3,9 @@
     python -m experiments plan PROFILE                         # every run, the notebooks that read it, its state
     python -m experiments train PROFILE --executor local --jobs 2
     python -m experiments train PROFILE --executor local --per-gpu 1 --device cuda --compile reduce-overhead
+    python -m experiments train PROFILE --executor local --per-gpu 1 --device cuda --stack 4   # 4 runs in one model
     python -m experiments train PROFILE --executor slurm --partition gpu --gpus-per-task 1 --time-min 600
-    python -m experiments run-one KEY --profile PROFILE        # one planned run (what an sbatch array task calls)
+    python -m experiments run-one KEY [KEY ...] --profile PROFILE   # planned runs, stacked if several (an array task)
 
 ``train`` exits with the number of failed runs (0 when every run finished); each failed run is named with its log.
 """
@@ -42,6 +43,9 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES, help="torch.compile mode of the step")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads per run (default: the cores split between the workers)")
+    parser.add_argument("--stack", type=int, default=1,
+                        help="train runs that share their data, model and optimiser settings this many at a time, "
+                             "stacked into one model (grouped layers; default 1: each run alone)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,8 +64,9 @@ def parser() -> argparse.ArgumentParser:
                        "figures/PROFILE, as the notebooks use)")
     _training_options(train)
     slurm.add_options(train)
-    one = commands.add_parser("run-one", help="train one planned run (an array task's command)")
-    one.add_argument("key", help="the run's key, as `plan` lists it")
+    one = commands.add_parser("run-one", help="train planned runs, stacked into one model if several (an array "
+                              "task's command)")
+    one.add_argument("keys", nargs="+", metavar="key", help="a run's key, as `plan` lists it")
     one.add_argument("--profile", required=True, choices=PROFILES)
     _training_options(one)
     return main
@@ -75,10 +80,15 @@ def main(argv: list[str]) -> int:
     if args.command == "plan":
         print(table(runs, ResultsStore(store)))
         return 0
-    options = executors.TrainOptions(store, args.device, args.data_root, args.workers, args.compile_mode, args.threads)
+    if args.stack < 1:
+        print(f"error: --stack should be a positive number of runs stacked into one model, got {args.stack}",
+              file=sys.stderr)
+        return 2
+    options = executors.TrainOptions(store, args.device, args.data_root, args.workers, args.compile_mode, args.threads,
+                                     args.stack)
     try:
         if args.command == "run-one":
-            return _run_one(runs, args.key, options)
+            return _run_one(runs, args.keys, options)
         return _train(runs, args, options)
     except MissingDataError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -89,14 +99,22 @@ def main(argv: list[str]) -> int:
         return 130
 
 
-def _run_one(runs: list[PlannedRun], key: str, options: executors.TrainOptions) -> int:
-    matches = [run for run in runs if key in {sibling.key() for sibling in run.config.siblings()}]
-    if not matches:
-        print(f"error: no run of this profile has the key {key!r}: `python -m experiments plan PROFILE` lists them",
-              file=sys.stderr)
+def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOptions) -> int:
+    """Train the planned runs named by ``keys`` (a sibling's key names its training), stacked if several."""
+    group = []
+    for key in keys:
+        matches = [run for run in runs if key in {sibling.key() for sibling in run.config.siblings()}]
+        if not matches:
+            print(f"error: no run of this profile has the key {key!r}: `python -m experiments plan PROFILE` lists "
+                  "them", file=sys.stderr)
+            return 2
+        group.append(matches[0])
+    if len({run.config.stack_signature() for run in group}) > 1:
+        print(f"error: the runs {keys} cannot train stacked into one model: they differ in their data, model, batches "
+              "or optimiser settings", file=sys.stderr)
         return 2
-    record = executors.train_run(matches[0], options)
-    print(f"{key}: finished, selected epoch {record['selected_epoch']}")
+    for key, record in zip(keys, executors.train_group(group, options)):
+        print(f"{key}: finished, selected epoch {record['selected_epoch']}")
     return 0
 
 
@@ -132,7 +150,7 @@ def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, p
                 "commit": git_commit(), "device": devices[0] if devices else options.device,
                 "seconds": round(seconds, 1),
                 "runs": {"trained": progress.done, "from_store": already, "failed": len(progress.failed)},
-                "threads": threads, "cpus": os.cpu_count(),
+                "stack": options.stack, "threads": threads, "cpus": os.cpu_count(),
                 "machine": device_name(devices[0]) if devices else None}
     folder = Path(args.figures or FIGURES / args.profile) / "manifests"
     folder.mkdir(parents=True, exist_ok=True)

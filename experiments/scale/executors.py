@@ -2,10 +2,12 @@
 and ``local`` (worker processes side by side on one machine: ``jobs`` on the CPU, or ``per_gpu`` on each visible GPU).
 
 Every run trains under the store's claim (:func:`experiments.engine.run_claim.train_once`), so executors, notebooks
-and other machines sharing a store never train one run twice at once. A run that fails is logged to
-``<store>/logs/<key>.log`` and the others go on; a worker that dies is replaced, its run resumed later from its
-checkpoint by the next ``train``. Runs whose timings are the result (:attr:`PlannedRun.alone`) train last, in this
-process, with nothing beside them.
+and other machines sharing a store never train one run twice at once. With ``stack`` above 1, runs that share their
+data, model and optimiser settings train that many at a time stacked into one model
+(:func:`experiments.scale.plan.stacks`, :func:`experiments.engine.run_claim.train_stacked_once`); a worker then trains
+a group. A run that fails is logged to ``<store>/logs/<key>.log`` (a group's, to its first run's) and the others go
+on; a worker that dies is replaced, its runs resumed later from their checkpoints by the next ``train``. Runs whose
+timings are the result (:attr:`PlannedRun.alone`) train last, in this process, with nothing beside them.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from experiments.engine.run_claim import train_once
+from experiments.engine.run_claim import train_once, train_stacked_once
 from experiments.engine.store import ResultsStore
-from experiments.scale.plan import PlannedRun
+from experiments.scale.plan import PlannedRun, stacks
 from experiments.scale.progress import Progress
 
 
@@ -36,23 +38,34 @@ class TrainOptions:
     workers: int | None = None  #: processes reading an image-folder dataset
     compile_mode: str | None = None
     threads: int = 0  #: torch CPU threads of the process (0: torch's default)
+    stack: int = 1  #: runs stacked into one model (:func:`experiments.scale.plan.stacks`)
 
 
-def train_run(run: PlannedRun, options: TrainOptions, device: str | None = None) -> dict:
-    """``run``'s record, trained (or read back) with ``options``; waits for another process that holds its claim."""
+def train_group(group: list[PlannedRun], options: TrainOptions, device: str | None = None) -> list[dict]:
+    """The records of ``group``, trained (or read back) with ``options``: one run alone, two or more stacked into one
+    model; waits for another process that holds a run's claim."""
     if options.threads:
         torch.set_num_threads(options.threads)
-    return train_once(run.config, ResultsStore(options.store), device=device or options.device,
-                      data_root=run.data_root(options.data_root), num_workers=options.workers,
-                      compile_mode=options.compile_mode)
+    training = {"device": device or options.device, "data_root": group[0].data_root(options.data_root),
+                "num_workers": options.workers, "compile_mode": options.compile_mode}
+    store = ResultsStore(options.store)
+    if len(group) == 1:
+        return [train_once(group[0].config, store, **training)]
+    return train_stacked_once([run.config for run in group], store, **training)
 
 
-def log_path(options: TrainOptions, run: PlannedRun) -> Path:
-    return Path(options.store) / "logs" / f"{run.key}.log"
+def groups(runs: list[PlannedRun], options: TrainOptions) -> list[list[PlannedRun]]:
+    """What each worker (or each Slurm task) trains at a time: a run, or ``options.stack`` runs stacked."""
+    return stacks(runs, options.stack, ResultsStore(options.store))
 
 
-def _log_failure(options: TrainOptions, run: PlannedRun, error: BaseException) -> str:
-    path = log_path(options, run)
+def log_path(options: TrainOptions, group: list[PlannedRun]) -> Path:
+    """The log of a group's training: its first run's."""
+    return Path(options.store) / "logs" / f"{group[0].key}.log"
+
+
+def _log_failure(options: TrainOptions, group: list[PlannedRun], error: BaseException) -> str:
+    path = log_path(options, group)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         handle.write("".join(traceback.format_exception(error)))
@@ -60,15 +73,19 @@ def _log_failure(options: TrainOptions, run: PlannedRun, error: BaseException) -
 
 
 def inline(runs: list[PlannedRun], options: TrainOptions, progress: Progress) -> None:
-    """Train ``runs`` one after another in this process."""
-    for run in runs:
-        progress.start(run)
+    """Train ``runs`` one after another (or one group after another) in this process."""
+    for group in groups(runs, options):
+        for run in group:
+            progress.start(run)
         try:
-            train_run(run, options)
-        except Exception as error:  # one failed run must not stop the others: it is logged and named
-            progress.fail(run, _log_failure(options, run, error))
+            train_group(group, options)
+        except Exception as error:  # one failed group must not stop the others: it is logged and named
+            log = _log_failure(options, group, error)
+            for run in group:
+                progress.fail(run, log)
         else:
-            progress.finish(run)
+            for run in group:
+                progress.finish(run)
 
 
 def slots(jobs: int, per_gpu: int | None, device: str) -> list[str]:
@@ -98,17 +115,18 @@ def local(runs: list[PlannedRun], options: TrainOptions, progress: Progress, *, 
     threads = options.threads or cpu_threads(len(devices))
     side_by_side = [run for run in runs if not run.alone]
     if side_by_side:
-        _Pool(devices, options, threads, progress).train(side_by_side)
+        _Pool(devices, options, threads, progress).train(groups(side_by_side, options))
     inline([run for run in runs if run.alone], options, progress)
 
 
 class _Pool:
-    """Worker processes, each sent one run at a time over its own pipe, so that a dead worker's run is known."""
+    """Worker processes, each sent one group of runs at a time over its own pipe, so that a dead worker's runs are
+    known."""
 
     def __init__(self, devices: list[str], options: TrainOptions, threads: int, progress: Progress):
         self.devices, self.options, self.threads, self.progress = devices, options, threads, progress
         self.context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
-        self.workers: dict[int, tuple] = {}  # slot -> (process, connection, the run it trains or None)
+        self.workers: dict[int, tuple] = {}  # slot -> (process, connection, the group it trains or None)
 
     def _start(self, slot: int) -> None:
         parent, child = self.context.Pipe()
@@ -118,19 +136,20 @@ class _Pool:
         child.close()
         self.workers[slot] = (process, parent, None)
 
-    def _send(self, slot: int, run: PlannedRun) -> None:
+    def _send(self, slot: int, group: list[PlannedRun]) -> None:
         process, connection, _ = self.workers[slot]
-        connection.send(run)
-        self.workers[slot] = (process, connection, run)
-        self.progress.start(run)
+        connection.send(group)
+        self.workers[slot] = (process, connection, group)
+        for run in group:
+            self.progress.start(run)
 
-    def train(self, runs: list[PlannedRun]) -> None:
-        queue = list(reversed(runs))
-        for slot in range(min(len(self.devices), len(runs))):
+    def train(self, groups: list[list[PlannedRun]]) -> None:
+        queue = list(reversed(groups))
+        for slot in range(min(len(self.devices), len(groups))):
             self._start(slot)
             self._send(slot, queue.pop())
         try:
-            while any(run is not None for _, _, run in self.workers.values()):
+            while any(group is not None for _, _, group in self.workers.values()):
                 self._collect(queue)
         finally:
             for process, connection, _ in self.workers.values():
@@ -142,23 +161,26 @@ class _Pool:
                 if process.is_alive():
                     process.terminate()
 
-    def _collect(self, queue: list[PlannedRun]) -> None:
+    def _collect(self, queue: list[list[PlannedRun]]) -> None:
         busy = {slot: worker for slot, worker in self.workers.items() if worker[2] is not None}
         ready = wait([connection for _, connection, _ in busy.values()] + [process.sentinel for process, _, _ in busy.values()])
-        for slot, (process, connection, run) in busy.items():
+        for slot, (process, connection, group) in busy.items():
             if connection in ready and connection.poll():
                 outcome, detail = connection.recv()
-                if outcome == "finished":
-                    self.progress.finish(run)
-                else:
-                    self.progress.fail(run, detail)
+                for run in group:
+                    if outcome == "finished":
+                        self.progress.finish(run)
+                    else:
+                        self.progress.fail(run, detail)
             elif process.sentinel in ready and not process.is_alive():
-                path = log_path(self.options, run)
+                path = log_path(self.options, group)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with path.open("a") as handle:
                     handle.write(f"worker process {process.pid} died (exit code {process.exitcode}) while training "
-                                 f"this run; its checkpoint is kept, the next `train` resumes it\n")
-                self.progress.fail(run, str(path))
+                                 f"{'these runs' if len(group) > 1 else 'this run'}; the checkpoints are kept, the "
+                                 f"next `train` resumes them\n")
+                for run in group:
+                    self.progress.fail(run, str(path))
                 connection.close()
                 self._start(slot)
             else:
@@ -169,19 +191,21 @@ class _Pool:
 
 
 def _worker(connection, device: str, options: TrainOptions, threads: int) -> None:
-    """A worker process: trains each run it is sent, with its output in the run's log, until it is sent None."""
+    """A worker process: trains each group it is sent, with its output in the group's log, until it is sent None."""
     torch.set_num_threads(threads)
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-    while (run := connection.recv()) is not None:
-        path = log_path(options, run)
+    while (group := connection.recv()) is not None:
+        path = log_path(options, group)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as log:
             sys.stdout.flush(), sys.stderr.flush()
             saved = os.dup(1), os.dup(2)
             os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
             try:
-                train_run(run, options, device)
+                if len(group) > 1:
+                    print(f"training stacked into one model: {', '.join(run.key for run in group)}", flush=True)
+                train_group(group, options, device)
                 outcome = ("finished", None)
             except Exception as error:  # reported to the parent, which names the run and its log
                 traceback.print_exc()

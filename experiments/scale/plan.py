@@ -81,6 +81,25 @@ def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
     return ("partial", checkpoint["state"]["epoch"]) if checkpoint is not None else ("missing", 0)
 
 
+def stacks(runs: list[PlannedRun], size: int, store: ResultsStore) -> list[list[PlannedRun]]:
+    """``runs`` in groups that train stacked into one model (:func:`experiments.engine.train.run_stacked`), at most
+    ``size`` to a group, in the plan's order: runs that share a :meth:`RunConfig.stack_signature` and the epochs
+    their checkpoints reached. Runs that train alone (:attr:`PlannedRun.alone`) are groups of one."""
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"'size' should be a positive number of runs stacked into one model, got {size!r}")
+    groups, filling = [], {}  # the group each signature and epoch is filling
+    for run in runs:
+        if run.alone or size == 1:
+            groups.append([run])
+            continue
+        signature = (run.config.stack_signature(), state(run, store)[1])
+        if len(filling.get(signature, range(size))) == size:
+            filling[signature] = []
+            groups.append(filling[signature])
+        filling[signature].append(run)
+    return groups
+
+
 def table(runs: list[PlannedRun], store: ResultsStore) -> str:
     """The plan as text: one line per run, then the totals by state."""
     lines = [f"{'key':16s} {'state':>9s} {'epochs':>9s} {'images':>13s}  notebooks"]

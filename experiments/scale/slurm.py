@@ -1,10 +1,11 @@
-"""The ``slurm`` executor: one array task per missing run, submitted through submitit (the launcher most PyTorch
-research code uses), followed through ``squeue`` and the results store (no accounting database needed).
+"""The ``slurm`` executor: one array task per missing run (or per group of runs stacked into one model, with
+``--stack``), submitted through submitit (the launcher most PyTorch research code uses), followed through ``squeue``
+and the results store (no accounting database needed).
 
 A task that is preempted or runs out of time is requeued (submitit's checkpoint hook, ``--requeue``) and resumes
 from its run's last checkpoint in the store. Runs whose timings are the result (:attr:`PlannedRun.alone`) go in a
 second array whose tasks each hold a whole node (``--exclusive``). The same arrays are always written as plain
-``sbatch --array`` scripts calling ``python -m experiments run-one KEY``, for sites without submitit or with another
+``sbatch --array`` scripts calling ``python -m experiments run-one KEY [KEY ...]``, for sites without submitit or with another
 scheduler (``--sbatch-only`` writes them and submits nothing).
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from experiments.engine.store import ResultsStore
 from experiments.paths import PROJECT_ROOT
-from experiments.scale.executors import TrainOptions, train_run
+from experiments.scale.executors import TrainOptions, groups, train_group
 from experiments.scale.plan import PlannedRun
 from experiments.scale.progress import Progress
 
@@ -62,29 +63,33 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                        help="write the plain sbatch scripts and submit nothing (run them with sbatch yourself)")
 
 
-def sbatch_script(runs: list[PlannedRun], options: TrainOptions, slurm: SlurmOptions, profile: str, name: str) -> Path:
-    """Write ``<folder>/<name>.keys`` and ``<folder>/<name>.sbatch``: an array with one task per run, each calling
-    ``python -m experiments run-one``; returns the script's path."""
+def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: SlurmOptions, profile: str,
+                  name: str) -> Path:
+    """Write ``<folder>/<name>.keys`` (a line of keys per task) and ``<folder>/<name>.sbatch``: an array with one task
+    per group of runs, each calling ``python -m experiments run-one``; returns the script's path."""
     folder = Path(slurm.folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     keys = folder / f"{name}.keys"
-    keys.write_text("".join(f"{run.key}\n" for run in runs))
+    keys.write_text("".join(" ".join(run.key for run in group) + "\n" for group in tasks))
     alone = name.endswith("alone")
-    directives = [f"--job-name=topk-{profile}-{name}", f"--array=0-{len(runs) - 1}%{1 if alone else slurm.array_parallelism}",
+    directives = [f"--job-name=topk-{profile}-{name}", f"--array=0-{len(tasks) - 1}%{1 if alone else slurm.array_parallelism}",
                   f"--cpus-per-task={slurm.cpus_per_task}", f"--time={slurm.time_min}", "--requeue",
                   f"--output={folder}/%A_%a.out", f"--error={folder}/%A_%a.err"]
     directives += [f"--partition={slurm.partition}"] * bool(slurm.partition)
     directives += [f"--gpus-per-task={slurm.gpus_per_task}"] * bool(slurm.gpus_per_task)
     directives += [f"--mem={int(slurm.mem_gb * 1024)}M"] * bool(slurm.mem_gb)
     directives += ["--exclusive"] * alone
-    command = [sys.executable, "-m", "experiments", "run-one", '"$key"', "--profile", profile,
+    command = [sys.executable, "-m", "experiments", "run-one", "$keys", "--profile", profile,
                *_run_one_options(options)]
+    runs = sum(len(group) for group in tasks)
     script = folder / f"{name}.sbatch"
     script.write_text("#!/bin/bash\n" + "".join(f"#SBATCH {line}\n" for line in directives)
-                      + f"# {len(runs)} runs of the {profile} profile; each resumes from its checkpoint if requeued.\n"
+                      + f"# {runs} runs of the {profile} profile in {len(tasks)} tasks; each resumes from its "
+                        "checkpoint if requeued.\n"
                       + f"cd {shlex.quote(str(PROJECT_ROOT))}\n"
-                      + f'key=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(str(keys))})\n'
-                      + "exec " + " ".join(part if part == '"$key"' else shlex.quote(part) for part in command) + "\n")
+                      + f'keys=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(str(keys))})\n'
+                      + "exec " + " ".join(part if part == "$keys" else shlex.quote(part) for part in command)
+                      + "  # $keys unquoted: a task's keys are words\n")
     return script
 
 
@@ -96,31 +101,32 @@ def _run_one_options(options: TrainOptions) -> list[str]:
 
 
 class RunTask:
-    """What a submitit array task calls: train one run; on preemption or time-out, requeue the same call (submitit
-    calls :meth:`checkpoint`), which resumes from the run's checkpoint in the store."""
+    """What a submitit array task calls: train one group of runs (one run, or runs stacked into one model); on
+    preemption or time-out, requeue the same call (submitit calls :meth:`checkpoint`), which resumes from the runs'
+    checkpoints in the store."""
 
     def __init__(self, options: TrainOptions):
         self.options = options
 
-    def __call__(self, run: PlannedRun) -> str:
+    def __call__(self, group: list[PlannedRun]) -> list[str]:
         # submitit ignores SIGTERM, so a requeued or preempted task would go on training until Slurm's KillWait;
-        # it stops at once instead: the epochs it finished are in its checkpoint.
+        # it stops at once instead: the epochs it finished are in its checkpoints.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        train_run(run, self.options)
-        return run.key
+        train_group(group, self.options)
+        return [run.key for run in group]
 
-    def checkpoint(self, run: PlannedRun):
+    def checkpoint(self, group: list[PlannedRun]):
         import submitit  # optional: only a submitit task calls this
 
-        return submitit.helpers.DelayedSubmission(self, run)
+        return submitit.helpers.DelayedSubmission(self, group)
 
 
 def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slurm: SlurmOptions, *,
           profile: str) -> None:
     """Submit ``runs`` as arrays and follow them until every task has ended (see the module's text)."""
-    arrays = [(name, group) for name, group in (("runs", [run for run in runs if not run.alone]),
-                                                ("alone", [run for run in runs if run.alone])) if group]
-    scripts = [sbatch_script(group, options, slurm, profile, name) for name, group in arrays]
+    arrays = [(name, groups(part, options)) for name, part in (("runs", [run for run in runs if not run.alone]),
+                                                                ("alone", [run for run in runs if run.alone])) if part]
+    scripts = [sbatch_script(tasks, options, slurm, profile, name) for name, tasks in arrays]
     if slurm.sbatch_only:
         print("wrote " + ", ".join(map(str, scripts)) + ": submit each with `sbatch SCRIPT`", file=sys.stderr)
         return
@@ -130,7 +136,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
         raise SystemExit("the slurm executor submits through submitit: `pip install submitit`, or submit the scripts "
                          f"written with sbatch yourself: {', '.join(map(str, scripts))}") from None
     jobs = []
-    for name, group in arrays:
+    for name, tasks in arrays:
         executor = submitit.AutoExecutor(folder=Path(slurm.folder) / "submitit", cluster="slurm")
         executor.update_parameters(name=f"topk-{profile}-{name}", timeout_min=slurm.time_min,
                                    cpus_per_task=slurm.cpus_per_task, slurm_array_parallelism=
@@ -140,8 +146,8 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
                                    **({"slurm_partition": slurm.partition} if slurm.partition else {}),
                                    **({"gpus_per_task": slurm.gpus_per_task} if slurm.gpus_per_task else {}),
                                    **({"mem_gb": slurm.mem_gb} if slurm.mem_gb else {}))
-        jobs += list(zip(group, executor.map_array(RunTask(options), group)))
-    print(f"submitted {len(jobs)} array tasks (job {', '.join(sorted({job.job_id.split('_')[0] for _, job in jobs}))})",
+        jobs += [(run, job) for group, job in zip(tasks, executor.map_array(RunTask(options), tasks)) for run in group]
+    print(f"submitted {len({job.job_id for _, job in jobs})} array tasks (job {', '.join(sorted({job.job_id.split('_')[0] for _, job in jobs}))})",
           file=sys.stderr)
     follow(jobs, options, progress, slurm.poll)
 

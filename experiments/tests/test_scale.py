@@ -16,9 +16,9 @@ import torch
 from experiments.engine import run_claim
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore, computed
-from experiments.engine.train import run
+from experiments.engine.train import run, run_stacked
 from experiments.scale import executors
-from experiments.scale.plan import PlannedRun, plan, state
+from experiments.scale.plan import PlannedRun, plan, stacks, state
 from experiments.scale.progress import Progress
 from experiments.spec.grids import NOTEBOOK_GRIDS
 from experiments.spec.profiles import get_profile
@@ -76,6 +76,46 @@ def test_local_with_two_workers_gives_the_inline_records_bit_for_bit_and_names_a
         assert computed(one) == computed(other)
 
 
+def test_runs_are_stacked_by_what_they_share_and_the_epoch_they_reached(tmp_path):
+    store = ResultsStore(tmp_path)
+    first, second, third, partial = (_planned(seed) for seed in (1, 2, 3, 4))
+    other_lr, timed = _planned(5, lr=0.1), PlannedRun(_planned(6).config, ("fig3_epoch_time",), None, 0)
+    run(partial.config, store, stop_after_epochs=1)
+    runs = [first, other_lr, timed, second, partial, third]
+    assert stacks(runs, 2, store) == [[first, second], [other_lr], [timed], [partial], [third]]
+    assert stacks(runs, 3, store) == [[first, second, third], [other_lr], [timed], [partial]]
+    assert stacks(runs, 1, store) == [[one] for one in runs]
+    for size in (0, 2.0):
+        try:
+            stacks(runs, size, store)
+        except ValueError as error:
+            assert f"'size' should be a positive number of runs stacked into one model, got {size!r}" in str(error)
+        else:
+            raise AssertionError(f"size {size!r} accepted")
+
+
+def test_local_and_inline_with_stacks_give_the_stacked_records_bit_for_bit(tmp_path):
+    """Runs stacked by a worker of the local executor, by the inline one and by the engine directly: one result."""
+    runs = [_planned(1), _planned(2, loss="cross_entropy", loss_options={}), _planned(3)]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        run_stacked([one.config for one in runs[:2]], ResultsStore(tmp_path / "engine"))
+        run(runs[2].config, ResultsStore(tmp_path / "engine"))  # the third of a stack of 2: alone
+        executors.inline(runs, executors.TrainOptions(str(tmp_path / "inline"), threads=1, stack=2), Progress(runs))
+    finally:
+        torch.set_num_threads(threads)
+    progress = Progress(runs)
+    executors.local(runs, executors.TrainOptions(str(tmp_path / "local"), threads=1, stack=2), progress, jobs=1)
+    assert progress.done == 3 and not progress.failed
+    for one in runs:
+        expected = computed(ResultsStore(tmp_path / "engine").finished(one.key))
+        for name in ("inline", "local"):
+            record = ResultsStore(tmp_path / name).finished(one.key)
+            assert computed(record) == expected
+            assert ("stacked_with" in record["provenance"]) == (one is not runs[2])
+
+
 def test_train_writes_the_executors_manifest_beside_the_notebooks(tmp_path, monkeypatch, capsys):
     """``train`` leaves how long it took and what it trained where the notebooks' manifests go, so that the main job's
     time counts it; the runs already finished are counted as read from the store."""
@@ -94,6 +134,7 @@ def test_train_writes_the_executors_manifest_beside_the_notebooks(tmp_path, monk
     manifest = json.loads((figures / "manifests" / "executor.json").read_text())
     assert manifest["executor"] == "inline" and manifest["workers"] == 1 and manifest["threads"] == 1
     assert manifest["runs"] == {"trained": 1, "from_store": 1, "failed": 0} and manifest["profile"] == "smoke"
+    assert manifest["stack"] == 1
     assert 0 < manifest["seconds"] and manifest["machine"] and manifest["commit"]
     assert "1 of 1 runs finished, 0 failed" in capsys.readouterr().err
 

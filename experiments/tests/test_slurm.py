@@ -3,6 +3,7 @@ tasks give the inline records, through submitit and through the plain sbatch scr
 by ``scontrol requeue`` resumes to the same record. Skipped where no cluster answers, unless
 ``TOPK_REQUIRE_SLURM=1`` (CI), where that is a failure."""
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import torch
 
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore, computed
+from experiments.engine.train import run_stacked
 from experiments.scale import executors, slurm
 from experiments.scale.plan import PlannedRun, plan
 from experiments.scale.progress import Progress
@@ -72,12 +74,43 @@ def test_the_plain_sbatch_script_runs_the_same_runs_through_run_one(tmp_path):
     runs = plan(get_profile("smoke"))[2:3]
     inline = _inline(runs, tmp_path / "inline")
     options, slurm_options = _options(tmp_path, "sbatch")
-    script = slurm.sbatch_script(runs, options, slurm_options, "smoke", "runs")
+    script = slurm.sbatch_script([[run] for run in runs], options, slurm_options, "smoke", "runs")
     submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     _wait_for(submitted.stdout.strip().split(";")[0])
     for run in runs:
         assert computed(ResultsStore(options.store).finished(run.key)) == computed(inline.finished(run.key))
+
+
+def test_runs_stacked_in_one_task_give_the_stacked_records_through_submitit_and_sbatch(tmp_path):
+    """``--stack 2``: one array task trains two runs stacked into one model, through submitit and through the plain
+    script's ``run-one KEY KEY`` (its keys split into words), as the engine does in this process."""
+    runs = plan(get_profile("smoke"))[:2]
+    stacked = [run for run in runs if not run.alone]
+    assert len(stacked) == 2 and stacked[0].config.stack_signature() == stacked[1].config.stack_signature()
+    engine = ResultsStore(tmp_path / "engine")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        run_stacked([run.config for run in stacked], engine)
+    finally:
+        torch.set_num_threads(threads)
+    options, slurm_options = _options(tmp_path, "submitit")
+    options = dataclasses.replace(options, stack=2)
+    progress = Progress(stacked)
+    slurm.train(stacked, options, progress, slurm_options, profile="smoke")
+    assert progress.done == 2 and not progress.failed, progress.summary()
+    sbatch_options, sbatch_slurm = _options(tmp_path, "sbatch")
+    script = slurm.sbatch_script([stacked], sbatch_options, sbatch_slurm, "smoke", "runs")
+    assert (tmp_path / "sbatch" / "slurm" / "runs.keys").read_text() == f"{stacked[0].key} {stacked[1].key}\n"
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    _wait_for(submitted.stdout.strip().split(";")[0])
+    for run in stacked:
+        expected = computed(engine.finished(run.key))
+        for store in (options.store, sbatch_options.store):
+            record = ResultsStore(store).finished(run.key)
+            assert computed(record) == expected and len(record["provenance"]["stacked_with"]) == 2
 
 
 def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
