@@ -35,13 +35,17 @@ COMPILE ?= $(if $(filter cuda%,$(DEVICE)),reduce-overhead)
 # sooner); with DEVICE=cuda one run on each visible GPU (with CUDA graphs a second run on an H200 added nothing: x0.95;
 # docs/reproducing.md#executors); with another DEVICE (cuda:1, say) none.
 EXECUTOR ?= $(if $(filter cpu cuda,$(DEVICE)),local)
+# STACK=S trains runs that share their data, model and optimiser settings S at a time stacked into one model
+# (grouped layers: one step of S runs launches one run's kernels; experiments/engine/stacked.py); default 1, each run
+# alone, until a GPU measures the gain (benchmarks/gpu_session.sh stacked).
+STACK ?= 1
 JOBS ?= $(shell $(PYTHON) -c 'import os; print(min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
 PER_GPU ?= $(if $(filter cuda,$(DEVICE)),1)
 SLURM ?=
 TRAIN := PYTHONPATH=$(CURDIR) $(PY) -m experiments train $(PROFILE) --executor $(or $(EXECUTOR),inline) --device $(DEVICE) \
 	$(if $(filter local,$(EXECUTOR)),$(if $(PER_GPU),--per-gpu $(PER_GPU),--jobs $(JOBS))) $(if $(DATA),--data-root $(abspath $(DATA))) \
 	$(if $(WORKERS),--workers $(WORKERS)) $(if $(COMPILE),--compile $(COMPILE)) $(if $(filter-out 0,$(THREADS)),--threads $(THREADS)) \
-	$(if $(filter slurm,$(EXECUTOR)),$(SLURM))
+	$(if $(filter-out 1,$(STACK)),--stack $(STACK)) $(if $(filter slurm,$(EXECUTOR)),$(SLURM))
 NOTEBOOKS := $(basename $(notdir $(wildcard notebooks/*.ipynb)))
 EXECUTED := $(patsubst %,build/$(PROFILE)/%.ipynb,$(NOTEBOOKS))
 SOURCES := $(filter-out %/tests/%,$(wildcard topk/*.py topk/*/*.py data_prep/*.py experiments/*.py experiments/*/*.py)) $(wildcard experiments/calibrated/*.json)
@@ -101,7 +105,7 @@ kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU need
 plan: | $(STAMP) ## List every run of PROFILE, the notebooks that read it and what the store holds of it
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments plan $(PROFILE)
 
-train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default: local with DEVICE=cpu or cuda, else inline) [JOBS=n PER_GPU=m SLURM="..."]
+train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default: local with DEVICE=cpu or cuda, else inline) [JOBS=n PER_GPU=m STACK=s SLURM="..."]
 	$(TRAIN)
 
 forget-executor: ## Remove the executor's manifest of PROFILE (its notebooks train their own runs)

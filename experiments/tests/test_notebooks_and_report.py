@@ -309,6 +309,7 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
 
     assert executor("DEVICE=cuda") == "local --device cuda --per-gpu 1 --compile reduce-overhead"
     assert executor("DEVICE=cuda", "PER_GPU=2", "COMPILE=default") == "local --device cuda --per-gpu 2 --compile default"
+    assert executor("DEVICE=cuda", "STACK=4") == "local --device cuda --per-gpu 1 --compile reduce-overhead --stack 4"
     assert executor("EXECUTOR=") is None and executor("DEVICE=cuda:1") is None  # the notebooks train their own runs
     assert executor("EXECUTOR=slurm").startswith("slurm --device cpu")
     report = paths.PROJECT_ROOT / "figures" / "quick" / "report" / "index.html"

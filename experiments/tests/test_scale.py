@@ -229,3 +229,30 @@ def json_config(config: RunConfig) -> str:
 
 def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def test_run_one_trains_several_keys_stacked_and_refuses_what_cannot_stack(tmp_path, monkeypatch, capsys):
+    """An array task's command: ``run-one KEY KEY`` gives the engine's stacked records; runs of other settings, an
+    unknown key and a stack below one are refused with what was wrong, and nothing trains."""
+    from experiments.scale import cli
+
+    runs = [_planned(1), _planned(2), _planned(3, lr=0.1)]
+    monkeypatch.setattr(cli, "plan", lambda profile: runs)
+    store = tmp_path / "store"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert cli.main(["run-one", runs[0].key, runs[1].key, "--profile", "smoke", "--store", str(store)]) == 0
+        expected = run_stacked([one.config for one in runs[:2]], ResultsStore(tmp_path / "engine"))
+    finally:
+        torch.set_num_threads(threads)
+    for one, record in zip(runs, expected):
+        assert computed(ResultsStore(store).finished(one.key)) == computed(record)
+    assert f"{runs[1].key}: finished" in capsys.readouterr().out
+    assert cli.main(["run-one", runs[0].key, runs[2].key, "--profile", "smoke", "--store", str(tmp_path / "x")]) == 2
+    assert "cannot train stacked into one model" in capsys.readouterr().err
+    assert cli.main(["run-one", "0123456789abcdef", "--profile", "smoke", "--store", str(tmp_path / "x")]) == 2
+    assert "no run of this profile has the key '0123456789abcdef'" in capsys.readouterr().err
+    assert cli.main(["train", "smoke", "--stack", "0", "--store", str(tmp_path / "x")]) == 2
+    assert "--stack should be a positive number of runs stacked into one model, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
