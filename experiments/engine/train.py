@@ -12,6 +12,10 @@ result as an uninterrupted run: the data order and the augmentation of epoch ``e
 (:mod:`experiments.engine.batches`), and the RNG states (the noised losses' noise) are saved with every checkpoint; under
 DDP each process's stream is reseeded at every epoch instead (:func:`reseed_process`). In-memory datasets live on
 the training device and are augmented there, batch by batch.
+
+Runs that share their data, model and optimiser settings can train stacked into one model (:func:`run_stacked`,
+:mod:`experiments.engine.stacked`): one step for all, each run with its own seed, data order, loss, evaluation,
+checkpoints and records.
 """
 
 from __future__ import annotations

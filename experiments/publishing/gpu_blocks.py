@@ -182,15 +182,15 @@ def _setting(row: dict) -> str:
             + ", `cudnn.benchmark`" * (row.get("cudnn_benchmark") == "True"))
 
 
-def _fastest_current(path: Path) -> list[tuple[dict, float, float]]:
-    """Per GPU model, the fastest setting (compile mode, runs side by side or stacked, MPS) measured with today's engine on the
-    ``gpu`` profile's CIFAR-100 model and batch: its row, its images/s and that part's training hours on one such GPU
-    at that rate."""
+def _fastest_current(path: Path, current: bool = True) -> list[tuple[dict, float, float]]:
+    """Per GPU model, the fastest setting (compile mode, runs side by side or stacked, MPS) measured with today's
+    engine (with ``current`` False: with an earlier one) on the ``gpu`` profile's CIFAR-100 model and batch: its row,
+    its images/s and that part's training hours on one such GPU at that rate."""
     from experiments.spec.profiles import GPU
 
-    current = [row for row in read_rows(path) if _current(row) and row["device"] == "cuda" and row["model"] == GPU.cifar.model
-               and row["batch_size"] == str(GPU.cifar.batch_size)]
-    return [_fastest(rows) for rows in split_by(current, "device_name")]
+    rows = [row for row in read_rows(path) if _current(row) == current and row["device"] == "cuda"
+            and row["model"] == GPU.cifar.model and row["batch_size"] == str(GPU.cifar.batch_size)]
+    return [_fastest(same_gpu) for same_gpu in split_by(rows, "device_name")]
 
 
 def _fastest(rows: list[dict]) -> tuple[dict, float, float]:
@@ -204,15 +204,19 @@ def _fastest(rows: list[dict]) -> tuple[dict, float, float]:
 def gpu_hours(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     """The README's line (one, whatever the GPU models measured): how long the ``gpu`` profile's CIFAR-100 notebooks
     train at the fastest setting measured with today's engine on each GPU model (:func:`concurrency` has every
-    measurement)."""
-    parts = [f"{one_gpu:.1f} h on one {best['device_name']} and {one_gpu / timings.GPUS:.1f} h on {timings.GPUS} "
-             f"({_setting(best)}, {_runs(best)} a GPU, {rate:,.0f} images/s; {stamp_text(best)})"
-             for best, rate, one_gpu in _fastest_current(path)]
-    if not parts:
-        return ("*The `gpu` profile's training time is not measured with today's engine: run `bash "
-                "benchmarks/gpu_session.sh concurrency reduce-overhead` on a GPU.*")
-    return (f"*The `gpu` profile's CIFAR-100 notebooks train in {'; in '.join(parts)}: training only, `{path.name}`, "
-            f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu).*")
+    measurement); without such a measurement, what the last engine measured, said to be stale."""
+    def hours(fastest: list[tuple[dict, float, float]]) -> str:
+        return "; in ".join(f"{one_gpu:.1f} h on one {best['device_name']} and {one_gpu / timings.GPUS:.1f} h on "
+                            f"{timings.GPUS} ({_setting(best)}, {_runs(best)} a GPU, {rate:,.0f} images/s; "
+                            f"{stamp_text(best)})" for best, rate, one_gpu in fastest)
+
+    if current := _fastest_current(path):
+        return (f"*The `gpu` profile's CIFAR-100 notebooks train in {hours(current)}: training only, `{path.name}`, "
+                f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu).*")
+    earlier = _fastest_current(path, current=False)
+    return ("*The `gpu` profile's training time is not measured with today's engine"
+            + (f" (with an earlier one, its CIFAR-100 notebooks trained in {hours(earlier)}; stale)" if earlier else "")
+            + ": run `bash benchmarks/gpu_session.sh concurrency reduce-overhead` on a GPU.*")
 
 
 def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:

@@ -422,7 +422,13 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
     line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # one line in the README whatever the GPU models
     assert "\n" not in line and "on one test-gpu" in line and "; in " in line and "on one other-gpu" in line
     _csv(tmp_path / "concurrency.csv", stale)
-    assert "not measured with today's engine" in gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")
+    line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # what the earlier engine measured, said to be stale
+    assert line.startswith("*The `gpu` profile's training time is not measured with today's engine (with an earlier "
+                           f"one, its CIFAR-100 notebooks trained in {images / 99999 / 3600:.1f} h on one test-gpu")
+    assert "commit bbbbbbbbbb); stale): run `bash benchmarks/gpu_session.sh" in line
+    _csv(tmp_path / "concurrency.csv", not_the_profiles)
+    assert gpu_blocks.gpu_hours(tmp_path / "concurrency.csv").startswith(
+        "*The `gpu` profile's training time is not measured with today's engine: run")
 
 
 @pytest.mark.parametrize("engine_code, why", [("0" * 12, "the engine's epoch changed since"),
