@@ -234,7 +234,7 @@ def kth_gradient(grad: torch.Tensor, positions: torch.Tensor, labels: torch.Tens
     out = torch.empty((n_rows, n_classes), dtype=grad.dtype, device=grad.device)
     grid = (n_rows, math.ceil(n_classes / GRADIENT_BLOCK_L))
     _gradient_kernel()[grid](
-        weight, grad, grad.stride(0), positions.contiguous(), labels if labels is not None else positions, out,
+        weight, grad, grad.stride(0), positions.contiguous(), labels.contiguous() if labels is not None else positions, out,
         n_rows, n_classes, n_samples, HAS_LABELS=labels is not None,
         BLOCK_B=gradient_block_samples(n_samples), BLOCK_L=GRADIENT_BLOCK_L, **GRADIENT_COMPILE_OPTIONS,
     )

@@ -106,16 +106,19 @@ def test_fused_operator_and_gradient_equal_the_torch_path_given_the_noise(kernel
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("with_labels", [False, True])
+@pytest.mark.parametrize("with_labels", [False, True, "strided"])
 def test_gradient_kernel_equals_the_scatter_bit_for_bit(kernel_device, dtype, with_labels):
     """The one-launch gradient (:func:`topk.fused.kth_gradient`) against the PyTorch path's scatter: three tiles of
     classes (the first without any position), more samples than one block of its check, several samples on one class
-    and labels on a selected class."""
+    and labels on a selected class; labels that are a strided view too (a column of stacked runs' labels)."""
     generator = torch.Generator().manual_seed(12)
     n_samples, n_rows, n_classes = 70, 4, 2 * fused.GRADIENT_BLOCK_L + 37
     positions = torch.randint(fused.GRADIENT_BLOCK_L, n_classes, (n_samples, n_rows), generator=generator)
     positions[:5] = 1500  # five samples on one class
     labels = torch.tensor([1500, 0, n_classes - 1, 1200]) if with_labels else None
+    if with_labels == "strided":
+        labels = torch.stack([labels, torch.full_like(labels, 7)], dim=1)[:, 0]  # stride 2: another run's between
+        assert not labels.is_contiguous()
     grad = torch.randn(n_rows, generator=generator, dtype=dtype)
     expected = _perturbed_top.perturbed_top_backward(grad, positions.unsqueeze(-1), labels, n_classes)
     device = lambda t: t.to(kernel_device) if t is not None else None  # noqa: E731
