@@ -29,11 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.engine.models import _Bottleneck
+from experiments.engine.models import DenseNetBC, SmallCNN, _Bottleneck
 from topk.layers import CosineClassifier
 
 #: Layers that hold no tensors and act on each channel, or on each image, alone: the same for grouped channels.
 _CHANNELWISE = (nn.ReLU, nn.AvgPool2d, nn.MaxPool2d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Identity)
+#: Containers whose forward chains, adds or flattens what their children give, which grouped children keep per run
+#: (torchvision's, named rather than imported: importing torchvision costs a second).
+_CONTAINERS = (nn.Sequential, DenseNetBC, SmallCNN)
+_TORCHVISION_CONTAINERS = {("torchvision.models.resnet", name) for name in ("ResNet", "BasicBlock", "Bottleneck")}
 
 
 class _GroupedLinear(nn.Module):
@@ -93,11 +97,15 @@ def _grouped(module: nn.Module, runs: int) -> nn.Module:
         return _GroupedBottleneck(_grouped(module.layers, runs), runs)
     if isinstance(module, _CHANNELWISE):
         return copy.deepcopy(module)
-    if any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False)):
-        raise ValueError(f"runs cannot be stacked through a {type(module).__name__} layer: only convolutions, batch "
-                         f"normalisations, linear and cosine heads, DenseNet bottlenecks and layers without tensors")
-    grouped = copy.copy(module)  # a container, whose forward only chains its children
-    grouped._modules = {name: _grouped(child, runs) for name, child in module.named_children()}
+    kind = type(module)
+    if not (isinstance(module, _CONTAINERS) or (kind.__module__, kind.__name__) in _TORCHVISION_CONTAINERS):
+        raise ValueError(f"runs cannot be stacked through a {kind.__name__} layer: only through convolutions, batch "
+                         "normalisations, linear and cosine heads, ReLU, pooling, DenseNet-BC, SmallCNN and "
+                         "torchvision's ResNets")
+    children = dict(module.named_children())
+    grouped = copy.deepcopy(module, {id(child): None for child in children.values()})  # the container alone
+    for name, child in children.items():
+        setattr(grouped, name, _grouped(child, runs))
     return grouped
 
 
@@ -166,7 +174,8 @@ class StackedLosses(nn.Module):
         if scores.dim() != 3 or scores.shape[1] != len(self.losses) or tuple(labels.shape) != tuple(scores.shape[:2]):
             raise ValueError(f"'scores' should be [B, {len(self.losses)}, classes] and 'labels' [B, {len(self.losses)}], "
                              f"got {tuple(scores.shape)} and {tuple(labels.shape)}")
-        return torch.stack([loss(scores[:, run], labels[:, run]) for run, loss in enumerate(self.losses)])
+        return torch.stack([loss(scores[:, run].contiguous(), labels[:, run].contiguous())  # as a lone run's
+                            for run, loss in enumerate(self.losses)])
 
 
 def stack_optimiser_states(states: Sequence[dict]) -> dict:

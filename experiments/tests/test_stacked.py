@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from experiments.engine import stacked as stacked_module
-from experiments.engine.models import build_model
+from experiments.engine.models import MODELS, build_model
 from experiments.engine.stacked import (StackedLosses, StackedModels, run_optimiser_state, side_by_side_batches,
                                         stack_optimiser_states)
 from topk.losses import build_loss
@@ -120,6 +120,25 @@ def test_side_by_side_batches_put_run_n_in_channels_and_column_n():
     assert labels[0].tolist() == [0, 1, 2]
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_model_of_the_engine_stacks_into_the_lone_models_scores(name):
+    """Each architecture the engine builds, at a small input (float64: a ResNet's last normalisation sees 2 values a
+    channel, which float32 rounding would swamp): the stacked scores are each lone model's, and the stacked model
+    shares nothing with the models it was built from (a hook on it does not reach them)."""
+    separate = []
+    for seed in range(2):
+        torch.manual_seed(seed)
+        separate.append(build_model(name, CLASSES).double())
+    stacked = StackedModels(separate)
+    images = torch.randn(2, 2 * 3, 32, 32, dtype=torch.float64)
+    calls = []
+    stacked.model.register_forward_hook(lambda *arguments: calls.append("stacked"))
+    scores = stacked(images)
+    for run, model in enumerate(separate):
+        torch.testing.assert_close(scores[:, run], model(images[:, 3 * run:3 * run + 3]), rtol=1e-8, atol=1e-10)
+    assert calls == ["stacked"]
+
+
 def test_bad_stacks_and_shapes_are_refused_with_what_was_expected():
     with pytest.raises(ValueError, match="at least one model"):
         StackedModels([])
@@ -127,6 +146,16 @@ def test_bad_stacks_and_shapes_are_refused_with_what_was_expected():
         StackedModels([build_model("small_cnn", CLASSES, width=4), build_model("small_cnn", CLASSES, width=8)])
     with pytest.raises(ValueError, match="all be in training mode or all in evaluation mode"):
         StackedModels([build_model("small_cnn", CLASSES, width=4), build_model("small_cnn", CLASSES, width=4).eval()])
+    class Mixing(torch.nn.Module):  # a forward the grouping cannot know to keep per run
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 1)
+
+        def forward(self, x):
+            return self.conv(x).mean(1, keepdim=True)
+
+    with pytest.raises(ValueError, match="cannot be stacked through a Mixing layer: only through convolutions"):
+        StackedModels([Mixing(), Mixing()])
     stacked = StackedModels(_models("small_cnn", 2))
     with pytest.raises(ValueError, match=r"'images' should be \[B, 2 \* C, H, W\].*got shape \(8, 3, 16, 16\)"):
         stacked(torch.randn(BATCH, 3, SIZE, SIZE, dtype=torch.float64))
