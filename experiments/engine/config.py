@@ -38,6 +38,10 @@ def _check_parts(dataset: str, dataset_options: dict, model: str, model_options:
         raise ValueError(f"'loss_options' {loss_options} of the loss {loss!r}: {error}") from None
 
 
+#: The fields runs trained stacked into one model share (:meth:`RunConfig.stack_signature`).
+STACK_FIELDS = ("dataset", "dataset_options", "model", "model_options", "epochs", "batch_size", "lr", "weight_decay",
+                "milestones", "lr_gamma", "momentum")
+
 #: The parts already checked, by their ``repr`` (which tells a tuple from a list and 1 from 1.0 or True): a grid makes
 #: thousands of configs from a few dozen datasets, models and losses with their options.
 _CHECKED_PARTS: set[str] = set()
@@ -122,12 +126,16 @@ class RunConfig:
         """The key shared by this run's :meth:`siblings`: what is actually trained."""
         return self.replace(selection_metric=selection_metrics(self.eval_ks)[0]).key()
 
-    def stack_signature(self) -> tuple:
+    def stack_signature(self) -> str:
         """What runs trained stacked into one model (:func:`experiments.engine.train.run_stacked`) share: the data,
         the architecture, the batches and the optimiser's settings and schedule (the loss, the seed and the
-        selection may differ)."""
-        return (self.dataset, repr(self.dataset_options), self.model, repr(self.model_options), self.epochs,
-                self.batch_size, self.lr, self.weight_decay, self.milestones, self.lr_gamma, self.momentum)
+        selection may differ), as canonical JSON."""
+        return json.dumps({name: getattr(self, name) for name in STACK_FIELDS}, sort_keys=True)
+
+    def stack_differences(self, other: "RunConfig") -> list[str]:
+        """The fields of :data:`STACK_FIELDS` in which this run and ``other`` differ, with both values."""
+        return [f"{name} {getattr(self, name)!r} against {getattr(other, name)!r}" for name in STACK_FIELDS
+                if json.dumps(getattr(self, name), sort_keys=True) != json.dumps(getattr(other, name), sort_keys=True)]
 
     def replace(self, **changes) -> "RunConfig":
         return RunConfig.from_dict({**self.to_dict(), **changes})

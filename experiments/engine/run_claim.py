@@ -145,17 +145,16 @@ def train_once(config, store, *, wait: bool = True, poll: float = 2.0, **options
         time.sleep(poll)
 
 
-def train_stacked_once(configs, store, *, poll: float = 2.0, **options) -> list[dict]:
+def train_stacked_once(configs, store, *, wait: bool = True, poll: float = 2.0, **options) -> list[dict | None]:
     """The records of ``configs``: the unfinished runs whose claims this process takes train stacked into one model
-    (:func:`experiments.engine.train.run_stacked`, ``options``), in one group per epoch their checkpoints reached;
-    those a live process holds are waited for as :func:`train_once` waits (and resumed alone if it dies)."""
+    (:func:`experiments.engine.train.run_stacked`, ``options``); those a live process holds are waited for as
+    :func:`train_once` waits (and resumed alone if it dies), or with ``wait=False`` left as None."""
     with ExitStack() as claims:
-        by_epoch: dict[int, list] = {}
+        mine = []
         for config in configs:
             if store.finished(config.key()) is None and try_claim(store.root, config.training_key()):
                 claims.enter_context(held(store.root, config.training_key()))
-                checkpoint = store.load_checkpoint(config.key())
-                by_epoch.setdefault(checkpoint["state"]["epoch"] if checkpoint else 0, []).append(config)
-        for group in by_epoch.values():
-            run_stacked(group, store, **options)
-    return [train_once(config, store, poll=poll, **options) for config in configs]
+                mine.append(config)
+        if mine:
+            run_stacked(mine, store, **options)
+    return [train_once(config, store, wait=wait, poll=poll, **options) for config in configs]

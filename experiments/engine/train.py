@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from torch import nn
 
 import data_prep
 from data_prep.common import TensorImages
-from experiments.engine.batches import batches, order_seed
+from experiments.engine.batches import InMemoryBatches, batches, order_seed
 from experiments.engine.config import SELECTION, RunConfig, selection_metrics
 from experiments.engine.models import build_model, parameter_count
 from experiments.engine.stacked import (StackedLosses, StackedModels, run_optimiser_state, side_by_side_batches,
@@ -66,32 +67,50 @@ def run_stacked(configs: list[RunConfig], store: ResultsStore, *, device: str = 
                 data_root: str | Path | None = None, num_workers: int | None = None, compile_mode: str | None = None,
                 progress: bool = False, stop_after_epochs: int | None = None) -> list[dict | None]:
     """Train ``configs`` together, as :func:`run` trains one, and return their records in order (None for all when
-    ``stop_after_epochs`` stopped the call). Two or more unfinished runs train stacked into one model
+    ``stop_after_epochs`` stopped the call). Unfinished runs resumed from one epoch train stacked into one model
     (:class:`experiments.engine.stacked.StackedModels`: one grouped step for all), each from its own seed, on its own
     data order, with its own loss, evaluation, checkpoints and records, which are a lone run's up to rounding and the
-    noised losses' draws (the runs share PyTorch's random stream, in turn); a record says which runs it trained with.
-    The runs should share a :meth:`RunConfig.stack_signature` and, when resumed, the epoch of their checkpoints."""
+    noised losses' draws (the runs share PyTorch's random stream, in turn); runs at other epochs train as other
+    stacks, one after the other. The runs should share a :meth:`RunConfig.stack_signature` and, when several, an
+    in-memory dataset. A run whose loss becomes NaN stops the call, naming it, after the others saved that epoch."""
     if compile_mode is not None and compile_mode not in COMPILE_MODES:
         raise ValueError(f"'compile_mode' should be None or one of {COMPILE_MODES}, got {compile_mode!r}")
     records = [store.finished(config.key()) for config in configs]
     todo = [config for config, record in zip(configs, records) if record is None]
     if not todo:
         return records
-    differ = [config.key() for config in todo if config.stack_signature() != todo[0].stack_signature()]
-    if differ:
-        raise ValueError(f"runs trained stacked should share their data, model, batches and optimiser settings; "
-                         f"{differ[:3]} differ from {todo[0].key()}")
+    for config in todo[1:]:
+        if differences := config.stack_differences(todo[0]):
+            raise ValueError(f"runs trained stacked should share their data, model, batches and optimiser settings; "
+                             f"run {config.key()} differs from run {todo[0].key()} in {'; '.join(differences)}")
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     if world > 1 and len(todo) > 1:
         raise ValueError(f"runs are stacked in one process, not under DistributedDataParallel ({world} processes)")
     first, device = todo[0], torch.device(device)
     splits = data_prep.load(first.dataset, data_root, **first.dataset_options)
-    train_batches, val_batches, test_batches = (batches(split, device, num_workers)
-                                                for split in (splits.train, splits.val, splits.test))
-    runs = [_start(config, store, splits, device, data_root) for config in todo]
-    epochs = sorted({one.state["epoch"] for one in runs})
-    if len(epochs) > 1:
-        raise ValueError(f"runs trained stacked should resume from one epoch, got checkpoints at epochs {epochs}")
+    data = tuple(batches(split, device, num_workers) for split in (splits.train, splits.val, splits.test))
+    if len(todo) > 1 and not isinstance(data[0], InMemoryBatches):
+        raise ValueError(f"runs are stacked on in-memory datasets only: {first.dataset!r} is read from files by "
+                         "worker processes; train its runs one at a time (--stack 1)")
+    by_epoch: dict[int, list[_Run]] = {}  # runs resumed from one epoch train together
+    for one in (_start(config, store, splits, device, data_root) for config in todo):
+        by_epoch.setdefault(one.state["epoch"], []).append(one)
+    finished = {}
+    for together in by_epoch.values():  # each stack's records as soon as it is trained
+        if not _train_together(together, store, splits, data, device, compile_mode, progress, stop_after_epochs):
+            return [None] * len(configs)
+        stacked_with = [one.config.training_key() for one in together] if len(together) > 1 else None
+        finished |= {one.config.key(): _finish(one, store, splits, data[2], device, world, rank, compile_mode,
+                                               stacked_with) for one in together}
+    return [record if record is not None else finished[config.key()] for config, record in zip(configs, records)]
+
+
+def _train_together(runs: list[_Run], store: ResultsStore, splits, data: tuple, device: torch.device,
+                    compile_mode: str | None, progress: bool, stop_after_epochs: int | None) -> bool:
+    """Train ``runs`` (one, or several at one epoch, stacked) to their last epoch, a checkpoint of each after every
+    epoch; False when ``stop_after_epochs`` stopped them first."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    first, (train_batches, val_batches, _) = runs[0].config, data
     if runs[0].checkpoint is not None:
         _set_rng_states(runs[0].checkpoint["rng"])
     model, loss_fn, optimiser, schedule = _trained_together(runs)
@@ -110,7 +129,10 @@ def run_stacked(configs: list[RunConfig], store: ResultsStore, *, device: str = 
             trained, loss_fn, loaders[0] if len(runs) == 1 else side_by_side_batches(loaders), optimiser, device,
             progress, epoch)
         schedule.step()
+        diverged = [one.config.key() for index, one in enumerate(runs) if math.isnan(_of_run(mean_loss, index))]
         for index, one in enumerate(runs):
+            if one.config.key() in diverged:  # its checkpoint stays at the last good epoch
+                continue
             if len(runs) > 1:  # the run's own model, for its evaluation and checkpoint
                 one.model.load_state_dict(model.run_state_dict(index))
             validation = evaluate(one.model, val_batches, one.config.eval_ks, splits.class_counts, first.batch_size)
@@ -126,13 +148,13 @@ def run_stacked(configs: list[RunConfig], store: ResultsStore, *, device: str = 
                     "optimiser": (optimiser.state_dict() if len(runs) == 1
                                   else run_optimiser_state(optimiser.state_dict(), index, len(runs))),
                     "rng": _rng_states()})
+        if diverged:
+            raise FloatingPointError(f"the training loss of run {', '.join(diverged)} became NaN in epoch {epoch + 1}; "
+                                     f"the {len(runs) - len(diverged)} other runs of its stack saved that epoch")
         epochs_this_call += 1
         if stop_after_epochs is not None and epochs_this_call >= stop_after_epochs and epoch + 1 < first.epochs:
-            return [None] * len(configs)
-    stacked_with = [one.config.training_key() for one in runs] if len(runs) > 1 else None
-    finished = {config.key(): _finish(one, store, splits, test_batches, device, world, rank, compile_mode, stacked_with)
-                for config, one in zip(todo, runs)}
-    return [record if record is not None else finished[config.key()] for config, record in zip(configs, records)]
+            return False
+    return True
 
 
 @dataclass
@@ -356,12 +378,13 @@ class _Stopwatch:
         return sum(begin.elapsed_time(end) for begin, end in self.intervals) / 1e3 if self.cuda else self.seconds
 
 
-def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> tuple[float, float, float, float]:
+def train_epoch(model, loss_fn, loader, optimiser, device, progress,
+                epoch) -> tuple[float, float, float | list[float], float | list[float]]:
     """One epoch; returns (seconds, seconds in the loss's forward, mean loss, mean number of non-zero coordinates
     of the loss's gradient with respect to a sample's scores: the sparsity of Fig. 2). The loss sums and the sparsity
     count stay on the device and the times are CUDA events on CUDA: the epoch reads the device once, at its end.
     Stacked runs (:mod:`experiments.engine.stacked`: scores ``[B, N, classes]``, one loss per run) get a list of ``N``
-    means for each of the last two."""
+    means for each of the last two, a run whose loss became NaN a NaN (one run's NaN raises ``FloatingPointError``)."""
     model.train()
     cuda = device.type == "cuda"
     batches = loader
@@ -392,7 +415,7 @@ def train_epoch(model, loss_fn, loader, optimiser, device, progress, epoch) -> t
         rows += len(labels)
     epoch_time.stop()
     mean_loss = torch.as_tensor(total / max(count, 1)).tolist()  # the epoch's one synchronisation
-    if any(value != value for value in (mean_loss if isinstance(mean_loss, list) else [mean_loss])):
+    if mean_loss != mean_loss:  # a stack's list: its caller names the runs
         raise FloatingPointError(f"the training loss became NaN in epoch {epoch + 1}")
     return epoch_time.total(), loss_time.total(), mean_loss, torch.as_tensor(nonzero / max(rows, 1)).tolist()
 

@@ -43,9 +43,6 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES, help="torch.compile mode of the step")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads per run (default: the cores split between the workers)")
-    parser.add_argument("--stack", type=int, default=1,
-                        help="train runs that share their data, model and optimiser settings this many at a time, "
-                             "stacked into one model (grouped layers; default 1: each run alone)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,6 +57,9 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--executor", choices=EXECUTORS, default="inline")
     train.add_argument("--jobs", type=int, default=1, help="local: worker processes on this machine (default 1)")
     train.add_argument("--per-gpu", type=int, help="local: runs side by side on each visible GPU (instead of --jobs)")
+    train.add_argument("--stack", type=int, default=1,
+                       help="train runs that share their data, model and optimiser settings this many at a time, "
+                            "stacked into one model (grouped layers; default 1: each run alone)")
     train.add_argument("--figures", help="where the executor's manifest goes, beside the notebooks' (default: "
                        "figures/PROFILE, as the notebooks use)")
     _training_options(train)
@@ -80,12 +80,13 @@ def main(argv: list[str]) -> int:
     if args.command == "plan":
         print(table(runs, ResultsStore(store)))
         return 0
-    if args.stack < 1:
-        print(f"error: --stack should be a positive number of runs stacked into one model, got {args.stack}",
+    stack = getattr(args, "stack", 1)  # run-one stacks the runs it is given
+    if stack < 1:
+        print(f"error: --stack should be a positive number of runs stacked into one model, got {stack}",
               file=sys.stderr)
         return 2
     options = executors.TrainOptions(store, args.device, args.data_root, args.workers, args.compile_mode, args.threads,
-                                     args.stack)
+                                     stack)
     try:
         if args.command == "run-one":
             return _run_one(runs, args.keys, options)
@@ -109,10 +110,11 @@ def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOp
                   "them", file=sys.stderr)
             return 2
         group.append(matches[0])
-    if len({run.config.stack_signature() for run in group}) > 1:
-        print(f"error: the runs {keys} cannot train stacked into one model: they differ in their data, model, batches "
-              "or optimiser settings", file=sys.stderr)
-        return 2
+    for key, run in zip(keys[1:], group[1:]):
+        if differences := run.config.stack_differences(group[0].config):
+            print(f"error: the runs {keys[0]} and {key} cannot train stacked into one model: they differ in "
+                  f"{'; '.join(differences)}", file=sys.stderr)
+            return 2
     for key, record in zip(keys, executors.train_group(group, options)):
         print(f"{key}: finished, selected epoch {record['selected_epoch']}")
     return 0

@@ -80,12 +80,21 @@ def inline(runs: list[PlannedRun], options: TrainOptions, progress: Progress) ->
         try:
             train_group(group, options)
         except Exception as error:  # one failed group must not stop the others: it is logged and named
-            log = _log_failure(options, group, error)
-            for run in group:
-                progress.fail(run, log)
+            _report(group, options, progress, _log_failure(options, group, error))
         else:
             for run in group:
                 progress.finish(run)
+
+
+def _report(group: list[PlannedRun], options: TrainOptions, progress: Progress, log: str) -> None:
+    """After a group failed: its runs that finished all the same (a stack at another epoch) as finished, the others
+    as failed with the group's log."""
+    store = ResultsStore(options.store)
+    for run in group:
+        if store.finished(run.key) is not None:
+            progress.finish(run)
+        else:
+            progress.fail(run, log)
 
 
 def slots(jobs: int, per_gpu: int | None, device: str) -> list[str]:
@@ -167,11 +176,11 @@ class _Pool:
         for slot, (process, connection, group) in busy.items():
             if connection in ready and connection.poll():
                 outcome, detail = connection.recv()
-                for run in group:
-                    if outcome == "finished":
+                if outcome == "finished":
+                    for run in group:
                         self.progress.finish(run)
-                    else:
-                        self.progress.fail(run, detail)
+                else:
+                    _report(group, self.options, self.progress, detail)
             elif process.sentinel in ready and not process.is_alive():
                 path = log_path(self.options, group)
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,8 +188,7 @@ class _Pool:
                     handle.write(f"worker process {process.pid} died (exit code {process.exitcode}) while training "
                                  f"{'these runs' if len(group) > 1 else 'this run'}; the checkpoints are kept, the "
                                  f"next `train` resumes them\n")
-                for run in group:
-                    self.progress.fail(run, str(path))
+                _report(group, self.options, self.progress, str(path))
                 connection.close()
                 self._start(slot)
             else:

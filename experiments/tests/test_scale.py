@@ -250,7 +250,7 @@ def test_run_one_trains_several_keys_stacked_and_refuses_what_cannot_stack(tmp_p
         assert computed(ResultsStore(store).finished(one.key)) == computed(record)
     assert f"{runs[1].key}: finished" in capsys.readouterr().out
     assert cli.main(["run-one", runs[0].key, runs[2].key, "--profile", "smoke", "--store", str(tmp_path / "x")]) == 2
-    assert "cannot train stacked into one model" in capsys.readouterr().err
+    assert "cannot train stacked into one model: they differ in lr 0.1 against 0.05" in capsys.readouterr().err
     assert cli.main(["run-one", "0123456789abcdef", "--profile", "smoke", "--store", str(tmp_path / "x")]) == 2
     assert "no run of this profile has the key '0123456789abcdef'" in capsys.readouterr().err
     assert cli.main(["train", "smoke", "--stack", "0", "--store", str(tmp_path / "x")]) == 2

@@ -1,13 +1,22 @@
 """Runs trained stacked into one model by the engine (:func:`experiments.engine.train.run_stacked`): the records of
 runs trained alone up to rounding, each run's checkpoints in a lone run's form, an interrupted group resumed to the
-same records, and what cannot be stacked refused."""
+same records, runs at other epochs trained as other stacks, a diverging run named while the others keep their epoch,
+a run held by another process left to it, and what cannot be stacked refused."""
+
+from pathlib import Path
 
 import pytest
+import torch
 
+from experiments.engine import run_claim, train
 from experiments.engine.config import RunConfig
-from experiments.engine.store import ResultsStore
+from experiments.engine.store import ResultsStore, computed
 from experiments.engine.train import run, run_stacked
+from experiments.scale import executors
+from experiments.scale.plan import PlannedRun
+from experiments.scale.progress import Progress
 from experiments.tests.test_experiments import TINY
+from topk.losses import build_loss
 
 #: Two runs that differ in their loss, seed and selection, as a table's runs do; deterministic losses, so that alone
 #: and stacked they differ by rounding only.
@@ -59,13 +68,82 @@ def test_an_interrupted_stack_resumes_to_the_same_records_and_its_runs_can_finis
     assert "stacked_with" not in record["provenance"]
 
 
-def test_runs_that_cannot_share_a_step_are_refused_with_what_differs(tmp_path):
+def test_runs_that_cannot_share_a_step_are_refused_with_what_differs(tmp_path, monkeypatch):
     store = ResultsStore(tmp_path)
-    with pytest.raises(ValueError, match=f"share their data, model, batches and optimiser settings; "
-                                         f"\\['{RUNS[0].replace(lr=0.1).key()}'\\] differ"):
-        run_stacked([RUNS[1], RUNS[0].replace(lr=0.1)], store)
-    run(RUNS[0], store, stop_after_epochs=1)
-    with pytest.raises(ValueError, match=r"resume from one epoch, got checkpoints at epochs \[0, 1\]"):
-        run_stacked(RUNS, store)
+    other = RUNS[0].replace(lr=0.1)
+    with pytest.raises(ValueError, match=f"share their data, model, batches and optimiser settings; run {other.key()} "
+                                         f"differs from run {RUNS[1].key()} in lr 0.1 against 0.05$"):
+        run_stacked([RUNS[1], other], store)
     with pytest.raises(ValueError, match="'compile_mode' should be None or one of"):
         run_stacked(RUNS, store, compile_mode="fast")
+    monkeypatch.setattr(train, "InMemoryBatches", type("NoSuchBatches", (), {}))  # as if read from files
+    with pytest.raises(ValueError, match="stacked on in-memory datasets only: 'cifar100_like' is read from files"):
+        run_stacked(RUNS, store)
+
+
+def test_runs_at_other_epochs_train_as_other_stacks(tmp_path):
+    """One run resumed at epoch 1, one fresh: each trains as a stack of one, to the lone runs' records."""
+    store, alone = ResultsStore(tmp_path / "mixed"), ResultsStore(tmp_path / "alone")
+    run(RUNS[0], store, stop_after_epochs=1)
+    records = run_stacked(RUNS, store)
+    for config, record in zip(RUNS, records):
+        assert computed(record) == computed(run(config, alone))
+        assert "stacked_with" not in record["provenance"]
+
+
+def _nan_for(loss_name: str):
+    """A ``build_loss`` whose ``loss_name`` gives NaN from the second step on, the others as they are."""
+    class Diverging(torch.nn.Module):
+        def __init__(self, loss):
+            super().__init__()
+            self.loss, self.steps = loss, 0
+
+        def forward(self, scores, labels):
+            self.steps += 1
+            return self.loss(scores, labels) * (float("nan") if self.steps > 1 else 1.0)
+
+    def build(name, **options):
+        loss = build_loss(name, **options)
+        return Diverging(loss) if name == loss_name else loss
+    return build
+
+
+def test_a_run_whose_loss_becomes_nan_is_named_and_the_others_keep_their_epoch(tmp_path, monkeypatch):
+    """The runs of a stack are independent: one diverging does not spoil the others' weights, which save the epoch
+    and then train on alone."""
+    store, alone = ResultsStore(tmp_path / "stack"), ResultsStore(tmp_path / "alone")
+    monkeypatch.setattr(train, "build_loss", _nan_for("smooth_hinge"))
+    with pytest.raises(FloatingPointError, match=f"the training loss of run {RUNS[1].key()} became NaN in epoch 1; "
+                                                 "the 1 other runs of its stack saved that epoch"):
+        run_stacked(RUNS, store)
+    assert store.load_checkpoint(RUNS[0].key())["state"]["epoch"] == 1 and store.load_checkpoint(RUNS[1].key()) is None
+    monkeypatch.undo()
+    survivor = run(RUNS[0], store)
+    expected = run(RUNS[0], alone)
+    for epoch, lone in zip(survivor["history"], expected["history"], strict=True):
+        assert epoch["train_loss"] == pytest.approx(lone["train_loss"], rel=1e-4) and epoch["val"] == lone["val"]
+
+
+def test_a_run_another_process_holds_is_left_to_it_and_the_rest_trains(tmp_path):
+    store = ResultsStore(tmp_path)
+    assert run_claim.try_claim(store.root, RUNS[1].training_key())  # held by this live process, as by another
+    first, second = run_claim.train_stacked_once(RUNS, store, wait=False)
+    assert second is None and store.finished(RUNS[1].key()) is None
+    assert first["key"] == RUNS[0].key() and "stacked_with" not in first["provenance"]  # trained alone
+
+
+def test_a_failed_group_counts_the_runs_it_finished_as_finished(tmp_path, monkeypatch):
+    """A group whose runs were at two epochs trains as two stacks: the first finished, the second diverged. The
+    executor names the diverged run failed and the other finished."""
+    planned = [PlannedRun(config, ("test",), None, 0) for config in RUNS]
+    run(RUNS[0], ResultsStore(tmp_path), stop_after_epochs=1)
+    monkeypatch.setattr(executors, "stacks", lambda runs, size, store: [runs])  # one group whatever their epochs
+    monkeypatch.setattr(train, "build_loss", _nan_for("smooth_hinge"))
+    progress = Progress(planned)
+    threads = torch.get_num_threads()
+    try:
+        executors.inline(planned, executors.TrainOptions(str(tmp_path), threads=1, stack=2), progress)
+    finally:
+        torch.set_num_threads(threads)
+    assert progress.done == 1 and list(progress.failed) == [RUNS[1].key()]
+    assert "became NaN" in Path(progress.failed[RUNS[1].key()]).read_text()
