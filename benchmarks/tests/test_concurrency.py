@@ -86,9 +86,9 @@ def test_runs_stacked_into_one_model_count_every_runs_images(tmp_path, capsys):
     assert [(row["concurrency"], row["stack"]) for row in (alone, stacked)] == [("1", "1"), ("1", "3")]
     assert (alone["engine_code"], stacked["engine_code"]) == (engine_code(), engine_code(stacked=True))
     assert engine_code() != engine_code(stacked=True)  # a change of the stacking stales the stacked rows only
+    # a run's rate is the process's over 3, rounded to 0.1 images/s
     assert float(stacked["aggregate_images_per_s"]) == pytest.approx(3 * float(stacked["run_images_per_s_mean"]),
-                                                                     rel=1e-3)
-    assert float(stacked["run_images_per_s_min"]) == float(stacked["run_images_per_s_mean"])  # one process
+                                                                     abs=0.16)
     assert float(stacked["ratio_to_one_run"]) == pytest.approx(
         float(stacked["aggregate_images_per_s"]) / float(alone["aggregate_images_per_s"]), rel=1e-3)
     assert "3 runs stacked:" in capsys.readouterr().out

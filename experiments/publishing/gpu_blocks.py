@@ -204,10 +204,10 @@ def _fastest(rows: list[dict]) -> tuple[dict, float, float]:
 def gpu_hours(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     """The README's line (one, whatever the GPU models measured): how long the ``gpu`` profile's CIFAR-100 notebooks
     train at the fastest setting measured with today's engine on each GPU model (:func:`concurrency` has every
-    measurement); without such a measurement, what the last engine measured, said to be stale."""
+    measurement); without such a measurement, the fastest setting an earlier engine measured, said to be stale."""
     def hours(fastest: list[tuple[dict, float, float]]) -> str:
         return "; in ".join(f"{one_gpu:.1f} h on one {best['device_name']} and {one_gpu / timings.GPUS:.1f} h on "
-                            f"{timings.GPUS} ({_setting(best)}, {_runs(best)} a GPU, {rate:,.0f} images/s; "
+                            f"{timings.GPUS} ({_setting(best)}, {_runs(best)} on each GPU, {rate:,.0f} images/s; "
                             f"{stamp_text(best)})" for best, rate, one_gpu in fastest)
 
     if current := _fastest_current(path):

@@ -416,7 +416,7 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
                     f"GPU, 7,200 images/s: {images / 7200 / 3600:.1f} h on one such GPU, {images / 7200 / 3600 / 8:.1f} h on 8")
     assert gpu_blocks.gpu_hours(tmp_path / "concurrency.csv").startswith(  # the README's line, from the same rows
         f"*The `gpu` profile's CIFAR-100 notebooks train in {images / 7200 / 3600:.1f} h on one test-gpu and "
-        f"{images / 7200 / 3600 / 8:.1f} h on 8 (`reduce-overhead` under MPS, 2 runs a GPU, 7,200 images/s;")
+        f"{images / 7200 / 3600 / 8:.1f} h on 8 (`reduce-overhead` under MPS, 2 runs on each GPU, 7,200 images/s;")
     other_gpu = [{**row, "device_name": "other-gpu"} for row in _concurrency_rows("a" * 40, timings.engine_code())]
     _csv(tmp_path / "concurrency.csv", [*graphs, *other_gpu])
     line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # one line in the README whatever the GPU models
