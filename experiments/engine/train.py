@@ -131,11 +131,16 @@ def _train_together(runs: list[_Run], store: ResultsStore, splits, data: tuple, 
         schedule.step()
         diverged = [one.config.key() for index, one in enumerate(runs) if math.isnan(_of_run(mean_loss, index))]
         for index, one in enumerate(runs):
+            if len(runs) > 1 and one.config.key() not in diverged:  # its own model: checkpoint, selected epochs
+                one.model.load_state_dict(model.run_state_dict(index))
+        validations = (evaluate_stacked(model, val_batches, [one.config.eval_ks for one in runs], splits.class_counts,
+                                        first.batch_size) if len(runs) > 1 and not diverged else
+                       [None if one.config.key() in diverged else
+                        evaluate(one.model, val_batches, one.config.eval_ks, splits.class_counts, first.batch_size)
+                        for one in runs])  # a diverged run's NaN scores are not evaluated
+        for index, (one, validation) in enumerate(zip(runs, validations)):
             if one.config.key() in diverged:  # its checkpoint stays at the last good epoch
                 continue
-            if len(runs) > 1:  # the run's own model, for its evaluation and checkpoint
-                one.model.load_state_dict(model.run_state_dict(index))
-            validation = evaluate(one.model, val_batches, one.config.eval_ks, splits.class_counts, first.batch_size)
             one.state["history"].append({
                 "epoch": epoch + 1, "train_loss": _of_run(mean_loss, index), "epoch_seconds": seconds,
                 "loss_seconds": loss_seconds, "grad_nonzero": _of_run(grad_nonzero, index), "lr": lr,
@@ -425,24 +430,52 @@ def evaluate(model: nn.Module, split, ks, train_class_counts, batch_size: int = 
     """Top-K and macro-average top-K for every K in ``ks``, the latter also per few/medium/many-shot group, over the
     batches of ``split`` (:func:`experiments.engine.batches.batches`); with ``coverage``, also the number of classes in the
     top K of more than half the images (:meth:`topk.metrics.TopKCoverage.crowded_classes`)."""
+    return _evaluate(model, split, [ks], train_class_counts, batch_size, coverage)[0]
+
+
+@torch.no_grad()
+def evaluate_stacked(model: StackedModels, split, ks_of_runs: list, train_class_counts, batch_size: int) -> list[dict]:
+    """:func:`evaluate` of every run of a stack in one pass over ``split``: each batch given to every run (side by
+    side along the channels), run ``n``'s metrics at its ``ks_of_runs[n]``."""
+    return _evaluate(model, split, ks_of_runs, train_class_counts, batch_size, False)
+
+
+def _evaluate(model: nn.Module, split, ks_of_runs: list, train_class_counts, batch_size: int,
+              coverage: bool) -> list[dict]:
     model.eval()
-    num_classes = len(train_class_counts)
-    top, macro = TopKAccuracy(ks), MacroTopKAccuracy(ks, num_classes)
-    covered = TopKCoverage(ks, num_classes) if coverage else None
+    metrics = [_Metrics(ks, len(train_class_counts), coverage) for ks in ks_of_runs]
+    stacked = isinstance(model, StackedModels)
     for images, labels in split.in_order(batch_size):
+        if stacked:
+            images = images.repeat(1, len(metrics), 1, 1)  # [B, C, H, W] -> [B, N * C, H, W]
         scores = _evaluation_scores(model, images)
-        top.update(scores, labels)
-        macro.update(scores, labels)
-        if covered is not None:
-            covered.update(scores)
-    groups = {name: {str(k): (None if v != v else v) for k, v in values.items()}  # an empty shot group: null
-              for name, values in macro.compute_by_group(train_class_counts).items()}
-    result = {"top": {str(k): v for k, v in top.compute().items()},
-              "macro_top": {k: v for k, v in groups.pop("all").items() if k != "n_classes"},
-              "macro_top_by_group": groups}
-    if covered is not None:
-        result["crowded_classes"] = {str(k): n for k, n in covered.crowded_classes().items()}
-    return result
+        for run_metrics, run_scores in zip(metrics, scores.unbind(1) if stacked else [scores]):
+            run_metrics.update(run_scores, labels)
+    return [run_metrics.result(train_class_counts) for run_metrics in metrics]
+
+
+class _Metrics:
+    """One model's top-K, macro-average top-K and (with ``coverage``) crowded classes, batch after batch."""
+
+    def __init__(self, ks, num_classes: int, coverage: bool):
+        self.top, self.macro = TopKAccuracy(ks), MacroTopKAccuracy(ks, num_classes)
+        self.covered = TopKCoverage(ks, num_classes) if coverage else None
+
+    def update(self, scores: torch.Tensor, labels: torch.Tensor) -> None:
+        self.top.update(scores, labels)
+        self.macro.update(scores, labels)
+        if self.covered is not None:
+            self.covered.update(scores)
+
+    def result(self, train_class_counts) -> dict:
+        groups = {name: {str(k): (None if v != v else v) for k, v in values.items()}  # an empty shot group: null
+                  for name, values in self.macro.compute_by_group(train_class_counts).items()}
+        result = {"top": {str(k): v for k, v in self.top.compute().items()},
+                  "macro_top": {k: v for k, v in groups.pop("all").items() if k != "n_classes"},
+                  "macro_top_by_group": groups}
+        if self.covered is not None:
+            result["crowded_classes"] = {str(k): n for k, n in self.covered.crowded_classes().items()}
+        return result
 
 
 @torch.no_grad()

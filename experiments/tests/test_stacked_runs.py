@@ -147,3 +147,21 @@ def test_a_failed_group_counts_the_runs_it_finished_as_finished(tmp_path, monkey
         torch.set_num_threads(threads)
     assert progress.done == 1 and list(progress.failed) == [RUNS[1].key()]
     assert "became NaN" in Path(progress.failed[RUNS[1].key()]).read_text()
+
+
+def test_a_stack_is_evaluated_in_one_pass_as_each_run_alone_at_its_own_ks():
+    import data_prep
+    from experiments.engine.batches import batches
+    from experiments.engine.models import build_model
+    from experiments.engine.stacked import StackedModels
+
+    splits = data_prep.load(TINY["dataset"], None, **TINY["dataset_options"])
+    val = batches(splits.val, torch.device("cpu"))
+    models = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        models.append(build_model(TINY["model"], splits.num_classes, **TINY["model_options"]))
+    ks_of_runs = [(1, 5), (1, 3)]
+    together = train.evaluate_stacked(StackedModels(models), val, ks_of_runs, splits.class_counts, 7)
+    alone = [train.evaluate(model, val, ks, splits.class_counts, 7) for model, ks in zip(models, ks_of_runs)]
+    assert together == alone and set(together[1]["top"]) == {"1", "3"}
