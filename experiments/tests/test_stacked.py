@@ -18,8 +18,7 @@ from topk.losses import build_loss
 
 ARCHITECTURES = {"small_cnn": ("small_cnn", {"width": 4}),
                  "densenet_bc": ("densenet_bc", {"depth": 10, "growth": 4}),  # concatenations under the map
-                 "cosine head": ("small_cnn", {"width": 4, "cosine_scale": 2.0}),
-                 "resnet18": ("resnet18", {})}  # torchvision's: residual blocks, a downsampling branch
+                 "cosine head": ("small_cnn", {"width": 4, "cosine_scale": 2.0})}  # ResNets: every model's test
 CLASSES, BATCH, SIZE = 6, 8, 16
 
 
