@@ -286,6 +286,35 @@ def test_an_interrupted_cuda_run_resumes_to_the_same_result_with_its_noise_strea
     assert _result(resumed) == _result(whole)
 
 
+@CUDA
+def test_cuda_runs_stacked_into_one_model_train_as_cuda_graphs(tmp_path):
+    """What ``make paper-figures DEVICE=cuda STACK=2`` does: grouped layers under bfloat16 autocast, channels-last and
+    CUDA graphs; each run's history its own and finite."""
+    from experiments.engine.train import run_stacked
+
+    configs = [RunConfig(**{**TINY, "seed": seed}) for seed in (1, 2)]
+    records = run_stacked(configs, ResultsStore(tmp_path), device="cuda", compile_mode="reduce-overhead")
+    for record in records:
+        assert [h["stack"] for h in record["history"]] == [2, 2, 2]
+        assert all(h["train_loss"] == h["train_loss"] and 0 < h["grad_nonzero"] <= 4 for h in record["history"])
+    assert records[0]["history"][0]["train_loss"] != records[1]["history"][0]["train_loss"]  # own seeds and orders
+
+
+@CUDA
+def test_cuda_graphs_of_finished_runs_are_freed_in_a_process_that_trains_run_after_run(tmp_path):
+    """A ``local`` worker trains run after run, each compiled with CUDA graphs anew: the memory reserved after the
+    third run is not the first's plus two more graph pools."""
+    import gc
+
+    reserved = []
+    for seed in (1, 2, 3):
+        run(RunConfig(**{**TINY, "seed": seed}), ResultsStore(tmp_path), device="cuda", compile_mode="reduce-overhead")
+        gc.collect()
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+    assert reserved[2] <= 1.25 * reserved[0] + 2 ** 26, [f"{value / 2 ** 20:.0f} MiB" for value in reserved]
+
+
 def test_a_missing_real_dataset_names_the_data_prep_command(tmp_path, capsys):
     config = RunConfig(**{**TINY, "dataset": "cifar100", "dataset_options": {}})
     with pytest.raises(MissingDataError, match="python -m data_prep cifar100 --root PATH"):
