@@ -114,7 +114,7 @@ forget-executor: ## Remove the executor's manifest of PROFILE (its notebooks tra
 calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers and choose each loss's learning rate, until CE's agree (experiments/calibrated/; no-op when current)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.tuning.fixed_point $(PROFILE) --device $(DEVICE)
 
-paper-figures: $(STAMP) ## Calibrate the stand-ins and their learning rates, [train every run through EXECUTOR,] run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode EXECUTOR=local JOBS=n PY=python3], render build/report/index.html
+paper-figures: $(STAMP) ## Calibrate the stand-ins and their learning rates, [train every run through EXECUTOR,] run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode EXECUTOR=local JOBS=n STACK=s PY=python3], render build/report/index.html
 	@status=0; $(MAKE) --no-print-directory calibrate || status=$$?; \
 	$(MAKE) --no-print-directory $(if $(EXECUTOR),train,forget-executor) || status=$$?; \
 	$(MAKE) --no-print-directory -k notebooks || status=$$?; \
