@@ -150,11 +150,15 @@ def train_stacked_once(configs, store, *, wait: bool = True, poll: float = 2.0, 
     (:func:`experiments.engine.train.run_stacked`, ``options``); those a live process holds are waited for as
     :func:`train_once` waits (and resumed alone if it dies), or with ``wait=False`` left as None."""
     with ExitStack() as claims:
-        mine = []
+        mine, trainings = [], set()
         for config in configs:
+            if config.training_key() in trainings:  # a sibling of a run already here: one training
+                continue
+            trainings.add(config.training_key())
             if store.finished(config.key()) is None and try_claim(store.root, config.training_key()):
                 claims.enter_context(held(store.root, config.training_key()))
                 mine.append(config)
         if mine:
             run_stacked(mine, store, **options)
+    options.pop("stop_after_epochs", None)  # the runs left to others are waited for, not trained a part of
     return [train_once(config, store, wait=wait, poll=poll, **options) for config in configs]

@@ -80,8 +80,16 @@ class _GroupedBottleneck(nn.Module):
         return cat_runs(x, self.layers(x), self.runs)
 
 
-def _grouped(module: nn.Module, runs: int) -> nn.Module:
-    """``module`` with ``runs`` groups in every layer (tensors left unset: :class:`StackedModels` fills them)."""
+def _grouped(module: nn.Module, runs: int, done: dict | None = None) -> nn.Module:
+    """``module`` with ``runs`` groups in every layer (tensors left unset: :class:`StackedModels` fills them); a
+    module met twice (``done``: by id) is grouped once and shared as it was."""
+    done = {} if done is None else done
+    if id(module) not in done:
+        done[id(module)] = _grouped_once(module, runs, done)
+    return done[id(module)]
+
+
+def _grouped_once(module: nn.Module, runs: int, done: dict) -> nn.Module:
     if isinstance(module, nn.Conv2d):
         return nn.Conv2d(runs * module.in_channels, runs * module.out_channels, module.kernel_size, module.stride,
                          module.padding, module.dilation, runs * module.groups, module.bias is not None,
@@ -94,18 +102,20 @@ def _grouped(module: nn.Module, runs: int) -> nn.Module:
     if isinstance(module, CosineClassifier):
         return _GroupedLinear(runs, module.in_features, module.num_classes, False, module.scale)
     if isinstance(module, _Bottleneck):
-        return _GroupedBottleneck(_grouped(module.layers, runs), runs)
+        return _GroupedBottleneck(_grouped(module.layers, runs, done), runs)
     if isinstance(module, _CHANNELWISE):
         return copy.deepcopy(module)
-    kind = type(module)
-    if not (isinstance(module, _CONTAINERS) or (kind.__module__, kind.__name__) in _TORCHVISION_CONTAINERS):
+    kind = type(module)  # the very class: a subclass may have a forward of its own
+    if not (kind in _CONTAINERS or (kind.__module__, kind.__name__) in _TORCHVISION_CONTAINERS):
         raise ValueError(f"runs cannot be stacked through a {kind.__name__} layer: only through convolutions, batch "
                          "normalisations, linear and cosine heads, ReLU, pooling, DenseNet-BC, SmallCNN and "
                          "torchvision's ResNets")
-    children = dict(module.named_children())
+    if own := [name for name, tensor in (*module._parameters.items(), *module._buffers.items()) if tensor is not None]:
+        raise ValueError(f"runs cannot be stacked through a {kind.__name__} holding tensors of its own: {own[:3]}")
+    children = {name: child for name, child in module._modules.items() if child is not None}  # repeats included
     grouped = copy.deepcopy(module, {id(child): None for child in children.values()})  # the container alone
     for name, child in children.items():
-        setattr(grouped, name, _grouped(child, runs))
+        setattr(grouped, name, _grouped(child, runs, done))
     return grouped
 
 

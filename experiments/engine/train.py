@@ -44,7 +44,7 @@ from experiments.engine.stacked import (StackedLosses, StackedModels, run_optimi
 from experiments.engine.store import ResultsStore
 from experiments.provenance import device_name, git_commit, versions
 from topk.losses import build_loss
-from topk.metrics import MacroTopKAccuracy, TopKAccuracy, TopKCoverage
+from topk.metrics import NAN_SCORES, MacroTopKAccuracy, TopKAccuracy, TopKCoverage
 
 
 #: ``torch.compile`` modes of the training step (``reduce-overhead``: CUDA graphs).
@@ -111,8 +111,7 @@ def _train_together(runs: list[_Run], store: ResultsStore, splits, data: tuple, 
     epoch; False when ``stop_after_epochs`` stopped them first."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     first, (train_batches, val_batches, _) = runs[0].config, data
-    if runs[0].checkpoint is not None:
-        _set_rng_states(runs[0].checkpoint["rng"])
+    _set_rng_states(runs[0].rng)  # its own stream, whatever runs were built after it
     model, loss_fn, optimiser, schedule = _trained_together(runs)
     trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     if compile_mode is not None:
@@ -133,11 +132,7 @@ def _train_together(runs: list[_Run], store: ResultsStore, splits, data: tuple, 
         for index, one in enumerate(runs):
             if len(runs) > 1 and one.config.key() not in diverged:  # its own model: checkpoint, selected epochs
                 one.model.load_state_dict(model.run_state_dict(index))
-        validations = (evaluate_stacked(model, val_batches, [one.config.eval_ks for one in runs], splits.class_counts,
-                                        first.batch_size) if len(runs) > 1 and not diverged else
-                       [None if one.config.key() in diverged else
-                        evaluate(one.model, val_batches, one.config.eval_ks, splits.class_counts, first.batch_size)
-                        for one in runs])  # a diverged run's NaN scores are not evaluated
+        validations = _validations(model, runs, diverged, val_batches, splits.class_counts)
         for index, (one, validation) in enumerate(zip(runs, validations)):
             if one.config.key() in diverged:  # its checkpoint stays at the last good epoch
                 continue
@@ -154,8 +149,9 @@ def _train_together(runs: list[_Run], store: ResultsStore, splits, data: tuple, 
                                   else run_optimiser_state(optimiser.state_dict(), index, len(runs))),
                     "rng": _rng_states()})
         if diverged:
-            raise FloatingPointError(f"the training loss of run {', '.join(diverged)} became NaN in epoch {epoch + 1}; "
-                                     f"the {len(runs) - len(diverged)} other runs of its stack saved that epoch")
+            raise FloatingPointError(f"the training of run {', '.join(diverged)} became NaN (its loss or its scores) in "
+                                     f"epoch {epoch + 1}; the {len(runs) - len(diverged)} other runs of its stack "
+                                     "saved that epoch")
         epochs_this_call += 1
         if stop_after_epochs is not None and epochs_this_call >= stop_after_epochs and epoch + 1 < first.epochs:
             return False
@@ -165,7 +161,8 @@ def _train_together(runs: list[_Run], store: ResultsStore, splits, data: tuple, 
 @dataclass
 class _Run:
     """One run of a :func:`run_stacked` call: its config, its own model (the one trained, or a copy of its part of
-    the stacked one), loss, optimiser and schedule, its training state and the checkpoint it resumed from."""
+    the stacked one), loss, optimiser and schedule, its training state, the checkpoint it resumed from and the random
+    streams' states its training starts from (the checkpoint's, or those its seed left once it was built)."""
 
     config: RunConfig
     model: nn.Module
@@ -174,6 +171,7 @@ class _Run:
     schedule: torch.optim.lr_scheduler.LRScheduler
     state: dict
     checkpoint: dict | None
+    rng: dict
 
 
 def _start(config: RunConfig, store: ResultsStore, splits, device: torch.device, data_root) -> _Run:
@@ -193,13 +191,39 @@ def _start(config: RunConfig, store: ResultsStore, splits, device: torch.device,
         optimiser.load_state_dict(checkpoint["optimiser"])
         schedule.load_state_dict(checkpoint["schedule"])
         state = checkpoint["state"]
-    return _Run(config, model, loss_fn, optimiser, schedule, state, checkpoint)
+    return _Run(config, model, loss_fn, optimiser, schedule, state, checkpoint,
+                checkpoint["rng"] if checkpoint is not None else _rng_states())
 
 
 def optimiser_of(parameters, config: RunConfig) -> torch.optim.SGD:
     """SGD with Nesterov momentum, the config's rate, momentum and weight decay (every experiment of the paper)."""
     return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, nesterov=True,
                            weight_decay=config.weight_decay)
+
+
+def _validations(model: nn.Module, runs: list[_Run], diverged: list[str], val_batches, class_counts) -> list[dict | None]:
+    """Each run's validation metrics: a stack's in one pass, a lone run's as ever. A run of a stack whose loss
+    (``diverged``) or, found here, whose scores became NaN gets None and joins ``diverged``."""
+    batch_size = runs[0].config.batch_size
+    if len(runs) == 1:
+        return [evaluate(model, val_batches, runs[0].config.eval_ks, class_counts, batch_size)]
+    if not diverged:
+        try:
+            return evaluate_stacked(model, val_batches, [one.config.eval_ks for one in runs], class_counts, batch_size)
+        except ValueError as error:  # a run's weights, not its loss, became NaN: found run by run below
+            if str(error) != NAN_SCORES:
+                raise
+    validations = []
+    for one in runs:
+        try:
+            validations.append(None if one.config.key() in diverged else
+                               evaluate(one.model, val_batches, one.config.eval_ks, class_counts, batch_size))
+        except ValueError as error:
+            if str(error) != NAN_SCORES:
+                raise
+            diverged.append(one.config.key())
+            validations.append(None)
+    return validations
 
 
 def _trained_together(runs: list[_Run]) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer, object]:

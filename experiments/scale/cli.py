@@ -109,14 +109,15 @@ def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOp
             print(f"error: no run of this profile has the key {key!r}: `python -m experiments plan PROFILE` lists "
                   "them", file=sys.stderr)
             return 2
-        group.append(matches[0])
-    for key, run in zip(keys[1:], group[1:]):
+        if matches[0] not in group:  # a sibling's key names a training already asked for
+            group.append(matches[0])
+    for run in group[1:]:
         if differences := run.config.stack_differences(group[0].config):
-            print(f"error: the runs {keys[0]} and {key} cannot train stacked into one model: they differ in "
+            print(f"error: the runs {group[0].key} and {run.key} cannot train stacked into one model: they differ in "
                   f"{'; '.join(differences)}", file=sys.stderr)
             return 2
-    for key, record in zip(keys, executors.train_group(group, options)):
-        print(f"{key}: finished, selected epoch {record['selected_epoch']}")
+    for run, record in zip(group, executors.train_group(group, options)):
+        print(f"{run.key}: finished, selected epoch {record['selected_epoch']}")
     return 0
 
 

@@ -249,6 +249,10 @@ def test_run_one_trains_several_keys_stacked_and_refuses_what_cannot_stack(tmp_p
     for one, record in zip(runs, expected):
         assert computed(ResultsStore(store).finished(one.key)) == computed(record)
     assert f"{runs[1].key}: finished" in capsys.readouterr().out
+    sibling = runs[2].config.siblings()[1].key()  # another selection of one training: trained once, alone
+    assert cli.main(["run-one", runs[2].key, sibling, "--profile", "smoke", "--store", str(store)]) == 0
+    assert "stacked_with" not in ResultsStore(store).finished(runs[2].key)["provenance"]
+    assert capsys.readouterr().out.count(": finished") == 1
     assert cli.main(["run-one", runs[0].key, runs[2].key, "--profile", "smoke", "--store", str(tmp_path / "x")]) == 2
     assert "cannot train stacked into one model: they differ in lr 0.1 against 0.05" in capsys.readouterr().err
     assert cli.main(["run-one", "0123456789abcdef", "--profile", "smoke", "--store", str(tmp_path / "x")]) == 2

@@ -99,6 +99,16 @@ def test_under_autocast_every_run_computes_in_its_dtype_as_alone(memory_format):
     assert trunk.is_contiguous(memory_format=memory_format)
 
 
+def test_a_layer_used_twice_in_a_model_is_one_grouped_layer_used_twice():
+    relu = torch.nn.ReLU()
+    shared = [torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), relu, torch.nn.Conv2d(4, 4, 1), relu) for _ in range(2)]
+    stacked = StackedModels(shared)
+    assert stacked.model[1] is stacked.model[3]
+    images = torch.randn(2, 2 * 3, 4, 4)
+    for run, model in enumerate(shared):
+        torch.testing.assert_close(stacked(images)[:, 4 * run:4 * run + 4], model(images[:, 3 * run:3 * run + 3]))
+
+
 def test_a_runs_state_loads_into_its_single_model():
     stacked = StackedModels(_models("small_cnn", 2))
     alone = _models("small_cnn", 1)[0]
@@ -155,6 +165,18 @@ def test_bad_stacks_and_shapes_are_refused_with_what_was_expected():
 
     with pytest.raises(ValueError, match="cannot be stacked through a Mixing layer: only through convolutions"):
         StackedModels([Mixing(), Mixing()])
+
+    class Averaging(torch.nn.Sequential):  # a container of a known kind, with a forward of its own
+        def forward(self, x):
+            return super().forward(x).mean(1, keepdim=True)
+
+    with pytest.raises(ValueError, match="cannot be stacked through a Averaging layer"):
+        StackedModels([Averaging(torch.nn.Conv2d(3, 4, 1)) for _ in range(2)])
+
+    counted = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1))
+    counted.register_buffer("calls", torch.zeros(1), persistent=False)
+    with pytest.raises(ValueError, match=r"through a Sequential holding tensors of its own: \['calls'\]"):
+        StackedModels([copy.deepcopy(counted) for _ in range(2)])
     stacked = StackedModels(_models("small_cnn", 2))
     with pytest.raises(ValueError, match=r"'images' should be \[B, 2 \* C, H, W\].*got shape \(8, 3, 16, 16\)"):
         stacked(torch.randn(BATCH, 3, SIZE, SIZE, dtype=torch.float64))

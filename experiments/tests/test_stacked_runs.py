@@ -82,11 +82,13 @@ def test_runs_that_cannot_share_a_step_are_refused_with_what_differs(tmp_path, m
 
 
 def test_runs_at_other_epochs_train_as_other_stacks(tmp_path):
-    """One run resumed at epoch 1, one fresh: each trains as a stack of one, to the lone runs' records."""
+    """One run fresh (its noised loss draws from its own seed's stream, though another run was built after it), one
+    resumed at epoch 1: each trains as a stack of one, to the lone runs' records bit for bit."""
     store, alone = ResultsStore(tmp_path / "mixed"), ResultsStore(tmp_path / "alone")
-    run(RUNS[0], store, stop_after_epochs=1)
-    records = run_stacked(RUNS, store)
-    for config, record in zip(RUNS, records):
+    configs = [RunConfig(**TINY), RUNS[1]]
+    run(configs[1], store, stop_after_epochs=1)
+    records = run_stacked(configs, store)
+    for config, record in zip(configs, records):
         assert computed(record) == computed(run(config, alone))
         assert "stacked_with" not in record["provenance"]
 
@@ -113,8 +115,8 @@ def test_a_run_whose_loss_becomes_nan_is_named_and_the_others_keep_their_epoch(t
     and then train on alone."""
     store, alone = ResultsStore(tmp_path / "stack"), ResultsStore(tmp_path / "alone")
     monkeypatch.setattr(train, "build_loss", _nan_for("smooth_hinge"))
-    with pytest.raises(FloatingPointError, match=f"the training loss of run {RUNS[1].key()} became NaN in epoch 1; "
-                                                 "the 1 other runs of its stack saved that epoch"):
+    with pytest.raises(FloatingPointError, match=fr"the training of run {RUNS[1].key()} became NaN \(its loss or its "
+                                                 r"scores\) in epoch 1; the 1 other runs of its stack saved that epoch"):
         run_stacked(RUNS, store)
     assert store.load_checkpoint(RUNS[0].key())["state"]["epoch"] == 1 and store.load_checkpoint(RUNS[1].key()) is None
     monkeypatch.undo()
@@ -124,7 +126,8 @@ def test_a_run_whose_loss_becomes_nan_is_named_and_the_others_keep_their_epoch(t
         assert epoch["train_loss"] == pytest.approx(lone["train_loss"], rel=1e-4) and epoch["val"] == lone["val"]
 
 
-def test_a_run_another_process_holds_is_left_to_it_and_the_rest_trains(tmp_path):
+def test_a_run_another_process_holds_is_left_to_it_and_the_rest_trains(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)  # in a Slurm task, its own claims would read as stale
     store = ResultsStore(tmp_path)
     assert run_claim.try_claim(store.root, RUNS[1].training_key())  # held by this live process, as by another
     first, second = run_claim.train_stacked_once(RUNS, store, wait=False)
@@ -149,7 +152,8 @@ def test_a_failed_group_counts_the_runs_it_finished_as_finished(tmp_path, monkey
     assert "became NaN" in Path(progress.failed[RUNS[1].key()]).read_text()
 
 
-def test_a_stack_is_evaluated_in_one_pass_as_each_run_alone_at_its_own_ks():
+def test_a_stack_is_evaluated_in_one_pass_as_each_run_alone_at_its_own_ks(monkeypatch):
+    """The scores each run's metrics see, not only the metrics (near chance for untrained models)."""
     import data_prep
     from experiments.engine.batches import batches
     from experiments.engine.models import build_model
@@ -162,6 +166,13 @@ def test_a_stack_is_evaluated_in_one_pass_as_each_run_alone_at_its_own_ks():
         torch.manual_seed(seed)
         models.append(build_model(TINY["model"], splits.num_classes, **TINY["model_options"]))
     ks_of_runs = [(1, 5), (1, 3)]
+    seen = {}  # the scores each metrics object was given, by its Ks
+    update = train._Metrics.update
+    monkeypatch.setattr(train._Metrics, "update", lambda metrics, scores, labels: (
+        seen.setdefault(metrics.top.ks, []).append(scores.clone()), update(metrics, scores, labels)))
     together = train.evaluate_stacked(StackedModels(models), val, ks_of_runs, splits.class_counts, 7)
+    stacked_scores, seen = seen, {}
     alone = [train.evaluate(model, val, ks, splits.class_counts, 7) for model, ks in zip(models, ks_of_runs)]
     assert together == alone and set(together[1]["top"]) == {"1", "3"}
+    for ks in ks_of_runs:
+        torch.testing.assert_close(torch.cat(stacked_scores[ks]), torch.cat(seen[ks]), rtol=1e-5, atol=1e-6)
