@@ -93,7 +93,7 @@ def run_stacked(configs: list[RunConfig], store: ResultsStore, *, device: str = 
         raise ValueError(f"runs are stacked on in-memory datasets only: {first.dataset!r} is read from files by "
                          "worker processes; train its runs one at a time (--stack 1)")
     by_epoch: dict[int, list[_Run]] = {}  # runs resumed from one epoch train together
-    for one in (_start(config, store, splits, device, data_root) for config in todo):
+    for one in (_start(config, store, splits, device, data_root, len(todo) > 1) for config in todo):
         by_epoch.setdefault(one.state["epoch"], []).append(one)
     finished = {}
     for together in by_epoch.values():  # each stack's records as soon as it is trained
@@ -111,7 +111,8 @@ def _train_together(runs: list[_Run], store: ResultsStore, splits, data: tuple, 
     epoch; False when ``stop_after_epochs`` stopped them first."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     first, (train_batches, val_batches, _) = runs[0].config, data
-    _set_rng_states(runs[0].rng)  # its own stream, whatever runs were built after it
+    if runs[0].rng is not None:  # its own streams, whatever runs were built after it
+        _set_rng_states(runs[0].rng)
     model, loss_fn, optimiser, schedule = _trained_together(runs)
     trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     if compile_mode is not None:
@@ -162,7 +163,8 @@ def _train_together(runs: list[_Run], store: ResultsStore, splits, data: tuple, 
 class _Run:
     """One run of a :func:`run_stacked` call: its config, its own model (the one trained, or a copy of its part of
     the stacked one), loss, optimiser and schedule, its training state, the checkpoint it resumed from and the random
-    streams' states its training starts from (the checkpoint's, or those its seed left once it was built)."""
+    streams' states its training starts from (the checkpoint's, those its seed left once it was built, or None: the
+    current ones)."""
 
     config: RunConfig
     model: nn.Module
@@ -171,11 +173,13 @@ class _Run:
     schedule: torch.optim.lr_scheduler.LRScheduler
     state: dict
     checkpoint: dict | None
-    rng: dict
+    rng: dict | None
 
 
-def _start(config: RunConfig, store: ResultsStore, splits, device: torch.device, data_root) -> _Run:
-    """The run built from its seed, resumed from its checkpoint where the store holds one."""
+def _start(config: RunConfig, store: ResultsStore, splits, device: torch.device, data_root, among_others: bool) -> _Run:
+    """The run built from its seed, resumed from its checkpoint where the store holds one. A fresh run built
+    ``among_others`` keeps the random streams its seed left, to start from them whatever is built after it (a lone
+    run needs no copy: reading every GPU's stream would also start CUDA on each)."""
     _seed_everything(config.seed)
     model_options = {name: value.format(data_root=data_root) if isinstance(value, str) else value
                      for name, value in config.model_options.items()}  # "{data_root}/file" names a file of the data
@@ -192,7 +196,7 @@ def _start(config: RunConfig, store: ResultsStore, splits, device: torch.device,
         schedule.load_state_dict(checkpoint["schedule"])
         state = checkpoint["state"]
     return _Run(config, model, loss_fn, optimiser, schedule, state, checkpoint,
-                checkpoint["rng"] if checkpoint is not None else _rng_states())
+                checkpoint["rng"] if checkpoint is not None else _rng_states() if among_others else None)
 
 
 def optimiser_of(parameters, config: RunConfig) -> torch.optim.SGD:
