@@ -126,16 +126,30 @@ class RunConfig:
         """The key shared by this run's :meth:`siblings`: what is actually trained."""
         return self.replace(selection_metric=selection_metrics(self.eval_ks)[0]).key()
 
+    def _stack_values(self) -> dict[str, str]:
+        """Each field of :data:`STACK_FIELDS` as canonical JSON (a tuple and its list, key orders, compare equal)."""
+        return {name: json.dumps(getattr(self, name), sort_keys=True) for name in STACK_FIELDS}
+
     def stack_signature(self) -> str:
         """What runs trained stacked into one model (:func:`experiments.engine.train.run_stacked`) share: the data,
         the architecture, the batches and the optimiser's settings and schedule (the loss, the seed and the
         selection may differ), as canonical JSON."""
-        return json.dumps({name: getattr(self, name) for name in STACK_FIELDS}, sort_keys=True)
+        return json.dumps(self._stack_values(), sort_keys=True)
 
     def stack_differences(self, other: "RunConfig") -> list[str]:
         """The fields of :data:`STACK_FIELDS` in which this run and ``other`` differ, with both values."""
+        mine, theirs = self._stack_values(), other._stack_values()
         return [f"{name} {getattr(self, name)!r} against {getattr(other, name)!r}" for name in STACK_FIELDS
-                if json.dumps(getattr(self, name), sort_keys=True) != json.dumps(getattr(other, name), sort_keys=True)]
+                if mine[name] != theirs[name]]
 
     def replace(self, **changes) -> "RunConfig":
         return RunConfig.from_dict({**self.to_dict(), **changes})
+
+
+def stack_mismatch(configs: list[RunConfig]) -> tuple[RunConfig, str] | None:
+    """Why ``configs`` cannot train stacked into one model: the first run that differs from the first, and in what
+    (:meth:`RunConfig.stack_differences`, joined); None when they can."""
+    for config in configs[1:]:
+        if differences := config.stack_differences(configs[0]):
+            return config, "; ".join(differences)
+    return None

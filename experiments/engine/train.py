@@ -37,7 +37,7 @@ from torch import nn
 import data_prep
 from data_prep.common import TensorImages
 from experiments.engine.batches import InMemoryBatches, batches, order_seed
-from experiments.engine.config import SELECTION, RunConfig, selection_metrics
+from experiments.engine.config import SELECTION, RunConfig, selection_metrics, stack_mismatch
 from experiments.engine.models import build_model, parameter_count
 from experiments.engine.stacked import (StackedLosses, StackedModels, run_optimiser_state, side_by_side_batches,
                                         stack_optimiser_states)
@@ -79,10 +79,9 @@ def run_stacked(configs: list[RunConfig], store: ResultsStore, *, device: str = 
     todo = [config for config, record in zip(configs, records) if record is None]
     if not todo:
         return records
-    for config in todo[1:]:
-        if differences := config.stack_differences(todo[0]):
-            raise ValueError(f"runs trained stacked should share their data, model, batches and optimiser settings; "
-                             f"run {config.key()} differs from run {todo[0].key()} in {'; '.join(differences)}")
+    if mismatch := stack_mismatch(todo):
+        raise ValueError(f"runs trained stacked should share their data, model, batches and optimiser settings; "
+                         f"run {mismatch[0].key()} differs from run {todo[0].key()} in {mismatch[1]}")
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     if world > 1 and len(todo) > 1:
         raise ValueError(f"runs are stacked in one process, not under DistributedDataParallel ({world} processes)")
@@ -134,6 +133,8 @@ def _train_together(runs: list[_Run], store: ResultsStore, splits, data: tuple, 
             if len(runs) > 1 and one.config.key() not in diverged:  # its own model: checkpoint, selected epochs
                 one.model.load_state_dict(model.run_state_dict(index))
         validations = _validations(model, runs, diverged, val_batches, splits.class_counts)
+        if rank == 0:  # what every run's checkpoint of this epoch shares, read once
+            shared = {"schedule": schedule.state_dict(), "optimiser": optimiser.state_dict(), "rng": _rng_states()}
         for index, (one, validation) in enumerate(zip(runs, validations)):
             if one.config.key() in diverged:  # its checkpoint stays at the last good epoch
                 continue
@@ -145,10 +146,9 @@ def _train_together(runs: list[_Run], store: ResultsStore, splits, data: tuple, 
             one.state["epoch"] = epoch + 1
             if rank == 0:
                 store.save_checkpoint(one.config.key(), {
-                    "model": one.model.state_dict(), "schedule": schedule.state_dict(), "state": one.state,
-                    "optimiser": (optimiser.state_dict() if len(runs) == 1
-                                  else run_optimiser_state(optimiser.state_dict(), index, len(runs))),
-                    "rng": _rng_states()})
+                    **shared, "model": one.model.state_dict(), "state": one.state,
+                    "optimiser": (shared["optimiser"] if len(runs) == 1
+                                  else run_optimiser_state(shared["optimiser"], index, len(runs)))})
         if diverged:
             raise FloatingPointError(f"the training of run {', '.join(diverged)} became NaN (its loss or its scores) in "
                                      f"epoch {epoch + 1}; the {len(runs) - len(diverged)} other runs of its stack "

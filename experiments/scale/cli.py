@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from data_prep.common import MissingDataError
+from experiments.engine.config import stack_mismatch
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import COMPILE_MODES
 from experiments.paths import FIGURES, RESULTS
@@ -111,11 +112,10 @@ def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOp
             return 2
         if matches[0] not in group:  # a sibling's key names a training already asked for
             group.append(matches[0])
-    for run in group[1:]:
-        if differences := run.config.stack_differences(group[0].config):
-            print(f"error: the runs {group[0].key} and {run.key} cannot train stacked into one model: they differ in "
-                  f"{'; '.join(differences)}", file=sys.stderr)
-            return 2
+    if mismatch := stack_mismatch([run.config for run in group]):
+        print(f"error: the runs {group[0].key} and {mismatch[0].key()} cannot train stacked into one model: they "
+              f"differ in {mismatch[1]}", file=sys.stderr)
+        return 2
     for run, record in zip(group, executors.train_group(group, options)):
         print(f"{run.key}: finished, selected epoch {record['selected_epoch']}")
     return 0

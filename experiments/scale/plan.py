@@ -94,10 +94,11 @@ def stacks(runs: list[PlannedRun], size: int, store: ResultsStore) -> list[list[
             groups.append([run])
             continue
         signature = (run.config.stack_signature(), state(run, store)[1])
-        if len(filling.get(signature, range(size))) == size:
-            filling[signature] = []
-            groups.append(filling[signature])
-        filling[signature].append(run)
+        group = filling.get(signature)
+        if group is None or len(group) == size:  # a new group: the first of its kind, or the last one full
+            group = filling[signature] = []
+            groups.append(group)
+        group.append(run)
     return groups
 
 
