@@ -13,7 +13,10 @@ included) and waits at a barrier; then all time ``--steps`` steps at once, each 
 (ended by a synchronisation). A run's images/s is its steps x batch over its window; the aggregate is their sum.
 After a second barrier, while every run still holds its memory, each process reads its peak (CUDA: torch's peak
 allocated; CPU: the process's peak resident set) and, on CUDA, the whole device's used memory
-(``torch.cuda.mem_get_info``: every process's context and cache). One run is always measured first: it is the
+(``torch.cuda.mem_get_info``: every process's context and cache). Then, after an untimed pass and a third barrier,
+all time the engine's validation pass at once (:func:`experiments.engine.train.evaluate`, or ``evaluate_stacked``:
+the uncompiled model in eval mode, batches of ``--batch-size``) over ``--eval-images`` images (default: the
+profile's CIFAR-100 validation set), every run of a stack counted. One run is always measured first: it is the
 baseline of the ratios printed and written, from the same invocation.
 
     python -m benchmarks.bench_concurrency                                 # CUDA, compiled DenseNet-40-40, 1 2 4 8
@@ -22,11 +25,11 @@ baseline of the ratios printed and written, from the same invocation.
         --no-compile                                                       # check the script
 
 ``--cudnn-benchmark`` lets cuDNN time its algorithms for each convolution's shapes first (``torch.backends.cudnn.
-benchmark``). A row per measurement (processes x stacked runs) is appended to ``--out`` as it finishes; the rows of one invocation share its ``date``. At the
-end, :func:`profile_hours` divides the training images of the ``gpu`` profile's planned runs (its notebooks':
-:func:`experiments.analysis.workload.notebook_train_images`), of its CIFAR-100 part and of the whole profile, by the
-best aggregate rate of the last invocation: evaluation is left out, and the whole profile's other setups train other
-models, so its figure is a rough one. Eight GPUs are taken to give eight times one GPU's rate: the runs are independent.
+benchmark``). A row per measurement (processes x stacked runs) is appended to ``--out`` as it finishes; the rows of
+one invocation share its ``date``. At the end, :func:`print_hours` gives the hours of the profile's CIFAR-100
+notebooks (``--profile``, default ``gpu``) on one GPU and on eight, at each measured setting taken as the executor's
+``PER_GPU`` and ``STACK``, scheduled as the ``local`` executor schedules the plan's runs, evaluation included
+(:mod:`experiments.scale.hours`); the fastest is printed with the targets.
 
 Targets, judged on a GPU only: on an H100 the best concurrency gives >= 3x the images per second of one run, and the
 ``gpu`` profile's CIFAR-100 part fits in 8 h on one H100 and in 1 h on eight.
@@ -53,20 +56,23 @@ from benchmarks._measure import append_csv_row
 from benchmarks.bench_epoch_time import cifar_shaped
 from experiments.analysis.timings import (EIGHT_GPUS_HOURS_TARGET, GPUS, ONE_GPU_HOURS_TARGET, RATIO_TARGET,
                                           TRAIN_IMAGES, engine_code, runs_text)
-from experiments.analysis.workload import notebook_train_images
+from experiments.analysis.workload import stand_in_size
 from experiments.engine.batches import order_seed
 from experiments.engine.stacked import StackedLosses, StackedModels, side_by_side_batches
-from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
+from experiments.engine.train import COMPILE_MODES, compile_step, evaluate, evaluate_stacked, train_epoch
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.scale.executors import cpu_threads
+from experiments.scale.hours import Rates, fastest, setting_text
+from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 from topk.losses import build_loss
 
 FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "gpu_sharing", "cudnn_benchmark", "batch_size", "warmup",
           "steps", "concurrency", "stack",
           "run_images_per_s_mean", "run_images_per_s_min", "aggregate_images_per_s", "ratio_to_one_run",
-          "run_peak_mib", "device_used_mib", "device_total_mib"]
+          "run_peak_mib", "device_used_mib", "device_total_mib", "eval_images", "eval_images_per_s"]
 MIB = 2 ** 20
+EVAL_KS = (1, 5)  #: the metrics' ranks of the paper's CIFAR-100 runs (RunConfig's default)
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ class Training:
     compile_mode: str | None  #: None: eager
     stack: int = 1  #: runs stacked into one model in each process
     cudnn_benchmark: bool = False
+    eval_images: int = 0  #: images of the timed validation pass (0: none timed)
 
 
 def endless_batches(data, batch_size: int, seed: int):
@@ -109,11 +116,10 @@ def timed_training(index: int, training: Training, threads: int, barrier) -> dic
     torch.backends.cudnn.benchmark = training.cudnn_benchmark
     device = torch.device(training.device)
     model, optimiser, loss, batches = process_training(index, training, device)
-    if training.compile_mode is not None:
-        model, loss = compile_step(model, loss, training.compile_mode)
+    trained, loss = compile_step(model, loss, training.compile_mode) if training.compile_mode else (model, loss)
 
     def train(steps: int) -> None:  # train_epoch reads the device at its end: nothing is left queued
-        train_epoch(model, loss, islice(batches, steps), optimiser, device, progress=False, epoch=0)
+        train_epoch(trained, loss, islice(batches, steps), optimiser, device, progress=False, epoch=0)
 
     train(training.warmup)
     barrier.wait()
@@ -121,8 +127,29 @@ def timed_training(index: int, training: Training, threads: int, barrier) -> dic
     train(training.steps)
     seconds = time.perf_counter() - start
     barrier.wait()  # every run still holds its memory
-    return {"images_per_s": training.steps * training.batch_size * training.stack / seconds, "peak_mib": peak_mib(device),
-            **device_memory_mib(device)}
+    measured = {"images_per_s": training.steps * training.batch_size * training.stack / seconds,
+                "peak_mib": peak_mib(device), **device_memory_mib(device)}
+    return {**measured, "eval_images_per_s": timed_evaluation(model, training, device, barrier)}
+
+
+def timed_evaluation(model: torch.nn.Module, training: Training, device: torch.device, barrier) -> float:
+    """Images per second (of every run of a stack) of the engine's validation pass of the uncompiled ``model`` over
+    ``training.eval_images`` images, timed after an untimed pass and the barrier; 0 when no images are asked for."""
+    if not training.eval_images:
+        return 0.0
+    data, counts = cifar_shaped(training.eval_images, device, augment=False), torch.full((100,), 450)
+
+    def evaluate_once() -> None:  # the metrics are read back: nothing is left queued
+        if training.stack == 1:
+            evaluate(model, data, EVAL_KS, counts, training.batch_size)
+        else:
+            evaluate_stacked(model, data, [EVAL_KS] * training.stack, counts, training.batch_size)
+
+    evaluate_once()
+    barrier.wait()
+    start = time.perf_counter()
+    evaluate_once()
+    return training.eval_images * training.stack / (time.perf_counter() - start)
 
 
 def gpu_sharing(device: torch.device, proc: Path = Path("/proc")) -> str:
@@ -222,15 +249,8 @@ def summary_row(results: list[dict], stack: int, one_run_aggregate: float) -> di
             "aggregate_images_per_s": round(aggregate, 1), "ratio_to_one_run": round(aggregate / one_run_aggregate, 4),
             "run_peak_mib": round(max(result["peak_mib"] for result in results)),
             "device_used_mib": max(result["device_used_mib"] for result in results),
-            "device_total_mib": results[0]["device_total_mib"]}
-
-
-@cache
-def planned_images(profile_name: str) -> dict[str, int]:
-    """Training images (full batches, all epochs) of a profile's planned runs: its CIFAR-100 notebooks' and all its
-    notebooks' (:func:`experiments.analysis.workload.notebook_train_images`)."""
-    profile = get_profile(profile_name)
-    return {"cifar100": notebook_train_images(profile, ("cifar",)), "profile": notebook_train_images(profile)}
+            "device_total_mib": results[0]["device_total_mib"],
+            "eval_images_per_s": round(sum(result["eval_images_per_s"] for result in results), 1) or ""}
 
 
 def last_invocation(csv_path: Path) -> list[dict]:
@@ -240,39 +260,26 @@ def last_invocation(csv_path: Path) -> list[dict]:
     return [row for row in rows if row["date"] == rows[-1]["date"]]
 
 
-def profile_hours(csv_path: Path, profile_name: str = "gpu") -> dict:
-    """A profile's (default ``gpu``) training hours at the best aggregate rate of the CSV's last invocation, on one GPU and on
-    :data:`GPUS` (eight times the rate), for its CIFAR-100 part and for the whole profile; evaluation left out."""
-    rows = last_invocation(csv_path)
-    best = max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
-    rate = float(best["aggregate_images_per_s"])
-    images = planned_images(profile_name)
-    hours = {"profile": profile_name, "device_name": best["device_name"], "model": best["model"], "compile": best["compile"],
-             "best_concurrency": int(best["concurrency"]), "best_stack": int(best.get("stack") or 1), "images_per_s": rate,
-             "ratio_to_one_run": float(best["ratio_to_one_run"]),
-             "cifar100_images": images["cifar100"], "profile_images": images["profile"]}
-    for part in ("cifar100", "profile"):
-        hours[f"{part}_hours_1_gpu"] = images[part] / rate / 3600
-        hours[f"{part}_hours_{GPUS}_gpus"] = images[part] / (GPUS * rate) / 3600
-    return hours
-
-
 def _verdict(met: bool, on_gpu: bool) -> str:
     return ("met" if met else "not met") if on_gpu else "not judged off a GPU"
 
 
-def print_hours(hours: dict, on_gpu: bool) -> None:
-    """The hours of :func:`profile_hours` and the targets."""
-    one, eight, ratio = hours["cifar100_hours_1_gpu"], hours[f"cifar100_hours_{GPUS}_gpus"], hours["ratio_to_one_run"]
-    print(f"\nbest: {runs_text(hours['best_concurrency'], hours['best_stack'])}, {hours['images_per_s']:,.0f} images/s, x{ratio:.2f} one "
-          f"run (target >= x{RATIO_TARGET:g} on an H100: {_verdict(ratio >= RATIO_TARGET, on_gpu)})")
-    print(f"{hours['profile']} profile's CIFAR-100 part, {hours['cifar100_images']:,} training images: {one:.2f} h on one GPU "
-          f"(target <= {ONE_GPU_HOURS_TARGET:g} h: {_verdict(one <= ONE_GPU_HOURS_TARGET, on_gpu)}), {eight:.2f} h on "
-          f"{GPUS} (target <= {EIGHT_GPUS_HOURS_TARGET:g} h: {_verdict(eight <= EIGHT_GPUS_HOURS_TARGET, on_gpu)})")
-    print(f"whole {hours['profile']} profile, {hours['profile_images']:,} training images at this model's rate (its other setups "
-          f"train other models): {hours['profile_hours_1_gpu']:.1f} h on one GPU, "
-          f"{hours[f'profile_hours_{GPUS}_gpus']:.1f} h on {GPUS}")
-    print(f"(training only, evaluation left out; {GPUS} GPUs at {GPUS}x one GPU's rate: the runs are independent)")
+def print_hours(rows: list[dict], profile_name: str, on_gpu: bool) -> None:
+    """The best ratio to one run of ``rows`` (one invocation's), and the profile's CIFAR-100 notebooks' hours at
+    their fastest setting on one GPU and on :data:`GPUS` (:func:`experiments.scale.hours.fastest`), with the
+    targets."""
+    best = max(rows, key=lambda row: float(row["ratio_to_one_run"]))
+    ratio = float(best["ratio_to_one_run"])
+    print(f"\nbest: {runs_text(int(best['concurrency']), int(best['stack']))}, "
+          f"{float(best['aggregate_images_per_s']):,.0f} images/s, x{ratio:.2f} one run (target >= x{RATIO_TARGET:g} "
+          f"on an H100: {_verdict(ratio >= RATIO_TARGET, on_gpu)})")
+    runs, rates = plan(get_profile(profile_name), ("cifar",)), Rates.from_rows(rows)
+    for gpus, target in ((1, ONE_GPU_HOURS_TARGET), (GPUS, EIGHT_GPUS_HOURS_TARGET)):
+        found = fastest(runs, rates, gpus)
+        print(f"{profile_name} profile's CIFAR-100 notebooks ({len(runs)} runs) on {gpus} GPU{'s' * (gpus > 1)}: "
+              f"{found.hours:.2f} h with {setting_text(found)}"
+              f"{'' if found.evaluated else ', training only'} (target <= {target:g} h: "
+              f"{_verdict(found.hours <= target, on_gpu)})")
 
 
 def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, torch.device]:
@@ -292,25 +299,34 @@ def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, torch.d
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="compile the step as the engine does (--no-compile: eager)")
     parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
+    parser.add_argument("--eval-images", type=int, default=None,
+                        help="images of the timed validation pass (default: the profile's CIFAR-100 validation set; "
+                             "0: none)")
     parser.add_argument("--profile", default="gpu", help="the profile whose hours are estimated (default: gpu)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "concurrency.csv")
     args = parser.parse_args(argv)
-    if min(args.concurrency) < 1 or min(args.stack) < 1 or args.steps < 1 or args.warmup < 0:
+    if (min(args.concurrency) < 1 or min(args.stack) < 1 or args.steps < 1 or args.warmup < 0
+            or (args.eval_images or 0) < 0):
         parser.error(f"--concurrency {args.concurrency}, --stack {args.stack} and --steps {args.steps} should be "
-                     f"positive, --warmup {args.warmup} at least 0")
+                     f"positive, --warmup {args.warmup} and --eval-images {args.eval_images} at least 0")
+    if args.eval_images is None:
+        args.eval_images = stand_in_size(get_profile(args.profile).cifar).val
     return args, checked_device(parser, args.device)
 
 
 def main(argv: list[str] | None = None) -> None:
     args, device = parse_arguments(argv)
     training = Training(device.type, args.model, args.batch_size, args.warmup, args.steps,
-                        args.compile_mode if args.compile else None, cudnn_benchmark=args.cudnn_benchmark)
+                        args.compile_mode if args.compile else None, cudnn_benchmark=args.cudnn_benchmark,
+                        eval_images=args.eval_images)
     settings = {**stamp(device), "engine_code": engine_code(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "model": args.model, "compile": training.compile_mode or "eager", "gpu_sharing": gpu_sharing(device),
-                "cudnn_benchmark": args.cudnn_benchmark, "batch_size": args.batch_size, "warmup": args.warmup, "steps": args.steps}
+                "cudnn_benchmark": args.cudnn_benchmark, "batch_size": args.batch_size, "warmup": args.warmup,
+                "steps": args.steps, "eval_images": args.eval_images}
     shared = f", the GPU shared by {settings['gpu_sharing']}" if settings["gpu_sharing"] else ""
     print(f"{settings['device_name']}: {args.model}, batch {args.batch_size}, compile {settings['compile']}, "
-          f"{args.warmup} + {args.steps} steps per run{shared}", flush=True)
+          f"{args.warmup} + {args.steps} steps per run, a validation pass of {args.eval_images} images{shared}",
+          flush=True)
     one_run_aggregate = None
     measurements = [(1, 1)] + [(stack, concurrency) for stack in sorted(set(args.stack))
                                for concurrency in sorted(set(args.concurrency)) if (stack, concurrency) != (1, 1)]
@@ -321,10 +337,11 @@ def main(argv: list[str] | None = None) -> None:
         stacked = {"engine_code": engine_code(stacked=True)} if stack > 1 else {}  # the stacking's code as well
         append_csv_row({**settings, **row, **stacked}, FIELDS, args.out)
         used = f", device {row['device_used_mib']} / {row['device_total_mib']} MiB" if row["device_used_mib"] else ""
+        evaluated = f"; validation {row['eval_images_per_s']:,.0f} images/s" if row["eval_images_per_s"] else ""
         print(f"{runs_text(concurrency, stack)}: {row['run_images_per_s_mean']:9.1f} images/s per run (min "
               f"{row['run_images_per_s_min']:.1f}), aggregate {row['aggregate_images_per_s']:9.1f} images/s, "
-              f"x{row['ratio_to_one_run']:.2f} one run; peak {row['run_peak_mib']} MiB per process{used}", flush=True)
-    print_hours(profile_hours(args.out, args.profile), device.type == "cuda")
+              f"x{row['ratio_to_one_run']:.2f} one run; peak {row['run_peak_mib']} MiB per process{used}{evaluated}", flush=True)
+    print_hours(last_invocation(args.out), args.profile, device.type == "cuda")
     print(f"CSV: {args.out}")
 
 

@@ -29,7 +29,7 @@ import torch
 from benchmarks._fig3_setup import add_setup_arguments, checked_device, paper_model_and_optimiser, points
 from benchmarks._measure import append_csv_row
 from data_prep.common import TensorImages
-from data_prep.transforms import augment_and_normalise
+from data_prep.transforms import augment_and_normalise, normalise
 from experiments.engine.batches import InMemoryBatches, order_seed
 from experiments.spec.profiles import PAPER
 from experiments.analysis.timings import TRAIN_IMAGES, engine_code
@@ -48,12 +48,13 @@ def _identity(row: dict) -> tuple:
                                              "images"))
 
 
-def cifar_shaped(images: int, device: torch.device) -> InMemoryBatches:
-    """``images`` random uint8 32 x 32 colour images of 100 classes on ``device``, with the paper's augmentation."""
+def cifar_shaped(images: int, device: torch.device, augment: bool = True) -> InMemoryBatches:
+    """``images`` random uint8 32 x 32 colour images of 100 classes on ``device``, with the paper's augmentation (for
+    training) or without it (``augment`` False: for evaluation)."""
     generator = torch.Generator().manual_seed(0)
     pixels = torch.randint(0, 256, (images, 3, 32, 32), dtype=torch.uint8, generator=generator)
     labels = torch.randint(0, 100, (images,), generator=generator)
-    return InMemoryBatches(TensorImages(pixels, labels, augment_and_normalise(32)), device)
+    return InMemoryBatches(TensorImages(pixels, labels, augment_and_normalise(32) if augment else normalise()), device)
 
 
 def time_point(point: dict, args, data: InMemoryBatches, device: torch.device) -> tuple[float, float]:

@@ -1,6 +1,6 @@
 """``benchmarks.bench_concurrency`` on CPU with a small model: its rows, its ratios to the same invocation's one run,
-the ``gpu`` profile's hours from the plan's images, and a failing run reported instead of left waiting at the
-barrier. The timings themselves are meaningless here."""
+its validation pass, a profile's hours at the measured rates (:mod:`experiments.scale.hours`), and a failing run
+reported instead of left waiting at the barrier. The timings themselves are meaningless here."""
 
 import csv
 import multiprocessing
@@ -15,16 +15,18 @@ import torch
 from benchmarks._measure import append_csv_row
 from benchmarks._fig3_setup import paper_model
 from benchmarks.bench_concurrency import (FIELDS, GPUS, Training, _collect, gpu_sharing, main, process_training,
-                                         profile_hours, side_by_side)
+                                         side_by_side, timed_evaluation)
 from experiments.analysis.timings import engine_code
 from experiments.provenance import git_commit
+from experiments.scale.hours import Rates, fastest, setting_text
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 
 COLUMNS = ["device", "device_name", "commit", "python", "torch", "triton", "topk", "engine_code", "date", "model", "compile",
            "gpu_sharing", "cudnn_benchmark", "batch_size", "warmup", "steps", "concurrency", "stack",
            "run_images_per_s_mean", "run_images_per_s_min",
-           "aggregate_images_per_s", "ratio_to_one_run", "run_peak_mib", "device_used_mib", "device_total_mib"]
+           "aggregate_images_per_s", "ratio_to_one_run", "run_peak_mib", "device_used_mib", "device_total_mib",
+           "eval_images", "eval_images_per_s"]
 
 
 def _earlier_invocation() -> dict:
@@ -39,7 +41,7 @@ def test_rows_ratios_and_profile_hours(tmp_path, capsys):
     append_csv_row({k: v for k, v in _earlier_invocation().items() if k in earlier_fields}, earlier_fields, out)
     commit = git_commit()  # the stamp's, though another commit may land while the runs train
     main(["--device", "cpu", "--model", "small_cnn", "--concurrency", "2", "--steps", "3", "--warmup", "1",
-          "--no-compile", "--profile", "smoke", "--out", str(out)])
+          "--no-compile", "--profile", "smoke", "--eval-images", "96", "--out", str(out)])
     with out.open() as handle:
         reader = csv.DictReader(handle)
         assert reader.fieldnames == COLUMNS  # the earlier file rewritten under today's columns, its row kept
@@ -57,30 +59,23 @@ def test_rows_ratios_and_profile_hours(tmp_path, capsys):
         assert float(row["ratio_to_one_run"]) == pytest.approx(
             float(row["aggregate_images_per_s"]) / float(rows[0]["aggregate_images_per_s"]), rel=1e-3)
         assert float(row["run_peak_mib"]) > 0 and row["device_used_mib"] == row["device_total_mib"] == ""
+        assert row["eval_images"] == "96" and float(row["eval_images_per_s"]) > 0  # every process's, summed
 
-    hours = profile_hours(out, "smoke")  # the gpu profile's plan takes minutes: the smoke one is counted the same way
-    profile = get_profile("smoke")
-    assert profile.cifar.dataset == "cifar100_like"
-    runs = plan(profile)
-    cifar100 = sum(run.train_images for run in runs if run.config.dataset == "cifar100_like")
-    best = max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
-    rate = float(best["aggregate_images_per_s"])
-    assert (hours["cifar100_images"], hours["profile_images"]) == (cifar100, sum(run.train_images for run in runs))
-    assert 0 < cifar100 < hours["profile_images"]
-    assert (hours["best_concurrency"], hours["images_per_s"], hours["ratio_to_one_run"]) == (
-        int(best["concurrency"]), rate, float(best["ratio_to_one_run"]))
-    assert hours["cifar100_hours_1_gpu"] == pytest.approx(cifar100 / rate / 3600)
-    assert hours[f"cifar100_hours_{GPUS}_gpus"] == pytest.approx(hours["cifar100_hours_1_gpu"] / GPUS)
-    assert hours["profile_hours_1_gpu"] == pytest.approx(hours["profile_images"] / rate / 3600)
+    # the gpu profile's plan takes a while: the smoke one is planned and scheduled the same way
+    runs, rates = plan(get_profile("smoke"), ("cifar",)), Rates.from_rows(rows)
+    assert rates.evaluation.keys() == rates.train.keys() == {(1, 1), (2, 1)}
     printed = capsys.readouterr().out
-    assert f"{hours['cifar100_hours_1_gpu']:.2f} h on one GPU" in printed
     assert f"x{float(rows[1]['ratio_to_one_run']):.2f} one run" in printed
+    for gpus in (1, GPUS):
+        found = fastest(runs, rates, gpus)
+        assert found.evaluated and (f"notebooks ({len(runs)} runs) on {gpus} GPU{'s' * (gpus > 1)}: {found.hours:.2f} h "
+                                    f"with {setting_text(found)} (target") in printed
 
 
 def test_runs_stacked_into_one_model_count_every_runs_images(tmp_path, capsys):
     out = tmp_path / "concurrency.csv"
     main(["--device", "cpu", "--model", "small_cnn", "--concurrency", "1", "--stack", "3", "--steps", "2", "--warmup",
-          "1", "--no-compile", "--profile", "smoke", "--out", str(out)])
+          "1", "--no-compile", "--profile", "smoke", "--eval-images", "64", "--out", str(out)])
     with out.open() as handle:
         alone, stacked = list(csv.DictReader(handle))
     assert [(row["concurrency"], row["stack"]) for row in (alone, stacked)] == [("1", "1"), ("1", "3")]
@@ -92,6 +87,13 @@ def test_runs_stacked_into_one_model_count_every_runs_images(tmp_path, capsys):
     assert float(stacked["ratio_to_one_run"]) == pytest.approx(
         float(stacked["aggregate_images_per_s"]) / float(alone["aggregate_images_per_s"]), rel=1e-3)
     assert "3 runs stacked:" in capsys.readouterr().out
+    assert float(stacked["eval_images_per_s"]) > 0  # every run's images, as the engine's stacked validation gives them
+
+
+def test_no_validation_pass_is_timed_when_no_images_are_asked_for():
+    training = Training("cpu", "small_cnn", batch_size=4, warmup=0, steps=1, compile_mode=None, eval_images=0)
+    model = process_training(0, training, torch.device("cpu"))[0]
+    assert timed_evaluation(model, training, torch.device("cpu"), barrier=None) == 0.0
 
 
 def test_stacked_runs_train_from_their_own_seeds_on_their_own_data_orders():

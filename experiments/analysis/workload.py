@@ -71,12 +71,18 @@ def _size(dataset: str, options: tuple) -> StandInSize:
     return StandInSize(len(splits.train), len(splits.val), len(splits.test), splits.num_classes, image_size)
 
 
+def run_images(config, size: StandInSize) -> tuple[int, int]:
+    """The images one run of ``config`` pushes through a training step (full batches of every epoch, as the training
+    loop takes them) and through an evaluation (the validation set after every epoch, the test set once)."""
+    return (config.epochs * (size.train // config.batch_size * config.batch_size),
+            config.epochs * size.val + size.test)
+
+
 def _work(notebook: str, name: str, setup: Setup, configs: list) -> Work:
     size = stand_in_size(setup)
-    epochs = sum(config.epochs for config in configs)
-    full_batches = sum(config.epochs * (size.train // config.batch_size * config.batch_size) for config in configs)
-    evaluated = sum(config.epochs * size.val + size.test for config in configs)
-    return Work(notebook, name, len(configs), epochs, full_batches, evaluated)
+    images = [run_images(config, size) for config in configs]
+    return Work(notebook, name, len(configs), sum(config.epochs for config in configs),
+                sum(trained for trained, _ in images), sum(evaluated for _, evaluated in images))
 
 
 def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Work]:
@@ -107,12 +113,6 @@ def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Wor
         rows.append(_work(CALIBRATION_POINT, name, setup,
                           [setup.config("cross_entropy", seed) for seed in setup.seeds]))
     return rows
-
-
-def notebook_train_images(profile: Profile, setups: tuple[str, ...] = SETUPS) -> int:
-    """The training images (full batches, all epochs) of the profile's training notebooks on ``setups``: the runs
-    the plan of :mod:`experiments.scale.plan` lists, counted without drawing the stand-ins."""
-    return sum(work.train_images for work in profile_work(profile, setups) if work.notebook in NOTEBOOK_GRIDS)
 
 
 def main() -> None:

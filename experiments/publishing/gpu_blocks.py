@@ -9,6 +9,7 @@ from pathlib import Path
 
 from experiments.analysis import kernel_targets, timings
 from experiments.paths import BENCHMARK_RESULTS
+from experiments.scale.hours import Estimate, Rates, fastest, setting_text
 from experiments.publishing.result_rows import (SMOOTH_HEADLINE, by_measurement, headline_rows, read_rows, split_by,
                                                 stamp_text)
 
@@ -119,40 +120,60 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
 
 
 @functools.cache
-def _gpu_cifar_notebook_images() -> int:
-    from experiments.analysis.workload import notebook_train_images
+def _gpu_cifar_runs() -> tuple:
+    """The ``gpu`` profile's planned CIFAR-100 runs (:func:`experiments.scale.plan.plan`)."""
+    from experiments.scale.plan import plan
     from experiments.spec.profiles import GPU
 
-    return notebook_train_images(GPU, ("cifar",))
+    return tuple(plan(GPU, ("cifar",)))
+
+
+def _gpu_cifar_images() -> str:
+    """"119 runs, 1,004,176,448 training images, 112,785,000 evaluated"."""
+    runs = _gpu_cifar_runs()
+    return (f"{len(runs)} runs, {sum(run.train_images for run in runs):,} training images, "
+            f"{sum(run.eval_images for run in runs):,} evaluated")
+
+
+def _fastest(rows: list[dict]) -> tuple[Estimate, Estimate]:
+    """The fastest setting of one invocation's ``rows`` for the ``gpu`` profile's CIFAR-100 notebooks on one GPU and on
+    :data:`timings.GPUS` (:func:`experiments.scale.hours.fastest`)."""
+    runs, rates = list(_gpu_cifar_runs()), Rates.from_rows(rows)
+    return fastest(runs, rates, 1), fastest(runs, rates, timings.GPUS)
+
+
+def _hours_text(one: Estimate, eight: Estimate, device_name: str) -> str:
+    """"9.1 h on one NVIDIA H200 with `PER_GPU=1 STACK=8` and 1.6 h on 8 with `PER_GPU=1 STACK=4`, evaluation
+    included"."""
+    evaluated = "evaluation included" if one.evaluated and eight.evaluated else "training only"
+    return (f"{one.hours:.1f} h on one {device_name} with {setting_text(one)} and {eight.hours:.1f} h on {eight.gpus} "
+            f"with {setting_text(eight)}, {evaluated}")
 
 
 def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     """Trainings side by side on one GPU (:mod:`benchmarks.bench_concurrency`), one line per invocation: one run's
-    images/s, each concurrency's and each stack's aggregate against it, and the ``gpu`` profile's CIFAR-100 notebooks' training hours
-    at the best aggregate rate, on one such GPU and on eight (evaluation left out)."""
+    images/s, each concurrency's and each stack's aggregate against it, and the ``gpu`` profile's CIFAR-100 notebooks'
+    hours at the invocation's fastest setting, on one such GPU and on eight (:mod:`experiments.scale.hours`)."""
     invocations = split_by(read_rows(path), "date")
     if not invocations:
         return (f"*No `{path.name}` in `benchmarks/results/`: run `bash benchmarks/gpu_session.sh concurrency` on a "
                 f"GPU.*")
-    images, lines = _gpu_cifar_notebook_images(), []
+    lines = []
     for rows in invocations:
-        (best, rate, one_gpu), one = _fastest(rows), rows[0]
+        one = rows[0]
         stale = next((_stale_engine_warning(row, "bash benchmarks/gpu_session.sh concurrency").rstrip()
                       for row in rows if not _current(row)), "")
         ratios = _ratios(rows[1:])
-        side_by_side = (f"; {ratios} (target >= x{timings.RATIO_TARGET:g} on an H100); at the best rate, "
-                        f"{_runs(best)} and" if ratios else "; at")
         lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
                      f"the engine's step ({_setting(one)}): one run {float(one['aggregate_images_per_s']):,.0f} "
-                     f"images/s{side_by_side} {rate:,.0f} images/s, the `gpu` profile's CIFAR-100 notebooks "
-                     f"({images:,} training images) train in {one_gpu:.1f} h on one such GPU and "
-                     f"{one_gpu / timings.GPUS:.1f} h on {timings.GPUS} (targets "
+                     f"images/s{f'; {ratios} (target >= x{timings.RATIO_TARGET:g} on an H100)' if ratios else ''}; "
+                     f"the `gpu` profile's CIFAR-100 notebooks ({_gpu_cifar_images()}) train in "
+                     f"{_hours_text(*_fastest(rows), one['device_name'])} (targets "
                      f"{timings.ONE_GPU_HOURS_TARGET:g} h and {timings.EIGHT_GPUS_HOURS_TARGET:g} h; `concurrency.csv`: "
                      f"{stamp_text(one)})")
-    for best, rate, one_gpu in _fastest_current(path):
-        lines.append(f"- **Fastest with today's engine on the {best['device_name']}:** {_setting(best)}, "
-                     f"{_runs(best)} on the GPU, {rate:,.0f} images/s: {one_gpu:.1f} h on one such GPU, "
-                     f"{one_gpu / timings.GPUS:.1f} h on {timings.GPUS}")
+    for device_name, (one, eight), row in _fastest_current(path):
+        lines.append(f"- **Fastest with today's engine on the {device_name}:** {_hours_text(one, eight, device_name)}, "
+                     f"{_setting(row)}")
     return "\n".join(lines)
 
 
@@ -168,13 +189,6 @@ def _ratios(rows: list[dict]) -> str:
                       *[f"stacked into one model {', '.join(stacked)}"] * bool(stacked)])
 
 
-def _runs(row: dict) -> str:
-    """"2 runs", or for stacked runs :func:`timings.runs_text`'s "4 runs stacked"."""
-    if _stack(row) > 1:
-        return timings.runs_text(int(row["concurrency"]), _stack(row))
-    return f"{row['concurrency']} run{'s' * (row['concurrency'] != '1')}"
-
-
 def _setting(row: dict) -> str:
     """The compile mode, with MPS where an MPS daemon shared the GPU (``bench_concurrency.gpu_sharing``) and cuDNN's
     benchmark mode where it chose the convolutions' algorithms."""
@@ -182,40 +196,36 @@ def _setting(row: dict) -> str:
             + ", `cudnn.benchmark`" * (row.get("cudnn_benchmark") == "True"))
 
 
-def _fastest_current(path: Path, current: bool = True) -> list[tuple[dict, float, float]]:
-    """Per GPU model, the fastest setting (compile mode, runs side by side or stacked, MPS) measured with today's
-    engine (with ``current`` False: with an earlier one) on the ``gpu`` profile's CIFAR-100 model and batch: its row,
-    its images/s and that part's training hours on one such GPU at that rate."""
+def _fastest_current(path: Path, current: bool = True) -> list[tuple[str, tuple[Estimate, Estimate], dict]]:
+    """Per GPU model, the invocation measured with today's engine (with ``current`` False: with an earlier one) on the
+    ``gpu`` profile's CIFAR-100 model and batch whose fastest setting trains its CIFAR-100 notebooks soonest on one GPU:
+    the GPU's name, that setting's estimates on one GPU and on eight, and the invocation's first row."""
     from experiments.spec.profiles import GPU
 
     rows = [row for row in read_rows(path) if _current(row) == current and row["device"] == "cuda"
             and row["model"] == GPU.cifar.model and row["batch_size"] == str(GPU.cifar.batch_size)]
-    return [_fastest(same_gpu) for same_gpu in split_by(rows, "device_name")]
-
-
-def _fastest(rows: list[dict]) -> tuple[dict, float, float]:
-    """The row of ``rows`` with the best aggregate images/s, that rate, and the ``gpu`` profile's CIFAR-100 notebooks'
-    training hours on one GPU at it."""
-    best = max(rows, key=lambda row: float(row["aggregate_images_per_s"]))
-    rate = float(best["aggregate_images_per_s"])
-    return best, rate, _gpu_cifar_notebook_images() / rate / 3600
+    found = []
+    for same_gpu in split_by(rows, "device_name"):
+        invocations = [(_fastest(invocation), invocation[0]) for invocation in split_by(same_gpu, "date")]
+        estimates, row = min(invocations, key=lambda invocation: invocation[0][0].hours)
+        found.append((row["device_name"], estimates, row))
+    return found
 
 
 def gpu_hours(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     """The README's line (one, whatever the GPU models measured): how long the ``gpu`` profile's CIFAR-100 notebooks
-    train at the fastest setting measured with today's engine on each GPU model (:func:`concurrency` has every
+    take at the fastest setting measured with today's engine on each GPU model (:func:`concurrency` has every
     measurement); without such a measurement, the fastest setting an earlier engine measured, said to be stale."""
-    def hours(fastest: list[tuple[dict, float, float]]) -> str:
-        return "; in ".join(f"{one_gpu:.1f} h on one {best['device_name']} and {one_gpu / timings.GPUS:.1f} h on "
-                            f"{timings.GPUS} ({_setting(best)}, {_runs(best)} on each GPU, {rate:,.0f} images/s; "
-                            f"{stamp_text(best)})" for best, rate, one_gpu in fastest)
+    def hours(fastest_found: list) -> str:
+        return "; in ".join(f"{_hours_text(one, eight, device_name)}, {_setting(row)}: {stamp_text(row)}"
+                            for device_name, (one, eight), row in fastest_found)
 
     if current := _fastest_current(path):
-        return (f"*The `gpu` profile's CIFAR-100 notebooks train in {hours(current)}: training only, `{path.name}`, "
-                f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu).*")
+        return (f"*The `gpu` profile's CIFAR-100 notebooks take {hours(current)} (`{path.name}`, "
+                f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu)).*")
     earlier = _fastest_current(path, current=False)
     return ("*The `gpu` profile's training time is not measured with today's engine"
-            + (f" (with an earlier one, its CIFAR-100 notebooks trained in {hours(earlier)}; stale)" if earlier else "")
+            + (f" (with an earlier one, its CIFAR-100 notebooks took {hours(earlier)}; stale)" if earlier else "")
             + ": run `bash benchmarks/gpu_session.sh concurrency reduce-overhead` on a GPU.*")
 
 
@@ -227,7 +237,7 @@ def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
     steps = [row for row in read_rows(results / "training_step.csv") if row["device"] == "cuda"
              and row["model"] == "densenet40_40" and row["mode"] == "compiled" and row["loss"] == "cross_entropy"
              and int(row["batch_size"]) == GPU.cifar.batch_size]
-    images, lines = _gpu_cifar_notebook_images(), []
+    images, lines = sum(run.train_images for run in _gpu_cifar_runs()), []
     for measured in by_measurement(steps):
         ms = sum(float(row["ms_per_step"]) for row in measured) / len(measured)
         hours = images / GPU.cifar.batch_size * ms / 3.6e6

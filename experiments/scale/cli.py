@@ -1,6 +1,7 @@
 """The profile-wide commands of ``python -m experiments``:
 
     python -m experiments plan PROFILE                         # every run, the notebooks that read it, its state
+    python -m experiments plan PROFILE --stack 8               # and the groups `train --stack 8` would stack
     python -m experiments train PROFILE --executor local --jobs 2
     python -m experiments train PROFILE --executor local --per-gpu 1 --device cuda --compile reduce-overhead
     python -m experiments train PROFILE --executor local --per-gpu 1 --device cuda --stack 4   # 4 runs in one model
@@ -28,7 +29,7 @@ from experiments.engine.train import COMPILE_MODES
 from experiments.paths import FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
 from experiments.scale import executors, slurm
-from experiments.scale.plan import PlannedRun, plan, state, table
+from experiments.scale.plan import PlannedRun, plan, stacks, state, table
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import PROFILES, get_profile
 
@@ -53,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("plan", help="list every distinct run of a profile and what the store holds of it")
     listing.add_argument("profile", choices=PROFILES)
     listing.add_argument("--store", help="results store folder (default: results/PROFILE)")
+    listing.add_argument("--stack", type=int, default=1, help="also number each run's group as `train --stack` "
+                         "would stack them from this store")
     train = commands.add_parser("train", help="train every missing run of a profile through an executor")
     train.add_argument("profile", choices=PROFILES)
     train.add_argument("--executor", choices=EXECUTORS, default="inline")
@@ -78,14 +81,15 @@ def main(argv: list[str]) -> int:
     profile = get_profile(args.profile)
     store = args.store or str(RESULTS / profile.name)
     runs = plan(profile)
-    if args.command == "plan":
-        print(table(runs, ResultsStore(store)))
-        return 0
     stack = getattr(args, "stack", 1)  # run-one stacks the runs it is given
     if stack < 1:
         print(f"error: --stack should be a positive number of runs stacked into one model, got {stack}",
               file=sys.stderr)
         return 2
+    if args.command == "plan":
+        groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
+        print(table(runs, ResultsStore(store), groups))
+        return 0
     options = executors.TrainOptions(store, args.device, args.data_root, args.workers, args.compile_mode, args.threads,
                                      stack)
     try:

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import data_prep
-from experiments.analysis.workload import stand_in_size
+from experiments.analysis.workload import run_images, stand_in_size
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore
 from experiments.spec.grids import NOTEBOOK_GRIDS
-from experiments.spec.profiles import Profile
+from experiments.spec.profiles import SETUPS, Profile
 
 #: Notebooks whose result is the runs' own timing (Fig. 3's epoch times): their runs train with nothing beside them.
 TIMED_NOTEBOOKS = ("fig3_epoch_time",)
@@ -31,6 +31,7 @@ class PlannedRun:
     notebooks: tuple[str, ...]
     data_subdir: str | None  #: where its real dataset lives under the data root; None on a synthetic stand-in
     train_images: int | None  #: images through a training step over all epochs (full batches); None on real data
+    eval_images: int | None = None  #: images evaluated (validation after every epoch, test once); None on real data
 
     @property
     def key(self) -> str:
@@ -51,26 +52,22 @@ class PlannedRun:
         return Path(root) / self.data_subdir
 
 
-def plan(profile: Profile) -> list[PlannedRun]:
-    """The profile's trainings in the notebooks' order, each once."""
+def plan(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[PlannedRun]:
+    """The profile's trainings in the notebooks' order, each once; those of ``setups`` (the profile's attributes:
+    cifar, plantnet, imagenet_lt, imagenet) only."""
     first: dict[str, tuple] = {}  # training key -> (config, setup)
     readers: dict[str, list[str]] = {}
+    datasets = {getattr(profile, name).dataset for name in setups}  # each setup has its own dataset
     for notebook, notebook_grids in NOTEBOOK_GRIDS.items():
         for grid in notebook_grids:
-            for cell in grid(profile):
+            for cell in (cell for cell in grid(profile) if cell.setup.dataset in datasets):
                 training = cell.config.training_key()
                 first.setdefault(training, (cell.config, cell.setup))
                 if notebook not in readers.setdefault(training, []):
                     readers[training].append(notebook)
     return [PlannedRun(config, tuple(readers[training]), None if setup.synthetic else setup.data_subdir,
-                       _train_images(config, setup)) for training, (config, setup) in first.items()]
-
-
-def _train_images(config: RunConfig, setup) -> int | None:
-    if not setup.synthetic:
-        return None
-    train = stand_in_size(setup).train
-    return config.epochs * (train // config.batch_size * config.batch_size)
+                       *(run_images(config, stand_in_size(setup)) if setup.synthetic else (None, None)))
+            for training, (config, setup) in first.items()]
 
 
 def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
@@ -81,10 +78,10 @@ def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
     return ("partial", checkpoint["state"]["epoch"]) if checkpoint is not None else ("missing", 0)
 
 
-def stacks(runs: list[PlannedRun], size: int, store: ResultsStore) -> list[list[PlannedRun]]:
+def stacks(runs: list[PlannedRun], size: int, store: ResultsStore | None) -> list[list[PlannedRun]]:
     """``runs`` in groups that train stacked into one model (:func:`experiments.engine.train.run_stacked`), at most
     ``size`` to a group, in the plan's order: runs that share a :meth:`RunConfig.stack_signature` and the epochs
-    their checkpoints reached. Runs that train alone (:attr:`PlannedRun.alone`) and runs on real datasets (read from
+    their checkpoints in ``store`` reached (None: an empty store, every run at its start). Runs that train alone (:attr:`PlannedRun.alone`) and runs on real datasets (read from
     files, which stacks cannot share) are groups of one."""
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"'size' should be a positive number of runs stacked into one model, got {size!r}")
@@ -93,7 +90,7 @@ def stacks(runs: list[PlannedRun], size: int, store: ResultsStore) -> list[list[
         if run.alone or run.data_subdir is not None or size == 1:
             groups.append([run])
             continue
-        signature = (run.config.stack_signature(), state(run, store)[1])
+        signature = (run.config.stack_signature(), state(run, store)[1] if store is not None else 0)
         group = filling.get(signature)
         if group is None or len(group) == size:  # a new group: the first of its kind, or the last one full
             group = filling[signature] = []
@@ -102,18 +99,25 @@ def stacks(runs: list[PlannedRun], size: int, store: ResultsStore) -> list[list[
     return groups
 
 
-def table(runs: list[PlannedRun], store: ResultsStore) -> str:
-    """The plan as text: one line per run, then the totals by state."""
-    lines = [f"{'key':16s} {'state':>9s} {'epochs':>9s} {'images':>13s}  notebooks"]
+def table(runs: list[PlannedRun], store: ResultsStore, groups: list[list[PlannedRun]] | None = None) -> str:
+    """The plan as text: one line per run, then the totals by state; with ``groups`` (:func:`stacks`), each run's
+    group and its size, and how many groups of each size."""
+    group_of = {run.key: (number, len(group)) for number, group in enumerate(groups or [], 1) for run in group}
+    lines = [f"{'key':16s} {'state':>9s} {'epochs':>9s} {'images':>13s}  " + "group      " * bool(groups) + "notebooks"]
     counts = dict.fromkeys(STATES, 0)
     for run in runs:
         status, done = state(run, store)
         counts[status] += 1
         images = f"{run.train_images:,}" if run.train_images is not None else "real data"
+        group = f"{group_of[run.key][0]:>4d} (x{group_of[run.key][1]})".ljust(11) if groups else ""
         alone = "  (trained alone: its timings are the result)" if run.alone else ""
-        lines.append(f"{run.key:16s} {status:>9s} {done:>4d}/{run.config.epochs:<4d} {images:>13s}  "
+        lines.append(f"{run.key:16s} {status:>9s} {done:>4d}/{run.config.epochs:<4d} {images:>13s}  {group}"
                      f"{', '.join(run.notebooks)}{alone}")
     images = sum(run.train_images or 0 for run in runs)
     lines.append(f"{len(runs)} runs: " + ", ".join(f"{counts[name]} {name}" for name in STATES)
                  + f"; {images:,} training images in all")
+    if groups:
+        sizes = sorted({len(group) for group in groups}, reverse=True)
+        lines.append(f"{len(groups)} groups: " + ", ".join(
+            f"{sum(len(group) == size for group in groups)} of {size} run{'s' * (size > 1)}" for size in sizes))
     return "\n".join(lines)

@@ -13,6 +13,7 @@ import torch
 
 from experiments.probes import crowding, label_noise_capacity
 from experiments.publishing import gpu_blocks, readme, result_rows, time_blocks
+from experiments.scale.hours import Rates, fastest
 from experiments.spec import grids
 from experiments.spec.profiles import get_profile
 from experiments.paths import FIGURES, PROJECT_ROOT
@@ -377,21 +378,39 @@ def _concurrency_rows(commit: str, engine_code: str) -> list[dict]:
             for n, rate in ((1, 1000.0), (2, 1800.0), (4, 3600.0), (8, 3000.0))]
 
 
-def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_best_rate(tmp_path):
+def _fastest(rows: list[dict]) -> tuple:
+    """The hours module's fastest settings for the ``gpu`` profile's CIFAR-100 runs at ``rows``' rates, on 1 and 8
+    GPUs (its arithmetic is tested in test_hours.py; here, that the blocks show it)."""
+    runs, rates = list(gpu_blocks._gpu_cifar_runs()), Rates.from_rows(rows)
+    return fastest(runs, rates, 1), fastest(runs, rates, 8)
+
+
+def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_fastest_setting(tmp_path):
     from experiments.analysis import timings
 
     assert "gpu_session.sh concurrency" in gpu_blocks.concurrency(tmp_path / "concurrency.csv")
-    _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40, timings.engine_code()))
-    images = gpu_blocks._gpu_cifar_notebook_images()
+    rows = _concurrency_rows("a" * 40, timings.engine_code())
+    _csv(tmp_path / "concurrency.csv", rows)
     text = gpu_blocks.concurrency(tmp_path / "concurrency.csv")
+    runs = gpu_blocks._gpu_cifar_runs()
     assert text.startswith("- test-gpu, densenet40_40, batch 64, the engine's step (`default`): one run 1,000 "
-                           "images/s; side by side 2 x1.80, 4 x3.60, 8 x3.00")
-    assert "at the best rate, 4 runs and 3,600 images/s" in text and f"{images / 3600 / 3600:.1f} h on one" in text
+                           "images/s; side by side 2 x1.80, 4 x3.60, 8 x3.00 (target >= x3 on an H100); the `gpu` "
+                           f"profile's CIFAR-100 notebooks ({len(runs)} runs, "
+                           f"{sum(run.train_images for run in runs):,} training images, ")
+    one, eight = _fastest(rows)
+    assert (one.per_gpu, one.stack) == (4, 1)  # the best rate: 3,600 images/s with four workers
+    assert one.hours * 3600 * 3600 >= sum(run.train_images for run in runs)  # never faster than the best rate
+    assert (f"train in {one.hours:.1f} h on one test-gpu with `PER_GPU=4 STACK=1` and {eight.hours:.1f} h on 8 with "
+            f"`PER_GPU={eight.per_gpu} STACK=1`, training only (targets 8 h and 1 h;") in text
     assert "Stale" not in text and "commit aaaaaaaaaa" in text
-    _csv(tmp_path / "concurrency.csv", _concurrency_rows("a" * 40, timings.engine_code())[:1])  # one run alone
+    evaluated = [{**row, "eval_images_per_s": str(10 * float(row["aggregate_images_per_s"]))} for row in rows[:1]]
+    _csv(tmp_path / "concurrency.csv", evaluated)  # one run alone, its validation timed
+    one, eight = _fastest(evaluated)
     assert gpu_blocks.concurrency(tmp_path / "concurrency.csv").startswith(
-        "- test-gpu, densenet40_40, batch 64, the engine's step (`default`): one run 1,000 images/s; at 1,000 "
-        "images/s, the `gpu` profile's")
+        "- test-gpu, densenet40_40, batch 64, the engine's step (`default`): one run 1,000 images/s; the `gpu` "
+        f"profile's CIFAR-100 notebooks ({len(runs)} runs, {sum(run.train_images for run in runs):,} training images, "
+        f"{sum(run.eval_images for run in runs):,} evaluated) train in {one.hours:.1f} h on one test-gpu with "
+        f"`PER_GPU=1 STACK=1` and {eight.hours:.1f} h on 8 with `PER_GPU=1 STACK=1`, evaluation included")
 
 
 def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_modes(tmp_path):
@@ -410,13 +429,14 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
                         for row in _concurrency_rows("a" * 40, timings.engine_code())[:1]]
     _csv(tmp_path / "concurrency.csv", [*_concurrency_rows("a" * 40, timings.engine_code()), *graphs, *stale,
                                         *not_the_profiles])
-    images = gpu_blocks._gpu_cifar_notebook_images()
+    one, eight = _fastest(graphs)
+    assert one.hours < _fastest(_concurrency_rows("a" * 40, timings.engine_code()))[0].hours
+    hours = (f"{one.hours:.1f} h on one test-gpu with `PER_GPU={one.per_gpu} STACK=1` and {eight.hours:.1f} h on 8 with "
+             f"`PER_GPU={eight.per_gpu} STACK=1`, training only")
     last = gpu_blocks.concurrency(tmp_path / "concurrency.csv").splitlines()[-1]
-    assert last == (f"- **Fastest with today's engine on the test-gpu:** `reduce-overhead` under MPS, 2 runs on the "
-                    f"GPU, 7,200 images/s: {images / 7200 / 3600:.1f} h on one such GPU, {images / 7200 / 3600 / 8:.1f} h on 8")
+    assert last == f"- **Fastest with today's engine on the test-gpu:** {hours}, `reduce-overhead` under MPS"
     assert gpu_blocks.gpu_hours(tmp_path / "concurrency.csv").startswith(  # the README's line, from the same rows
-        f"*The `gpu` profile's CIFAR-100 notebooks train in {images / 7200 / 3600:.1f} h on one test-gpu and "
-        f"{images / 7200 / 3600 / 8:.1f} h on 8 (`reduce-overhead` under MPS, 2 runs on each GPU, 7,200 images/s;")
+        f"*The `gpu` profile's CIFAR-100 notebooks take {hours}, `reduce-overhead` under MPS: test-gpu (cuda)")
     other_gpu = [{**row, "device_name": "other-gpu"} for row in _concurrency_rows("a" * 40, timings.engine_code())]
     _csv(tmp_path / "concurrency.csv", [*graphs, *other_gpu])
     line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # one line in the README whatever the GPU models
@@ -424,8 +444,8 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
     _csv(tmp_path / "concurrency.csv", stale)
     line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # what the earlier engine measured, said to be stale
     assert line.startswith("*The `gpu` profile's training time is not measured with today's engine (with an earlier "
-                           f"one, its CIFAR-100 notebooks trained in {images / 99999 / 3600:.1f} h on one test-gpu")
-    assert "commit bbbbbbbbbb); stale): run `bash benchmarks/gpu_session.sh" in line
+                           f"one, its CIFAR-100 notebooks took {_fastest(stale)[0].hours:.1f} h on one test-gpu")
+    assert "commit bbbbbbbbbb; stale): run `bash benchmarks/gpu_session.sh" in line
     _csv(tmp_path / "concurrency.csv", not_the_profiles)
     assert gpu_blocks.gpu_hours(tmp_path / "concurrency.csv").startswith(
         "*The `gpu` profile's training time is not measured with today's engine: run")
@@ -439,25 +459,27 @@ def test_an_engine_timing_made_with_other_engine_code_is_shown_stale(tmp_path, e
 
 
 def test_runs_stacked_into_one_model_are_named_so_and_judged_by_the_stacking_code_too(tmp_path):
-    """A stacked row's ratio is listed apart from the side-by-side ones, can be the fastest setting, and is stale when
-    the stacking's code changed though the engine's did not."""
+    """A stacked row's ratio is listed apart from the side-by-side ones, its rate can make the fastest setting, and
+    it is stale when the stacking's code changed though the engine's did not."""
     from experiments.analysis import timings
 
-    alone, side_by_side = ({**row, "stack": "1", "cudnn_benchmark": "False"}
+    alone, side_by_side = ({**row, "stack": "1", "cudnn_benchmark": "True"}
                            for row in _concurrency_rows("a" * 40, timings.engine_code())[:2])
-    stacked = [{**alone, "engine_code": timings.engine_code(stacked=True), "compile": "default", "stack": str(stack),
-                "concurrency": str(processes), "cudnn_benchmark": "True", "aggregate_images_per_s": str(rate),
-                "ratio_to_one_run": str(rate / 1000)} for processes, stack, rate in ((1, 4, 2500.0), (2, 4, 2000.0))]
+    stacked = [{**alone, "engine_code": timings.engine_code(stacked=True), "stack": str(stack),
+                "concurrency": str(processes), "aggregate_images_per_s": str(rate), "ratio_to_one_run": str(rate / 1000)}
+               for processes, stack, rate in ((1, 4, 2500.0), (2, 4, 2000.0))]
     _csv(tmp_path / "concurrency.csv", [alone, side_by_side, *stacked])
-    images = gpu_blocks._gpu_cifar_notebook_images()
     text = gpu_blocks.concurrency(tmp_path / "concurrency.csv")
     assert ("one run 1,000 images/s; side by side 2 x1.80; stacked into one model 4 x2.50, 2 x 4 x2.00 (target >= x3 "
-            "on an H100); at the best rate, 4 runs stacked and 2,500 images/s") in text and "Stale" not in text
-    assert text.splitlines()[-1] == (f"- **Fastest with today's engine on the test-gpu:** `default`, `cudnn.benchmark`, "
-                                     f"4 runs stacked on the GPU, 2,500 images/s: {images / 2500 / 3600:.1f} h on one "
-                                     f"such GPU, {images / 2500 / 3600 / 8:.1f} h on 8")
+            "on an H100)") in text and "Stale" not in text
+    one, eight = _fastest([alone, side_by_side, *stacked])
+    assert (one.per_gpu, one.stack) == (1, 4)
+    assert text.splitlines()[-1] == (f"- **Fastest with today's engine on the test-gpu:** {one.hours:.1f} h on one "
+                                     f"test-gpu with `PER_GPU=1 STACK=4` and {eight.hours:.1f} h on 8 with "
+                                     f"`PER_GPU={eight.per_gpu} STACK={eight.stack}`, training only, `default`, "
+                                     "`cudnn.benchmark`")
     changed = [{**row, "engine_code": "0" * 12} for row in stacked]  # made before the stacking's last change
     _csv(tmp_path / "concurrency.csv", [alone, side_by_side, *changed])
     text = gpu_blocks.concurrency(tmp_path / "concurrency.csv")
     assert text.startswith("- **Stale:** the engine's epoch changed since (") and "`experiments/engine/stacked.py`" in text
-    assert f"2 runs on the GPU, 1,800 images/s: {images / 1800 / 3600:.1f} h" in text.splitlines()[-1]
+    assert "`PER_GPU=2 STACK=1`" in text.splitlines()[-1]  # the current rows alone: two runs side by side

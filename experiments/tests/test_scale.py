@@ -17,9 +17,10 @@ from experiments.engine import run_claim
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore, computed
 from experiments.engine.train import run, run_stacked
-from experiments.scale import executors
+from experiments.scale import cli, executors
 from experiments.scale.plan import PlannedRun, plan, stacks, state
 from experiments.scale.progress import Progress
+from experiments.analysis.workload import profile_work, stand_in_size
 from experiments.spec.grids import NOTEBOOK_GRIDS
 from experiments.spec.profiles import get_profile
 from experiments.tests.test_experiments import TINY as EXPERIMENTS_TINY
@@ -43,6 +44,17 @@ def test_the_plan_is_every_notebook_grid_cell_once_per_training_with_its_readers
         assert run.alone == ("fig3_epoch_time" in run.notebooks)
         assert run.train_images > 0
     assert any(len(run.notebooks) > 1 for run in runs)  # a run shared by two notebooks is planned once
+
+
+def test_a_setups_plan_is_its_runs_of_the_whole_plan_with_the_images_the_workload_counts():
+    profile = get_profile("smoke")
+    cifar = plan(profile, ("cifar",))
+    assert cifar == [run for run in plan(profile) if run.config.dataset == profile.cifar.dataset] and cifar
+    notebooks = [work for work in profile_work(profile, ("cifar",)) if work.notebook in NOTEBOOK_GRIDS]
+    assert (sum(run.train_images for run in cifar), sum(run.eval_images for run in cifar)) == (
+        sum(work.train_images for work in notebooks), sum(work.eval_images for work in notebooks))
+    size = stand_in_size(profile.cifar)  # validation after every epoch, the test set once
+    assert cifar[0].eval_images == cifar[0].config.epochs * size.val + size.test
 
 
 def test_the_plan_says_what_the_store_holds_of_each_run(tmp_path):
@@ -85,6 +97,7 @@ def test_runs_are_stacked_by_what_they_share_and_the_epoch_they_reached(tmp_path
     assert stacks(runs, 2, store) == [[first, second], [other_lr], [timed], [partial], [third]]
     assert stacks(runs, 3, store) == [[first, second, third], [other_lr], [timed], [partial]]
     assert stacks(runs, 1, store) == [[one] for one in runs]
+    assert stacks(runs, 2, None) == [[first, second], [other_lr], [timed], [partial, third]]  # None: an empty store
     for size in (0, 2.0):
         try:
             stacks(runs, size, store)
@@ -119,7 +132,6 @@ def test_local_and_inline_with_stacks_give_the_stacked_records_bit_for_bit(tmp_p
 def test_train_writes_the_executors_manifest_beside_the_notebooks(tmp_path, monkeypatch, capsys):
     """``train`` leaves how long it took and what it trained where the notebooks' manifests go, so that the main job's
     time counts it; the runs already finished are counted as read from the store."""
-    from experiments.scale import cli
 
     runs = [_planned(seed) for seed in (1, 2)]
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
@@ -234,7 +246,6 @@ def _env() -> dict:
 def test_run_one_trains_several_keys_stacked_and_refuses_what_cannot_stack(tmp_path, monkeypatch, capsys):
     """An array task's command: ``run-one KEY KEY`` gives the engine's stacked records; runs of other settings, an
     unknown key and a stack below one are refused with what was wrong, and nothing trains."""
-    from experiments.scale import cli
 
     runs = [_planned(1), _planned(2), _planned(3, lr=0.1)]
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
@@ -260,3 +271,16 @@ def test_run_one_trains_several_keys_stacked_and_refuses_what_cannot_stack(tmp_p
     assert cli.main(["train", "smoke", "--stack", "0", "--store", str(tmp_path / "x")]) == 2
     assert "--stack should be a positive number of runs stacked into one model, got 0" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_plan_with_a_stack_numbers_each_runs_group(monkeypatch, capsys, tmp_path):
+    runs = [_planned(1), _planned(2, lr=0.1), _planned(3), _planned(4)]
+    monkeypatch.setattr(cli, "plan", lambda profile: runs)
+    assert cli.main(["plan", "smoke", "--stack", "2", "--store", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["key", "state", "epochs", "images", "group", "notebooks"]
+    assert [line.split()[4:6] for line in lines[1:5]] == [["1", "(x2)"], ["2", "(x1)"], ["1", "(x2)"], ["3", "(x1)"]]
+    assert lines[-1] == "3 groups: 1 of 2 runs, 2 of 1 run"
+    assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
+    assert "group" not in capsys.readouterr().out
+    assert cli.main(["plan", "smoke", "--stack", "0", "--store", str(tmp_path)]) == 2
