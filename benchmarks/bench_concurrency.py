@@ -9,14 +9,15 @@ trains as the engine does (:func:`experiments.engine.train.train_epoch`, compile
 model and optimiser (DenseNet-BC 40-40, SGD with Nesterov momentum, batch 64; bfloat16 autocast and channels-last on
 CUDA), cross-entropy, on a CIFAR-100-sized set of 45,000 uint8 32 px images held on the device and augmented there
 (:func:`benchmarks.bench_epoch_time.cifar_shaped`). Every process warms up (``--warmup`` steps: compilation
-included) and waits at a barrier; then all time ``--steps`` steps at once, each by the wall clock over its own window
+included, their seconds measured) and waits at a barrier; then all time ``--steps`` steps at once, each by the wall clock over its own window
 (ended by a synchronisation). A run's images/s is its steps x batch over its window; the aggregate is their sum.
 After a second barrier, while every run still holds its memory, each process reads its peak (CUDA: torch's peak
 allocated; CPU: the process's peak resident set) and, on CUDA, the whole device's used memory
-(``torch.cuda.mem_get_info``: every process's context and cache). Then, after an untimed pass and a third barrier,
-all time the engine's validation pass at once (:func:`experiments.engine.train.evaluate`, or ``evaluate_stacked``:
-the uncompiled model in eval mode, batches of ``--batch-size``) over ``--eval-images`` images (default: the
-profile's CIFAR-100 validation set), every run of a stack counted. One run is always measured first: it is the
+(``torch.cuda.mem_get_info``: every process's context and cache). Then, after an untimed pass and a barrier, all
+time three validation passes at once as the engine makes them (:func:`experiments.engine.train.evaluate`, or
+``evaluate_stacked``: the uncompiled model in eval mode, batches of ``--batch-size``) over ``--eval-images`` images
+(default: the profile's CIFAR-100 validation set), every run of a stack counted, until a last barrier. A failed
+validation leaves its rate empty and keeps the training's figures. One run is always measured first: it is the
 baseline of the ratios printed and written, from the same invocation.
 
     python -m benchmarks.bench_concurrency                                 # CUDA, compiled DenseNet-40-40, 1 2 4 8
@@ -44,7 +45,6 @@ import resource
 import time
 import traceback
 from dataclasses import dataclass, replace
-from functools import cache
 from itertools import chain, count, islice
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -62,17 +62,18 @@ from experiments.engine.stacked import StackedLosses, StackedModels, side_by_sid
 from experiments.engine.train import COMPILE_MODES, compile_step, evaluate, evaluate_stacked, train_epoch
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.scale.executors import cpu_threads
-from experiments.scale.hours import Rates, fastest, setting_text
+from experiments.scale.hours import Rates, counted_text, fastest, setting_text
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 from topk.losses import build_loss
 
 FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "gpu_sharing", "cudnn_benchmark", "batch_size", "warmup",
-          "steps", "concurrency", "stack",
+          "steps", "concurrency", "stack", "warmup_s",
           "run_images_per_s_mean", "run_images_per_s_min", "aggregate_images_per_s", "ratio_to_one_run",
           "run_peak_mib", "device_used_mib", "device_total_mib", "eval_images", "eval_images_per_s"]
 MIB = 2 ** 20
 EVAL_KS = (1, 5)  #: the metrics' ranks of the paper's CIFAR-100 runs (RunConfig's default)
+EVAL_PASSES = 3  #: timed validation passes
 
 
 @dataclass(frozen=True)
@@ -111,45 +112,63 @@ def process_training(index: int, training: Training, device: torch.device):
 
 
 def timed_training(index: int, training: Training, threads: int, barrier) -> dict:
-    """In one process: warm up, then time ``training.steps`` steps between the barriers shared with the other runs."""
+    """In one process: warm up (its seconds, compilation included, are measured), time ``training.steps`` steps
+    between the barriers shared with the other runs, read the memory, then time the validation pass."""
     torch.set_num_threads(threads)
     torch.backends.cudnn.benchmark = training.cudnn_benchmark
     device = torch.device(training.device)
     model, optimiser, loss, batches = process_training(index, training, device)
+    start = time.perf_counter()
     trained, loss = compile_step(model, loss, training.compile_mode) if training.compile_mode else (model, loss)
 
     def train(steps: int) -> None:  # train_epoch reads the device at its end: nothing is left queued
         train_epoch(trained, loss, islice(batches, steps), optimiser, device, progress=False, epoch=0)
 
     train(training.warmup)
+    warmup_s = time.perf_counter() - start
     barrier.wait()
     start = time.perf_counter()
     train(training.steps)
     seconds = time.perf_counter() - start
     barrier.wait()  # every run still holds its memory
-    measured = {"images_per_s": training.steps * training.batch_size * training.stack / seconds,
+    measured = {"images_per_s": training.steps * training.batch_size * training.stack / seconds, "warmup_s": warmup_s,
                 "peak_mib": peak_mib(device), **device_memory_mib(device)}
-    return {**measured, "eval_images_per_s": timed_evaluation(model, training, device, barrier)}
+    eval_images_per_s, eval_error = timed_evaluation(model, training, device, barrier)
+    return {**measured, "eval_images_per_s": eval_images_per_s, "eval_error": eval_error}
 
 
-def timed_evaluation(model: torch.nn.Module, training: Training, device: torch.device, barrier) -> float:
-    """Images per second (of every run of a stack) of the engine's validation pass of the uncompiled ``model`` over
-    ``training.eval_images`` images, timed after an untimed pass and the barrier; 0 when no images are asked for."""
+def timed_evaluation(model: torch.nn.Module, training: Training, device: torch.device,
+                     barrier) -> tuple[float | None, str]:
+    """Images per second (of every run of a stack) of :data:`EVAL_PASSES` validation passes as the engine makes them
+    (the uncompiled ``model`` over ``training.eval_images`` images), after an untimed pass, between two barriers: each
+    process's window ends with the last process's, so the processes' rates add up to their images over that window.
+    Returns the rate and "", or None and the error when a pass failed (the barriers are still kept, and the training's
+    measurement with them); 0 and "" when no images are asked for."""
     if not training.eval_images:
-        return 0.0
-    data, counts = cifar_shaped(training.eval_images, device, augment=False), torch.full((100,), 450)
+        return 0.0, ""
+    error = ""
+    try:
+        data, counts = cifar_shaped(training.eval_images, device, augment=False), torch.full((100,), 450)
 
-    def evaluate_once() -> None:  # the metrics are read back: nothing is left queued
-        if training.stack == 1:
-            evaluate(model, data, EVAL_KS, counts, training.batch_size)
-        else:
-            evaluate_stacked(model, data, [EVAL_KS] * training.stack, counts, training.batch_size)
+        def evaluate_once() -> None:  # the metrics are read back: nothing is left queued
+            if training.stack == 1:
+                evaluate(model, data, EVAL_KS, counts, training.batch_size)
+            else:
+                evaluate_stacked(model, data, [EVAL_KS] * training.stack, counts, training.batch_size)
 
-    evaluate_once()
+        evaluate_once()
+    except Exception as failure:  # an out-of-memory error, say: the training's figures stand
+        error = f"{type(failure).__name__}: {failure}"
     barrier.wait()
     start = time.perf_counter()
-    evaluate_once()
-    return training.eval_images * training.stack / (time.perf_counter() - start)
+    try:
+        for _ in range(EVAL_PASSES * (not error)):
+            evaluate_once()
+    except Exception as failure:
+        error = f"{type(failure).__name__}: {failure}"
+    barrier.wait()
+    seconds = time.perf_counter() - start
+    return (None, error) if error else (EVAL_PASSES * training.eval_images * training.stack / seconds, "")
 
 
 def gpu_sharing(device: torch.device, proc: Path = Path("/proc")) -> str:
@@ -242,7 +261,7 @@ def aggregate_rate(results: list[dict]) -> float:
 def summary_row(results: list[dict], stack: int, one_run_aggregate: float) -> dict:
     """The CSV columns of one measurement (without the stamp and the settings): ``results`` of the processes, each
     training ``stack`` runs; a run's images/s is its process's over ``stack``."""
-    aggregate = aggregate_rate(results)
+    aggregate, evaluated = aggregate_rate(results), [result["eval_images_per_s"] for result in results]
     return {"concurrency": len(results), "stack": stack,
             "run_images_per_s_mean": round(aggregate / (len(results) * stack), 1),
             "run_images_per_s_min": round(min(result["images_per_s"] for result in results) / stack, 1),
@@ -250,7 +269,8 @@ def summary_row(results: list[dict], stack: int, one_run_aggregate: float) -> di
             "run_peak_mib": round(max(result["peak_mib"] for result in results)),
             "device_used_mib": max(result["device_used_mib"] for result in results),
             "device_total_mib": results[0]["device_total_mib"],
-            "eval_images_per_s": round(sum(result["eval_images_per_s"] for result in results), 1) or ""}
+            "warmup_s": round(max(result["warmup_s"] for result in results), 1),
+            "eval_images_per_s": "" if None in evaluated else round(sum(evaluated), 1) or ""}
 
 
 def last_invocation(csv_path: Path) -> list[dict]:
@@ -277,8 +297,7 @@ def print_hours(rows: list[dict], profile_name: str, on_gpu: bool) -> None:
     for gpus, target in ((1, ONE_GPU_HOURS_TARGET), (GPUS, EIGHT_GPUS_HOURS_TARGET)):
         found = fastest(runs, rates, gpus)
         print(f"{profile_name} profile's CIFAR-100 notebooks ({len(runs)} runs) on {gpus} GPU{'s' * (gpus > 1)}: "
-              f"{found.hours:.2f} h with {setting_text(found)}"
-              f"{'' if found.evaluated else ', training only'} (target <= {target:g} h: "
+              f"{found.hours:.2f} h with {setting_text(found)}, {counted_text(found)} (target <= {target:g} h: "
               f"{_verdict(found.hours <= target, on_gpu)})")
 
 
@@ -338,9 +357,12 @@ def main(argv: list[str] | None = None) -> None:
         append_csv_row({**settings, **row, **stacked}, FIELDS, args.out)
         used = f", device {row['device_used_mib']} / {row['device_total_mib']} MiB" if row["device_used_mib"] else ""
         evaluated = f"; validation {row['eval_images_per_s']:,.0f} images/s" if row["eval_images_per_s"] else ""
+        evaluated += "".join(f"; the validation of run {index} failed: {result['eval_error']}"
+                             for index, result in enumerate(results) if result["eval_error"])
         print(f"{runs_text(concurrency, stack)}: {row['run_images_per_s_mean']:9.1f} images/s per run (min "
               f"{row['run_images_per_s_min']:.1f}), aggregate {row['aggregate_images_per_s']:9.1f} images/s, "
-              f"x{row['ratio_to_one_run']:.2f} one run; peak {row['run_peak_mib']} MiB per process{used}{evaluated}", flush=True)
+              f"x{row['ratio_to_one_run']:.2f} one run; peak {row['run_peak_mib']} MiB per process, warm-up "
+              f"{row['warmup_s']} s{used}{evaluated}", flush=True)
     print_hours(last_invocation(args.out), args.profile, device.type == "cuda")
     print(f"CSV: {args.out}")
 

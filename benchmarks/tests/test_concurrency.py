@@ -23,7 +23,7 @@ from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 
 COLUMNS = ["device", "device_name", "commit", "python", "torch", "triton", "topk", "engine_code", "date", "model", "compile",
-           "gpu_sharing", "cudnn_benchmark", "batch_size", "warmup", "steps", "concurrency", "stack",
+           "gpu_sharing", "cudnn_benchmark", "batch_size", "warmup", "steps", "concurrency", "stack", "warmup_s",
            "run_images_per_s_mean", "run_images_per_s_min",
            "aggregate_images_per_s", "ratio_to_one_run", "run_peak_mib", "device_used_mib", "device_total_mib",
            "eval_images", "eval_images_per_s"]
@@ -60,16 +60,18 @@ def test_rows_ratios_and_profile_hours(tmp_path, capsys):
             float(row["aggregate_images_per_s"]) / float(rows[0]["aggregate_images_per_s"]), rel=1e-3)
         assert float(row["run_peak_mib"]) > 0 and row["device_used_mib"] == row["device_total_mib"] == ""
         assert row["eval_images"] == "96" and float(row["eval_images_per_s"]) > 0  # every process's, summed
+        assert float(row["warmup_s"]) > 0  # the warm-up's step, there being no compilation
 
     # the gpu profile's plan takes a while: the smoke one is planned and scheduled the same way
     runs, rates = plan(get_profile("smoke"), ("cifar",)), Rates.from_rows(rows)
-    assert rates.evaluation.keys() == rates.train.keys() == {(1, 1), (2, 1)}
+    assert rates.validation.keys() == rates.warmup_s.keys() == rates.train.keys() == {(1, 1), (2, 1)}
     printed = capsys.readouterr().out
     assert f"x{float(rows[1]['ratio_to_one_run']):.2f} one run" in printed
     for gpus in (1, GPUS):
         found = fastest(runs, rates, gpus)
-        assert found.evaluated and (f"notebooks ({len(runs)} runs) on {gpus} GPU{'s' * (gpus > 1)}: {found.hours:.2f} h "
-                                    f"with {setting_text(found)} (target") in printed
+        assert not found.left_out and (f"notebooks ({len(runs)} runs) on {gpus} GPU{'s' * (gpus > 1)}: "
+                                       f"{found.hours:.2f} h with {setting_text(found)}, training, compilation, "
+                                       "validation and testing counted (target") in printed
 
 
 def test_runs_stacked_into_one_model_count_every_runs_images(tmp_path, capsys):
@@ -93,7 +95,22 @@ def test_runs_stacked_into_one_model_count_every_runs_images(tmp_path, capsys):
 def test_no_validation_pass_is_timed_when_no_images_are_asked_for():
     training = Training("cpu", "small_cnn", batch_size=4, warmup=0, steps=1, compile_mode=None, eval_images=0)
     model = process_training(0, training, torch.device("cpu"))[0]
-    assert timed_evaluation(model, training, torch.device("cpu"), barrier=None) == 0.0
+    assert timed_evaluation(model, training, torch.device("cpu"), barrier=None) == (0.0, "")
+
+
+def test_a_failed_validation_keeps_the_barriers_and_the_training_figures():
+    """The pass fails (a model that cannot take the images), yet both barriers are kept, so the other processes are
+    not left waiting, and the error is returned instead of raised."""
+    training = Training("cpu", "small_cnn", batch_size=4, warmup=0, steps=1, compile_mode=None, eval_images=8)
+    passed = []
+
+    class Barrier:
+        def wait(self):
+            passed.append(True)
+
+    broken = torch.nn.Linear(1, 1)
+    rate, error = timed_evaluation(broken, training, torch.device("cpu"), Barrier())
+    assert rate is None and error.startswith("RuntimeError: ") and len(passed) == 2
 
 
 def test_stacked_runs_train_from_their_own_seeds_on_their_own_data_orders():

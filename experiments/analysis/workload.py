@@ -50,7 +50,7 @@ class Work:
     runs: int
     epochs: int  #: summed over the runs
     train_images: int  #: images through a training step: full batches only, as the training loop takes them
-    eval_images: int  #: images evaluated: the validation set after every epoch, the test set once per run
+    eval_images: int  #: images evaluated: the validation set after every epoch, the test set at most once a sibling
 
 
 def stand_in_size(setup: Setup) -> StandInSize:
@@ -71,18 +71,20 @@ def _size(dataset: str, options: tuple) -> StandInSize:
     return StandInSize(len(splits.train), len(splits.val), len(splits.test), splits.num_classes, image_size)
 
 
-def run_images(config, size: StandInSize) -> tuple[int, int]:
+def run_images(config, size: StandInSize) -> tuple[int, int, int]:
     """The images one run of ``config`` pushes through a training step (full batches of every epoch, as the training
-    loop takes them) and through an evaluation (the validation set after every epoch, the test set once)."""
-    return (config.epochs * (size.train // config.batch_size * config.batch_size),
-            config.epochs * size.val + size.test)
+    loop takes them), through validation (the validation set after every epoch) and through testing: at most one
+    test pass per sibling (:meth:`RunConfig.siblings`: one per selection metric), since the model of each distinct
+    selected epoch is tested."""
+    return (config.epochs * (size.train // config.batch_size * config.batch_size), config.epochs * size.val,
+            size.test * len(config.siblings()))
 
 
 def _work(notebook: str, name: str, setup: Setup, configs: list) -> Work:
     size = stand_in_size(setup)
     images = [run_images(config, size) for config in configs]
     return Work(notebook, name, len(configs), sum(config.epochs for config in configs),
-                sum(trained for trained, _ in images), sum(evaluated for _, evaluated in images))
+                sum(trained for trained, _, _ in images), sum(validated + tested for _, validated, tested in images))
 
 
 def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Work]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from experiments.analysis import kernel_targets, timings
 from experiments.paths import BENCHMARK_RESULTS
-from experiments.scale.hours import Estimate, Rates, fastest, setting_text
+from experiments.scale.hours import Estimate, Rates, completeness_then_hours, counted_text, fastest, setting_text
 from experiments.publishing.result_rows import (SMOOTH_HEADLINE, by_measurement, headline_rows, read_rows, split_by,
                                                 stamp_text)
 
@@ -112,11 +112,28 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
         notebooks = sum(float(r["hours"]) for r in rows) - sum(hours.values())
         choice = (f", the learning-rate choice's other runs {hours[CHOICE]:.2f} h (trained only when the choice is made "
                   f"again)" if any(r["notebook"] == CHOICE for r in rows) else "")
-        lines.append(f"- `{rows[0]['profile']}` profile: training notebooks {notebooks:.2f} h{choice}, one calibration "
-                     f"point {hours[CALIBRATION_POINT]:.2f} h ({stamp_text(rows[0])}; `{path.name}`)")
+        lines.append(f"- {_stale_workload_warning(rows, path)}`{rows[0]['profile']}` profile: training notebooks "
+                     f"{notebooks:.2f} h{choice}, one calibration point {hours[CALIBRATION_POINT]:.2f} h "
+                     f"({stamp_text(rows[0])}; `{path.name}`)")
     if not any(results.glob("profile_time_gpu_*.csv")) and (bound := gpu_cifar_lower_bound(results)):
         lines.append(bound)
     return "\n".join(lines) or "*No profile time estimate in `benchmarks/results/`: run `make profile-time`.*"
+
+
+def _stale_workload_warning(rows: list[dict], path: Path) -> str:
+    """A warning when a profile time estimate's images (its rows' training and evaluated images per notebook and
+    setup) are not what :func:`experiments.analysis.workload.profile_work` counts today, or nothing."""
+    from experiments.analysis.workload import profile_work
+    from experiments.spec.profiles import get_profile
+
+    profile = rows[0]["profile"]
+    today = {(work.notebook, work.setup): (str(work.train_images), str(work.eval_images))
+             for work in profile_work(get_profile(profile))}
+    counted = {(row["notebook"], row.get("setup")): (row.get("train_images"), row.get("eval_images")) for row in rows}
+    if counted == today:
+        return ""
+    return (f"**Stale:** its images are not those `experiments/analysis/workload.py` counts today; rerun `make "
+            f"profile-time PROFILE={profile} DEVICE={rows[0]['device']}`. ")
 
 
 @functools.cache
@@ -129,10 +146,10 @@ def _gpu_cifar_runs() -> tuple:
 
 
 def _gpu_cifar_images() -> str:
-    """"119 runs, 1,004,176,448 training images, 112,785,000 evaluated"."""
+    """"119 runs, 1,004,176,448 training images, 80,000,000 validated, 4,760,000 tested at most"."""
     runs = _gpu_cifar_runs()
     return (f"{len(runs)} runs, {sum(run.train_images for run in runs):,} training images, "
-            f"{sum(run.eval_images for run in runs):,} evaluated")
+            f"{sum(run.val_images for run in runs):,} validated, {sum(run.test_images for run in runs):,} tested at most")
 
 
 def _fastest(rows: list[dict]) -> tuple[Estimate, Estimate]:
@@ -142,18 +159,21 @@ def _fastest(rows: list[dict]) -> tuple[Estimate, Estimate]:
     return fastest(runs, rates, 1), fastest(runs, rates, timings.GPUS)
 
 
-def _hours_text(one: Estimate, eight: Estimate, device_name: str) -> str:
-    """"9.1 h on one NVIDIA H200 with `PER_GPU=1 STACK=8` and 1.6 h on 8 with `PER_GPU=1 STACK=4`, evaluation
-    included"."""
-    evaluated = "evaluation included" if one.evaluated and eight.evaluated else "training only"
-    return (f"{one.hours:.1f} h on one {device_name} with {setting_text(one)} and {eight.hours:.1f} h on {eight.gpus} "
-            f"with {setting_text(eight)}, {evaluated}")
+def _hours_text(one: Estimate, eight: Estimate, device_name: str, rows: tuple[dict, dict] | None = None) -> str:
+    """"9.1 h on one NVIDIA H200 with `PER_GPU=1 STACK=8` and 1.6 h on 8 with `PER_GPU=1 STACK=4`", each with its
+    invocation's compile mode where ``rows`` (each estimate's invocation) are given, then what the hours count."""
+    settings = [f", {_setting(row)}" for row in rows] if rows else ["", ""]
+    counted = (counted_text(one) if one.left_out == eight.left_out else
+               f"on one GPU {counted_text(one)}, on {eight.gpus} {counted_text(eight)}")
+    return (f"{one.hours:.1f} h on one {device_name} with {setting_text(one)}{settings[0]} and {eight.hours:.1f} h on "
+            f"{eight.gpus} with {setting_text(eight)}{settings[1]} (estimated: {counted}")
 
 
 def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     """Trainings side by side on one GPU (:mod:`benchmarks.bench_concurrency`), one line per invocation: one run's
     images/s, each concurrency's and each stack's aggregate against it, and the ``gpu`` profile's CIFAR-100 notebooks'
-    hours at the invocation's fastest setting, on one such GPU and on eight (:mod:`experiments.scale.hours`)."""
+    estimated hours at the invocation's fastest setting, on one such GPU and on eight (:mod:`experiments.scale.hours`);
+    then the fastest with today's engine on each GPU model."""
     invocations = split_by(read_rows(path), "date")
     if not invocations:
         return (f"*No `{path.name}` in `benchmarks/results/`: run `bash benchmarks/gpu_session.sh concurrency` on a "
@@ -167,13 +187,13 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
         lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
                      f"the engine's step ({_setting(one)}): one run {float(one['aggregate_images_per_s']):,.0f} "
                      f"images/s{f'; {ratios} (target >= x{timings.RATIO_TARGET:g} on an H100)' if ratios else ''}; "
-                     f"the `gpu` profile's CIFAR-100 notebooks ({_gpu_cifar_images()}) train in "
-                     f"{_hours_text(*_fastest(rows), one['device_name'])} (targets "
+                     f"the `gpu` profile's CIFAR-100 notebooks ({_gpu_cifar_images()}) would take "
+                     f"{_hours_text(*_fastest(rows), one['device_name'])}; targets "
                      f"{timings.ONE_GPU_HOURS_TARGET:g} h and {timings.EIGHT_GPUS_HOURS_TARGET:g} h; `concurrency.csv`: "
                      f"{stamp_text(one)})")
-    for device_name, (one, eight), row in _fastest_current(path):
-        lines.append(f"- **Fastest with today's engine on the {device_name}:** {_hours_text(one, eight, device_name)}, "
-                     f"{_setting(row)}")
+    for device_name, (one, one_row), (eight, eight_row) in _fastest_current(path):
+        lines.append(f"- **Fastest with today's engine on the {device_name}:** "
+                     f"{_hours_text(one, eight, device_name, (one_row, eight_row))})")
     return "\n".join(lines)
 
 
@@ -196,36 +216,41 @@ def _setting(row: dict) -> str:
             + ", `cudnn.benchmark`" * (row.get("cudnn_benchmark") == "True"))
 
 
-def _fastest_current(path: Path, current: bool = True) -> list[tuple[str, tuple[Estimate, Estimate], dict]]:
-    """Per GPU model, the invocation measured with today's engine (with ``current`` False: with an earlier one) on the
-    ``gpu`` profile's CIFAR-100 model and batch whose fastest setting trains its CIFAR-100 notebooks soonest on one GPU:
-    the GPU's name, that setting's estimates on one GPU and on eight, and the invocation's first row."""
+def _fastest_current(path: Path, current: bool = True) -> list[tuple[str, tuple[Estimate, dict],
+                                                                          tuple[Estimate, dict]]]:
+    """Per GPU model, among the invocations measured with today's engine (with ``current`` False: with an earlier one)
+    on the ``gpu`` profile's CIFAR-100 model and batch, the best estimate of its CIFAR-100 notebooks' hours on one GPU
+    and, apart, on eight (:func:`experiments.scale.hours.completeness_then_hours`: the most complete, then the
+    fastest): the GPU's name, and each estimate with the first row of its invocation."""
     from experiments.spec.profiles import GPU
 
     rows = [row for row in read_rows(path) if _current(row) == current and row["device"] == "cuda"
             and row["model"] == GPU.cifar.model and row["batch_size"] == str(GPU.cifar.batch_size)]
     found = []
     for same_gpu in split_by(rows, "device_name"):
-        invocations = [(_fastest(invocation), invocation[0]) for invocation in split_by(same_gpu, "date")]
-        estimates, row = min(invocations, key=lambda invocation: invocation[0][0].hours)
-        found.append((row["device_name"], estimates, row))
+        estimates = [(_fastest(invocation), invocation[0]) for invocation in split_by(same_gpu, "date")]
+        best = [min(((pair[gpus], row) for pair, row in estimates), key=lambda each: completeness_then_hours(each[0]))
+                for gpus in (0, 1)]
+        found.append((same_gpu[0]["device_name"], *best))
     return found
 
 
 def gpu_hours(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     """The README's line (one, whatever the GPU models measured): how long the ``gpu`` profile's CIFAR-100 notebooks
-    take at the fastest setting measured with today's engine on each GPU model (:func:`concurrency` has every
+    would take at the fastest setting measured with today's engine on each GPU model (:func:`concurrency` has every
     measurement); without such a measurement, the fastest setting an earlier engine measured, said to be stale."""
     def hours(fastest_found: list) -> str:
-        return "; in ".join(f"{_hours_text(one, eight, device_name)}, {_setting(row)}: {stamp_text(row)}"
-                            for device_name, (one, eight), row in fastest_found)
+        return "; in ".join(f"{_hours_text(one, eight, name, (one_row, eight_row))}; "
+                            f"{'; '.join(dict.fromkeys(stamp_text(row) for row in (one_row, eight_row)))})"
+                            for name, (one, one_row), (eight, eight_row) in fastest_found)
 
     if current := _fastest_current(path):
-        return (f"*The `gpu` profile's CIFAR-100 notebooks take {hours(current)} (`{path.name}`, "
+        return (f"*The `gpu` profile's CIFAR-100 notebooks would take {hours(current)} (`{path.name}`, "
                 f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu)).*")
     earlier = _fastest_current(path, current=False)
     return ("*The `gpu` profile's training time is not measured with today's engine"
-            + (f" (with an earlier one, its CIFAR-100 notebooks took {hours(earlier)}; stale)" if earlier else "")
+            + (f" (with an earlier one, its CIFAR-100 notebooks would have taken {hours(earlier)}; stale)"
+               if earlier else "")
             + ": run `bash benchmarks/gpu_session.sh concurrency reduce-overhead` on a GPU.*")
 
 

@@ -1,14 +1,22 @@
-"""How long a profile's planned runs take on GPUs at the rates ``benchmarks.bench_concurrency`` measured, grouped and
-scheduled as the ``local`` executor does it (:mod:`experiments.scale.executors`).
+"""How long a profile's planned runs would take on GPUs at the rates ``benchmarks.bench_concurrency`` measured,
+grouped and scheduled as the ``local`` executor does it (:mod:`experiments.scale.executors`): an estimate.
 
 With ``per_gpu`` workers on each of ``gpus`` GPUs and ``stack`` runs to a group (``make paper-figures PER_GPU=...
 STACK=...``), the plan's groups (:func:`experiments.scale.plan.stacks`, from an empty store) go in the plan's order to
-whichever worker is free first; the runs that must train alone follow, one after another. A group takes its runs'
-training images at the measured training rate, and their evaluated images (:func:`experiments.analysis.workload.
-run_images`) at the measured evaluation rate: the rates of ``per_gpu`` processes on one GPU, each training the largest
-stack measured that is no larger than the group (where the group's own size was not measured, a smaller stack's rate
-stands in for it). Evaluation counts where it was measured. The rates are cross-entropy's: the paper's losses add
-their own cost (Fig. 3).
+whichever worker is free first; the runs that must train alone follow, one after another. A worker's group takes:
+
+- its compilation: the measured warm-up (compilation and the first steps) of the setting that stands for the group,
+  for every group, though a process's later compilations find inductor's caches warm (so this part is an upper
+  bound);
+- its training images at that setting's training rate, and its validation images at that setting's validation rate
+  (a stack validates in one pass);
+- its test images (:func:`experiments.analysis.workload.run_images`: at most a pass per selection metric) at the
+  validation rate of ``per_gpu`` lone runs, since each run of a stack is tested alone.
+
+The setting that stands for a group is the one measured with ``per_gpu`` processes whose stack is the largest no
+larger than the group: a smaller stack's rate where the group's own size was not measured. A part whose rate was not
+measured is left out, and said to be. The rates are cross-entropy's: the paper's losses add their own cost (Fig. 3);
+the dataset's generation and the processes' start are not counted.
 """
 
 from __future__ import annotations
@@ -18,25 +26,32 @@ from dataclasses import dataclass
 
 from experiments.scale.plan import PlannedRun, stacks
 
+#: The parts of a group's time, in the order the texts name them.
+PARTS = ("compilation", "validation", "testing")
+
 
 @dataclass(frozen=True)
 class Rates:
-    """One measurement's images per second of one GPU, summed over its processes, by (processes on the GPU, runs
-    stacked in each): of training, and of evaluation where it was timed (images of every run of a stack counted)."""
+    """One measurement's figures for one GPU by setting (processes on the GPU, runs stacked in each): training and
+    validation images per second summed over its processes (validation: every run of a stack counted), and the
+    seconds of a process's warm-up (compilation included), where they were measured."""
 
     train: dict[tuple[int, int], float]
-    evaluation: dict[tuple[int, int], float]
+    validation: dict[tuple[int, int], float]
+    warmup_s: dict[tuple[int, int], float]
 
     @classmethod
     def from_rows(cls, rows: list[dict]) -> Rates:
-        """From the rows of ``concurrency.csv`` that one invocation of ``bench_concurrency`` wrote."""
-        train, evaluation = {}, {}
+        """From the rows of ``concurrency.csv`` that one invocation of ``bench_concurrency`` wrote (older rows lack
+        the validation rate and the warm-up)."""
+        rates = cls({}, {}, {})
         for row in rows:
             setting = (int(row["concurrency"]), int(row.get("stack") or 1))
-            train[setting] = float(row["aggregate_images_per_s"])
-            if row.get("eval_images_per_s"):
-                evaluation[setting] = float(row["eval_images_per_s"])
-        return cls(train, evaluation)
+            for figures, column in ((rates.train, "aggregate_images_per_s"), (rates.validation, "eval_images_per_s"),
+                                    (rates.warmup_s, "warmup_s")):
+                if row.get(column):
+                    figures[setting] = float(row[column])
+        return rates
 
     def measured_for(self, per_gpu: int, runs: int) -> tuple[int, int] | None:
         """The measured setting that stands for ``per_gpu`` processes training groups of ``runs``: the largest stack
@@ -47,25 +62,33 @@ class Rates:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A profile part's hours on ``gpus`` GPUs with ``per_gpu`` workers on each, ``stack`` runs to a group."""
+    """A profile part's hours on ``gpus`` GPUs with ``per_gpu`` workers on each, ``stack`` runs to a group, and the
+    parts of :data:`PARTS` left out for want of a measured rate."""
 
     per_gpu: int
     stack: int
     gpus: int
     hours: float
-    evaluated: bool  #: evaluation counted: every rate it needed was measured
+    left_out: tuple[str, ...] = ()
 
 
-def group_seconds(group: list[PlannedRun], rates: Rates, per_gpu: int) -> tuple[float, bool] | None:
-    """Seconds a worker, one of ``per_gpu`` on its GPU, takes to train ``group`` and whether its evaluation is counted
-    in them; None where no rate stands for it."""
+def group_seconds(group: list[PlannedRun], rates: Rates, per_gpu: int) -> tuple[float, set[str]] | None:
+    """Seconds a worker, one of ``per_gpu`` on its GPU, takes for ``group`` (as the module says), and the parts left
+    out; None where no measured setting stands for it."""
     setting = rates.measured_for(per_gpu, len(group))
     if setting is None:
         return None
-    seconds = sum(run.train_images for run in group) / (rates.train[setting] / per_gpu)
-    if setting not in rates.evaluation:
-        return seconds, False
-    return seconds + sum(run.eval_images for run in group) / (rates.evaluation[setting] / per_gpu), True
+    seconds, left_out = sum(run.train_images for run in group) / (rates.train[setting] / per_gpu), set()
+    for part, rate_of, images in (("validation", setting, "val_images"), ("testing", (per_gpu, 1), "test_images")):
+        if rate_of in rates.validation:
+            seconds += sum(getattr(run, images) for run in group) / (rates.validation[rate_of] / per_gpu)
+        else:
+            left_out.add(part)
+    if setting in rates.warmup_s:
+        seconds += rates.warmup_s[setting]
+    else:
+        left_out.add("compilation")
+    return seconds, left_out
 
 
 def estimate(runs: list[PlannedRun], rates: Rates, *, per_gpu: int, stack: int, gpus: int) -> Estimate | None:
@@ -80,7 +103,20 @@ def estimate(runs: list[PlannedRun], rates: Rates, *, per_gpu: int, stack: int, 
     for seconds, _ in side_by_side:
         heapq.heappush(workers, heapq.heappop(workers) + seconds)
     hours = (max(workers) + sum(seconds for seconds, _ in alone)) / 3600
-    return Estimate(per_gpu, stack, gpus, hours, all(evaluated for _, evaluated in side_by_side + alone))
+    left_out = set().union(*(parts for _, parts in side_by_side + alone))
+    return Estimate(per_gpu, stack, gpus, hours, tuple(part for part in PARTS if part in left_out))
+
+
+def fastest(runs: list[PlannedRun], rates: Rates, gpus: int) -> Estimate | None:
+    """Of the measured settings, each taken as ``PER_GPU`` and ``STACK`` on ``gpus`` GPUs, the one whose estimate
+    leaves the fewest parts out, and of those the fastest."""
+    estimates = [estimate(runs, rates, per_gpu=per_gpu, stack=stack, gpus=gpus) for per_gpu, stack in rates.train]
+    return min((found for found in estimates if found is not None), key=completeness_then_hours, default=None)
+
+
+def completeness_then_hours(found: Estimate) -> tuple[int, float]:
+    """The order of :func:`fastest`: estimates that count more parts first, then fewer hours."""
+    return len(found.left_out), found.hours
 
 
 def setting_text(found: Estimate) -> str:
@@ -88,7 +124,11 @@ def setting_text(found: Estimate) -> str:
     return f"`PER_GPU={found.per_gpu} STACK={found.stack}`"
 
 
-def fastest(runs: list[PlannedRun], rates: Rates, gpus: int) -> Estimate | None:
-    """The fastest of the measured settings, each taken as ``PER_GPU`` and ``STACK``, on ``gpus`` GPUs."""
-    estimates = [estimate(runs, rates, per_gpu=per_gpu, stack=stack, gpus=gpus) for per_gpu, stack in rates.train]
-    return min((found for found in estimates if found is not None), key=lambda found: found.hours, default=None)
+def counted_text(found: Estimate) -> str:
+    """What the hours count: "training, compilation, validation and testing counted", or "training and validation
+    counted; compilation and testing not measured"."""
+    def listed(parts: list[str]) -> str:
+        return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+
+    counted = listed(["training", *(part for part in PARTS if part not in found.left_out)]) + " counted"
+    return counted + (f"; {listed(list(found.left_out))} not measured" if found.left_out else "")

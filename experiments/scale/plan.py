@@ -31,7 +31,8 @@ class PlannedRun:
     notebooks: tuple[str, ...]
     data_subdir: str | None  #: where its real dataset lives under the data root; None on a synthetic stand-in
     train_images: int | None  #: images through a training step over all epochs (full batches); None on real data
-    eval_images: int | None = None  #: images evaluated (validation after every epoch, test once); None on real data
+    val_images: int | None = None  #: images validated (after every epoch); None on real data
+    test_images: int | None = None  #: images tested, at most (:func:`~experiments.analysis.workload.run_images`)
 
     @property
     def key(self) -> str:
@@ -66,7 +67,7 @@ def plan(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[PlannedRun]
                 if notebook not in readers.setdefault(training, []):
                     readers[training].append(notebook)
     return [PlannedRun(config, tuple(readers[training]), None if setup.synthetic else setup.data_subdir,
-                       *(run_images(config, stand_in_size(setup)) if setup.synthetic else (None, None)))
+                       *(run_images(config, stand_in_size(setup)) if setup.synthetic else (None, None, None)))
             for training, (config, setup) in first.items()]
 
 

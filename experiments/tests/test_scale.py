@@ -51,10 +51,10 @@ def test_a_setups_plan_is_its_runs_of_the_whole_plan_with_the_images_the_workloa
     cifar = plan(profile, ("cifar",))
     assert cifar == [run for run in plan(profile) if run.config.dataset == profile.cifar.dataset] and cifar
     notebooks = [work for work in profile_work(profile, ("cifar",)) if work.notebook in NOTEBOOK_GRIDS]
-    assert (sum(run.train_images for run in cifar), sum(run.eval_images for run in cifar)) == (
+    assert (sum(run.train_images for run in cifar), sum(run.val_images + run.test_images for run in cifar)) == (
         sum(work.train_images for work in notebooks), sum(work.eval_images for work in notebooks))
-    size = stand_in_size(profile.cifar)  # validation after every epoch, the test set once
-    assert cifar[0].eval_images == cifar[0].config.epochs * size.val + size.test
+    size = stand_in_size(profile.cifar)  # validation after every epoch, a test pass at most per selection metric
+    assert (cifar[0].val_images, cifar[0].test_images) == (cifar[0].config.epochs * size.val, 4 * size.test)
 
 
 def test_the_plan_says_what_the_store_holds_of_each_run(tmp_path):
