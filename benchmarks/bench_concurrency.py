@@ -39,7 +39,6 @@ Targets, judged on a GPU only: on an H100 the best concurrency gives >= 3x the i
 from __future__ import annotations
 
 import argparse
-import csv
 import multiprocessing
 import resource
 import time
@@ -62,7 +61,7 @@ from experiments.engine.stacked import StackedLosses, StackedModels, side_by_sid
 from experiments.engine.train import COMPILE_MODES, compile_step, evaluate, evaluate_stacked, train_epoch
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.scale.executors import cpu_threads
-from experiments.scale.hours import Rates, counted_text, fastest, setting_text
+from experiments.scale.hours import Rates, counted_text, fastest, last_invocation, setting_text
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 from topk.losses import build_loss
@@ -271,13 +270,6 @@ def summary_row(results: list[dict], stack: int, one_run_aggregate: float) -> di
             "device_total_mib": results[0]["device_total_mib"],
             "warmup_s": round(max(result["warmup_s"] for result in results), 1),
             "eval_images_per_s": "" if None in evaluated else round(sum(evaluated), 1) or ""}
-
-
-def last_invocation(csv_path: Path) -> list[dict]:
-    """The rows of the CSV's last invocation (those sharing the last row's ``date``)."""
-    with Path(csv_path).open() as handle:
-        rows = list(csv.DictReader(handle))
-    return [row for row in rows if row["date"] == rows[-1]["date"]]
 
 
 def _verdict(met: bool, on_gpu: bool) -> str:

@@ -35,6 +35,17 @@ def engine_code(stacked: bool = False) -> str:
     return digest.hexdigest()[:12]
 
 
+def stacked_runs(row: dict) -> int:
+    """The runs stacked into one model in a ``concurrency.csv`` row (1 in other CSVs and in rows from before)."""
+    return int(row.get("stack") or 1)
+
+
+def made_with_todays_engine(row: dict) -> bool:
+    """Whether an engine timing's row was made with today's code (:func:`engine_code`, with the stacking's for
+    stacked runs)."""
+    return row.get("engine_code") == engine_code(stacked=stacked_runs(row) > 1)
+
+
 def runs_text(concurrency: int, stack: int) -> str:
     """How the runs of a measurement shared the GPU: "2 runs side by side", "4 runs stacked", "2 x 4 runs stacked"."""
     if stack == 1:

@@ -59,24 +59,15 @@ def _epochs(results: Path) -> str:
     return "\n\n".join(parts)
 
 
-def _stack(row: dict) -> int:
-    """The runs stacked into one model in a ``concurrency.csv`` row (1 in other CSVs and in rows from before)."""
-    return int(row.get("stack") or 1)
-
-
-def _current(row: dict) -> bool:
-    """Whether an engine timing was made with today's code (:func:`timings.engine_code`)."""
-    return row.get("engine_code") == timings.engine_code(stacked=_stack(row) > 1)
-
-
 def _stale_engine_warning(row: dict, command: str) -> str:
     """A warning for an engine timing made with other code than today's (:data:`timings.ENGINE_EPOCH_CODE`, and
     :data:`timings.STACKED_CODE` for stacked runs), or nothing."""
-    if _current(row):
+    if timings.made_with_todays_engine(row):
         return ""
     why = ("it was made before the rows named the engine's code" if not row.get("engine_code") else
            "the engine's epoch changed since")
-    files = ", ".join(f"`{name}`" for name in (*timings.ENGINE_EPOCH_CODE, *(timings.STACKED_CODE,) * (_stack(row) > 1)))
+    stacking = (timings.STACKED_CODE,) * (timings.stacked_runs(row) > 1)
+    files = ", ".join(f"`{name}`" for name in (*timings.ENGINE_EPOCH_CODE, *stacking))
     return f"**Stale:** {why} ({files}); rerun `{command}` on a GPU.\n\n"
 
 
@@ -182,7 +173,7 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     for rows in invocations:
         one = rows[0]
         stale = next((_stale_engine_warning(row, "bash benchmarks/gpu_session.sh concurrency").rstrip()
-                      for row in rows if not _current(row)), "")
+                      for row in rows if not timings.made_with_todays_engine(row)), "")
         ratios = _ratios(rows[1:])
         lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
                      f"the engine's step ({_setting(one)}): one run {float(one['aggregate_images_per_s']):,.0f} "
@@ -202,9 +193,9 @@ def _ratios(rows: list[dict]) -> str:
     def ratio(row: dict) -> str:
         return f"x{float(row['ratio_to_one_run']):.2f}"
 
-    side_by_side = [f"{row['concurrency']} {ratio(row)}" for row in rows if _stack(row) == 1]
-    stacked = [f"{row['concurrency'] + ' x ' if row['concurrency'] != '1' else ''}{_stack(row)} {ratio(row)}"
-               for row in rows if _stack(row) > 1]
+    side_by_side = [f"{row['concurrency']} {ratio(row)}" for row in rows if timings.stacked_runs(row) == 1]
+    stacked = [f"{row['concurrency'] + ' x ' if row['concurrency'] != '1' else ''}{timings.stacked_runs(row)} "
+               f"{ratio(row)}" for row in rows if timings.stacked_runs(row) > 1]
     return "; ".join([*[f"side by side {', '.join(side_by_side)}"] * bool(side_by_side),
                       *[f"stacked into one model {', '.join(stacked)}"] * bool(stacked)])
 
@@ -224,7 +215,7 @@ def _fastest_current(path: Path, current: bool = True) -> list[tuple[str, tuple[
     fastest): the GPU's name, and each estimate with the first row of its invocation."""
     from experiments.spec.profiles import GPU
 
-    rows = [row for row in read_rows(path) if _current(row) == current and row["device"] == "cuda"
+    rows = [row for row in read_rows(path) if timings.made_with_todays_engine(row) == current and row["device"] == "cuda"
             and row["model"] == GPU.cifar.model and row["batch_size"] == str(GPU.cifar.batch_size)]
     found = []
     for same_gpu in split_by(rows, "device_name"):

@@ -2,6 +2,7 @@
 
     python -m experiments plan PROFILE                         # every run, the notebooks that read it, its state
     python -m experiments plan PROFILE --stack 8               # and the groups `train --stack 8` would stack
+    python -m experiments plan gpu --gpus 4                    # its hours on 4 GPUs at each measured setting
     python -m experiments train PROFILE --executor local --jobs 2
     python -m experiments train PROFILE --executor local --per-gpu 1 --device cuda --compile reduce-overhead
     python -m experiments train PROFILE --executor local --per-gpu 1 --device cuda --stack 4   # 4 runs in one model
@@ -26,9 +27,12 @@ from data_prep.common import MissingDataError
 from experiments.engine.config import stack_mismatch
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import COMPILE_MODES
-from experiments.paths import FIGURES, RESULTS
+from experiments.analysis.timings import made_with_todays_engine
+from experiments.paths import BENCHMARK_RESULTS, FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
 from experiments.scale import executors, slurm
+from experiments.scale.hours import (Rates, completeness_then_hours, counted_text, estimate, last_invocation,
+                                    setting_text)
 from experiments.scale.plan import PlannedRun, plan, stacks, state, table
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import PROFILES, get_profile
@@ -56,6 +60,10 @@ def parser() -> argparse.ArgumentParser:
     listing.add_argument("--store", help="results store folder (default: results/PROFILE)")
     listing.add_argument("--stack", type=int, default=1, help="also number each run's group as `train --stack` "
                          "would stack them from this store")
+    listing.add_argument("--gpus", type=int, help="also estimate the hours on this many GPUs at each setting measured "
+                         "by the last invocation of benchmarks.bench_concurrency in --rates")
+    listing.add_argument("--rates", type=Path, default=BENCHMARK_RESULTS / "concurrency.csv",
+                         help="the measured rates (default: benchmarks/results/concurrency.csv)")
     train = commands.add_parser("train", help="train every missing run of a profile through an executor")
     train.add_argument("profile", choices=PROFILES)
     train.add_argument("--executor", choices=EXECUTORS, default="inline")
@@ -89,7 +97,7 @@ def main(argv: list[str]) -> int:
     if args.command == "plan":
         groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
         print(table(runs, ResultsStore(store), groups))
-        return 0
+        return _print_hours(runs, args.gpus, args.rates) if args.gpus is not None else 0
     options = executors.TrainOptions(store, args.device, args.data_root, args.workers, args.compile_mode, args.threads,
                                      stack)
     try:
@@ -103,6 +111,35 @@ def main(argv: list[str]) -> int:
         print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store}; the same command "
               "resumes", file=sys.stderr)
         return 130
+
+
+def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path) -> int:
+    """The hours of the runs that train the model and batch measured by the last invocation in ``rates_csv``, on
+    ``gpus`` GPUs at each setting it measured (:mod:`experiments.scale.hours`), the most complete and fastest first."""
+    if gpus < 1:
+        print(f"error: --gpus should be a positive number of GPUs, got {gpus}", file=sys.stderr)
+        return 2
+    measured = last_invocation(rates_csv)
+    if not measured:
+        print(f"error: no measured rates in {rates_csv}: run `bash benchmarks/gpu_session.sh stacked reduce-overhead "
+              "2 4 8` (or its `concurrency` stage) on the GPU first", file=sys.stderr)
+        return 2
+    first = measured[0]
+    covered = [run for run in runs if run.config.model == first["model"] and run.train_images is not None
+               and str(run.config.batch_size) == first["batch_size"]]
+    how = [f"compile {first['compile']}", first["date"]]
+    if not all(made_with_todays_engine(row) for row in measured):
+        how.append("stale: made with other code of the engine than today's")
+    print(f"\nhours on {gpus} GPU{'s' * (gpus > 1)} at the rates measured on {first['device_name']} ({'; '.join(how)}) "
+          f"for the {len(covered)} of {len(runs)} runs that train {first['model']} at batch {first['batch_size']} on "
+          "stand-ins (the others are not estimated):")
+    if not covered:
+        return 0
+    rates = Rates.from_rows(measured)
+    estimates = [estimate(covered, rates, per_gpu=per_gpu, stack=stack, gpus=gpus) for per_gpu, stack in rates.train]
+    for found in sorted((found for found in estimates if found is not None), key=completeness_then_hours):
+        print(f"  {setting_text(found).strip('`'):22s} {found.hours:8.1f} h  ({counted_text(found)})")
+    return 0
 
 
 def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOptions) -> int:

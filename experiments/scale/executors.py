@@ -218,7 +218,7 @@ def _worker(connection, device: str, options: TrainOptions, threads: int) -> Non
                 if device.startswith("cuda"):  # whether a finished run's CUDA graphs leave their memory behind
                     print(f"{torch.cuda.memory_reserved(device) / 2 ** 20:.0f} MiB reserved on {device} after "
                           f"{len(group)} run{'s' * (len(group) > 1)}", flush=True)
-            except Exception as error:  # reported to the parent, which names the run and its log
+            except Exception:  # reported to the parent, which names the run and its log
                 traceback.print_exc()
                 outcome = ("failed", str(path))
             finally:

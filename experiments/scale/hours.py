@@ -21,13 +21,25 @@ the dataset's generation and the processes' start are not counted.
 
 from __future__ import annotations
 
+import csv
 import heapq
 from dataclasses import dataclass
+from pathlib import Path
 
 from experiments.scale.plan import PlannedRun, stacks
 
 #: The parts of a group's time, in the order the texts name them.
 PARTS = ("compilation", "validation", "testing")
+
+
+def last_invocation(csv_path: Path) -> list[dict]:
+    """The rows of a ``concurrency.csv``'s last invocation (those sharing the last row's ``date``); none if the file
+    does not exist or holds no row."""
+    if not Path(csv_path).exists():
+        return []
+    with Path(csv_path).open() as handle:
+        rows = list(csv.DictReader(handle))
+    return [row for row in rows if row["date"] == rows[-1]["date"]]
 
 
 @dataclass(frozen=True)

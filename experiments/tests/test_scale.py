@@ -284,3 +284,42 @@ def test_plan_with_a_stack_numbers_each_runs_group(monkeypatch, capsys, tmp_path
     assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
     assert "group" not in capsys.readouterr().out
     assert cli.main(["plan", "smoke", "--stack", "0", "--store", str(tmp_path)]) == 2
+
+
+def test_plan_with_gpus_estimates_the_hours_at_each_setting_the_last_measurement_timed(monkeypatch, capsys, tmp_path):
+    """Runs of the measured model and batch only, each setting's hours worked out by hand (as in test_hours.py, with
+    100 times the images), the most complete and fastest first; a stale measurement is said to be."""
+    from experiments.analysis.timings import engine_code
+    from experiments.tests.test_hours import planned
+
+    runs = [*(planned(seed, 360_000, 80_000, 20_000, **({"lr": 0.2} if seed == 3 else {})) for seed in range(4)),
+            planned(4, 72_000, 0, 0, notebook="fig3_epoch_time"),
+            planned(5, 360_000, 80_000, 20_000, batch_size=64)]  # another batch: not estimated
+    monkeypatch.setattr(cli, "plan", lambda profile: runs)
+    header = ("device_name,engine_code,date,model,compile,batch_size,concurrency,stack,aggregate_images_per_s,"
+              "eval_images_per_s,warmup_s\n")
+    common = "test-gpu,{code},2026-01-01T00:00:00,small_cnn,reduce-overhead,32"
+    rows = [common.format(code=engine_code()) + ",1,1,100,1000,10",
+            common.format(code=engine_code()) + ",2,1,160,1600,12",
+            common.format(code=engine_code(stacked=True)) + ",1,2,150,1500,20"]
+    earlier = "earlier,0,2000-01-01,small_cnn,default,32,1,1,1,,\n"  # an earlier invocation: not read
+    (tmp_path / "rates.csv").write_text(header + earlier + "\n".join(rows))
+    rates = ["--rates", str(tmp_path / "rates.csv"), "--store", str(tmp_path)]
+    assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-4] == ("hours on 1 GPU at the rates measured on test-gpu (compile reduce-overhead; "
+                         "2026-01-01T00:00:00) for the 5 of 6 runs that train small_cnn at batch 32 on stand-ins (the "
+                         "others are not estimated):")
+    # two workers: two rounds of 4500 + 100 + 25 + 12 s, then the lone run 720 + 10 s; stacks of 2: 4966.7 s for the
+    # first two, 3710 s for each other run, then the lone run; one run at a time: 4 x 3710 + 730 s
+    assert [line.split() for line in lines[-3:]] == [
+        ["PER_GPU=2", "STACK=1", "2.8", "h", "(training,", "compilation,", "validation", "and", "testing", "counted)"],
+        ["PER_GPU=1", "STACK=2", "3.6", "h", "(training,", "compilation,", "validation", "and", "testing", "counted)"],
+        ["PER_GPU=1", "STACK=1", "4.3", "h", "(training,", "compilation,", "validation", "and", "testing", "counted)"]]
+    stale = (tmp_path / "rates.csv").read_text().replace(engine_code(), "0" * 12)
+    (tmp_path / "rates.csv").write_text(stale)
+    assert cli.main(["plan", "smoke", "--gpus", "8", *rates]) == 0
+    assert "2026-01-01T00:00:00; stale: made with other code of the engine than today's)" in capsys.readouterr().out
+    assert cli.main(["plan", "smoke", "--gpus", "0", *rates]) == 2
+    assert cli.main(["plan", "smoke", "--gpus", "1", "--rates", str(tmp_path / "none.csv"), "--store", str(tmp_path)]) == 2
+    assert "no measured rates in" in capsys.readouterr().err
