@@ -15,7 +15,8 @@
 #   host    an eager step's host time: through the custom operators against direct calls (benchmarks.bench_dispatch),
 #           and each loss's step, enqueue and kernel times with the profiler's table (benchmarks.profile_loss_overhead)
 #   concurrency  1, 2, 4 and 8 compiled DenseNet-40-40 trainings side by side on the GPU: aggregate images/s, memory,
-#           the gpu profile's hours (benchmarks.bench_concurrency; the second argument: torch.compile's mode,
+#           warm-up (compilation) seconds, validation images/s, the gpu profile's estimated hours on one GPU and
+#           on eight (benchmarks.bench_concurrency; the second argument: torch.compile's mode,
 #           "default" unless given, e.g. reduce-overhead for CUDA graphs; the third and later: the counts)
 #   concurrency-mps  the concurrency stage under NVIDIA's Multi-Process Service (started and stopped around it)
 #   stacked one run alone, then 2, 4 and 8 runs stacked into one model in one process (bench_concurrency --stack:
