@@ -61,7 +61,7 @@ from experiments.engine.stacked import StackedLosses, StackedModels, side_by_sid
 from experiments.engine.train import COMPILE_MODES, compile_step, evaluate, evaluate_stacked, train_epoch
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.scale.executors import cpu_threads
-from experiments.scale.hours import Rates, counted_text, fastest, last_invocation, setting_text
+from experiments.scale.hours import Rates, counted_text, fastest, read_measurements, runs_measured_by, setting_text
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 from topk.losses import build_loss
@@ -272,20 +272,30 @@ def summary_row(results: list[dict], stack: int, one_run_aggregate: float) -> di
             "eval_images_per_s": "" if None in evaluated else round(sum(evaluated), 1) or ""}
 
 
+def last_invocation(csv_path: Path) -> list[dict]:
+    """The rows of the CSV's last invocation (those sharing the last row's ``date``)."""
+    rows = read_measurements(csv_path)
+    return [row for row in rows if row["date"] == rows[-1]["date"]]
+
+
 def _verdict(met: bool, on_gpu: bool) -> str:
     return ("met" if met else "not met") if on_gpu else "not judged off a GPU"
 
 
 def print_hours(rows: list[dict], profile_name: str, on_gpu: bool) -> None:
-    """The best ratio to one run of ``rows`` (one invocation's), and the profile's CIFAR-100 notebooks' hours at
-    their fastest setting on one GPU and on :data:`GPUS` (:func:`experiments.scale.hours.fastest`), with the
-    targets."""
+    """The best ratio to one run of ``rows`` (one invocation's), and the hours of the profile's CIFAR-100 runs of the
+    measured model and batch at their fastest setting on one GPU and on :data:`GPUS`
+    (:func:`experiments.scale.hours.fastest`), with the targets."""
     best = max(rows, key=lambda row: float(row["ratio_to_one_run"]))
     ratio = float(best["ratio_to_one_run"])
     print(f"\nbest: {runs_text(int(best['concurrency']), int(best['stack']))}, "
           f"{float(best['aggregate_images_per_s']):,.0f} images/s, x{ratio:.2f} one run (target >= x{RATIO_TARGET:g} "
           f"on an H100: {_verdict(ratio >= RATIO_TARGET, on_gpu)})")
-    runs, rates = plan(get_profile(profile_name), ("cifar",)), Rates.from_rows(rows)
+    runs, rates = runs_measured_by(plan(get_profile(profile_name), ("cifar",)), rows[0]), Rates.from_rows(rows)
+    if not runs:
+        print(f"no hours: no run of the {profile_name} profile's CIFAR-100 notebooks trains {rows[0]['model']} at "
+              f"batch {rows[0]['batch_size']}")
+        return
     for gpus, target in ((1, ONE_GPU_HOURS_TARGET), (GPUS, EIGHT_GPUS_HOURS_TARGET)):
         found = fastest(runs, rates, gpus)
         print(f"{profile_name} profile's CIFAR-100 notebooks ({len(runs)} runs) on {gpus} GPU{'s' * (gpus > 1)}: "

@@ -14,11 +14,11 @@ import torch
 
 from benchmarks._measure import append_csv_row
 from benchmarks._fig3_setup import paper_model
-from benchmarks.bench_concurrency import (FIELDS, GPUS, Training, _collect, gpu_sharing, main, process_training,
-                                         side_by_side, timed_evaluation)
+from benchmarks.bench_concurrency import (FIELDS, GPUS, Training, _collect, gpu_sharing, main, print_hours,
+                                         process_training, side_by_side, timed_evaluation)
 from experiments.analysis.timings import engine_code
 from experiments.provenance import git_commit
-from experiments.scale.hours import Rates, fastest, setting_text
+from experiments.scale.hours import Rates, fastest, runs_measured_by, setting_text
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 
@@ -63,7 +63,8 @@ def test_rows_ratios_and_profile_hours(tmp_path, capsys):
         assert float(row["warmup_s"]) > 0  # the warm-up's step, there being no compilation
 
     # the gpu profile's plan takes a while: the smoke one is planned and scheduled the same way
-    runs, rates = plan(get_profile("smoke"), ("cifar",)), Rates.from_rows(rows)
+    runs, rates = runs_measured_by(plan(get_profile("smoke"), ("cifar",)), rows[0]), Rates.from_rows(rows)
+    assert len(runs) == len(plan(get_profile("smoke"), ("cifar",)))  # all train small_cnn at batch 64
     assert rates.validation.keys() == rates.warmup_s.keys() == rates.train.keys() == {(1, 1), (2, 1)}
     printed = capsys.readouterr().out
     assert f"x{float(rows[1]['ratio_to_one_run']):.2f} one run" in printed
@@ -88,7 +89,12 @@ def test_runs_stacked_into_one_model_count_every_runs_images(tmp_path, capsys):
                                                                      abs=0.16)
     assert float(stacked["ratio_to_one_run"]) == pytest.approx(
         float(stacked["aggregate_images_per_s"]) / float(alone["aggregate_images_per_s"]), rel=1e-3)
-    assert "3 runs stacked:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "3 runs stacked:" in printed
+    assert "no hours: no run of the smoke profile's CIFAR-100 notebooks trains small_cnn at batch 64" not in printed
+    print_hours([{**row, "batch_size": "256"} for row in (alone, stacked)], "smoke", on_gpu=False)
+    assert capsys.readouterr().out.endswith(
+        "no hours: no run of the smoke profile's CIFAR-100 notebooks trains small_cnn at batch 256\n")
     assert float(stacked["eval_images_per_s"]) > 0  # every run's images, as the engine's stacked validation gives them
 
 

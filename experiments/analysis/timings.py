@@ -46,6 +46,14 @@ def made_with_todays_engine(row: dict) -> bool:
     return row.get("engine_code") == engine_code(stacked=stacked_runs(row) > 1)
 
 
+def sharing_text(row: dict) -> str:
+    """How a ``concurrency.csv`` row's runs were compiled and shared the GPU: its compile mode, with MPS where an MPS
+    daemon shared the GPU (``bench_concurrency.gpu_sharing``) and cuDNN's benchmark mode where it chose the
+    convolutions' algorithms: "`reduce-overhead` under MPS, `cudnn.benchmark`"."""
+    return (f"`{row['compile']}`" + " under MPS" * (row.get("gpu_sharing") == "mps")
+            + ", `cudnn.benchmark`" * (row.get("cudnn_benchmark") == "True"))
+
+
 def runs_text(concurrency: int, stack: int) -> str:
     """How the runs of a measurement shared the GPU: "2 runs side by side", "4 runs stacked", "2 x 4 runs stacked"."""
     if stack == 1:

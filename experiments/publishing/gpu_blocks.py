@@ -9,7 +9,8 @@ from pathlib import Path
 
 from experiments.analysis import kernel_targets, timings
 from experiments.paths import BENCHMARK_RESULTS
-from experiments.scale.hours import Estimate, Rates, completeness_then_hours, counted_text, fastest, setting_text
+from experiments.scale.hours import (Estimate, Rates, completeness_then_hours, counted_text, fastest, invocations,
+                                    setting_text)
 from experiments.publishing.result_rows import (SMOOTH_HEADLINE, by_measurement, headline_rows, read_rows, split_by,
                                                 stamp_text)
 
@@ -153,7 +154,7 @@ def _fastest(rows: list[dict]) -> tuple[Estimate, Estimate]:
 def _hours_text(one: Estimate, eight: Estimate, device_name: str, rows: tuple[dict, dict] | None = None) -> str:
     """"9.1 h on one NVIDIA H200 with `PER_GPU=1 STACK=8` and 1.6 h on 8 with `PER_GPU=1 STACK=4`", each with its
     invocation's compile mode where ``rows`` (each estimate's invocation) are given, then what the hours count."""
-    settings = [f", {_setting(row)}" for row in rows] if rows else ["", ""]
+    settings = [f", {timings.sharing_text(row)}" for row in rows] if rows else ["", ""]
     counted = (counted_text(one) if one.left_out == eight.left_out else
                f"on one GPU {counted_text(one)}, on {eight.gpus} {counted_text(eight)}")
     return (f"{one.hours:.1f} h on one {device_name} with {setting_text(one)}{settings[0]} and {eight.hours:.1f} h on "
@@ -176,7 +177,7 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
                       for row in rows if not timings.made_with_todays_engine(row)), "")
         ratios = _ratios(rows[1:])
         lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "
-                     f"the engine's step ({_setting(one)}): one run {float(one['aggregate_images_per_s']):,.0f} "
+                     f"the engine's step ({timings.sharing_text(one)}): one run {float(one['aggregate_images_per_s']):,.0f} "
                      f"images/s{f'; {ratios} (target >= x{timings.RATIO_TARGET:g} on an H100)' if ratios else ''}; "
                      f"the `gpu` profile's CIFAR-100 notebooks ({_gpu_cifar_images()}) would take "
                      f"{_hours_text(*_fastest(rows), one['device_name'])}; targets "
@@ -200,29 +201,24 @@ def _ratios(rows: list[dict]) -> str:
                       *[f"stacked into one model {', '.join(stacked)}"] * bool(stacked)])
 
 
-def _setting(row: dict) -> str:
-    """The compile mode, with MPS where an MPS daemon shared the GPU (``bench_concurrency.gpu_sharing``) and cuDNN's
-    benchmark mode where it chose the convolutions' algorithms."""
-    return (f"`{row['compile']}`" + " under MPS" * (row.get("gpu_sharing") == "mps")
-            + ", `cudnn.benchmark`" * (row.get("cudnn_benchmark") == "True"))
-
-
 def _fastest_current(path: Path, current: bool = True) -> list[tuple[str, tuple[Estimate, dict],
                                                                           tuple[Estimate, dict]]]:
     """Per GPU model, among the invocations measured with today's engine (with ``current`` False: with an earlier one)
-    on the ``gpu`` profile's CIFAR-100 model and batch, the best estimate of its CIFAR-100 notebooks' hours on one GPU
+    on the ``gpu`` profile's CIFAR-100 model and batch (:func:`experiments.scale.hours.invocations`; of each, its
+    rows made with that engine), the best estimate of its CIFAR-100 notebooks' hours on one GPU
     and, apart, on eight (:func:`experiments.scale.hours.completeness_then_hours`: the most complete, then the
     fastest): the GPU's name, and each estimate with the first row of its invocation."""
-    from experiments.spec.profiles import GPU
-
-    rows = [row for row in read_rows(path) if timings.made_with_todays_engine(row) == current and row["device"] == "cuda"
-            and row["model"] == GPU.cifar.model and row["batch_size"] == str(GPU.cifar.batch_size)]
+    measured = [[row for row in invocation if timings.made_with_todays_engine(row) == current]
+                for invocation in invocations(read_rows(path), _gpu_cifar_runs())]
+    by_gpu: dict[str, list] = {}
+    for invocation in (invocation for invocation in measured if invocation):
+        by_gpu.setdefault(invocation[0]["device_name"], []).append(invocation)
     found = []
-    for same_gpu in split_by(rows, "device_name"):
-        estimates = [(_fastest(invocation), invocation[0]) for invocation in split_by(same_gpu, "date")]
+    for device_name, same_gpu in by_gpu.items():
+        estimates = [(_fastest(invocation), invocation[0]) for invocation in same_gpu]
         best = [min(((pair[gpus], row) for pair, row in estimates), key=lambda each: completeness_then_hours(each[0]))
                 for gpus in (0, 1)]
-        found.append((same_gpu[0]["device_name"], *best))
+        found.append((device_name, *best))
     return found
 
 
@@ -235,14 +231,15 @@ def gpu_hours(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
                             f"{'; '.join(dict.fromkeys(stamp_text(row) for row in (one_row, eight_row)))})"
                             for name, (one, one_row), (eight, eight_row) in fastest_found)
 
+    other_counts = "on N GPUs at each measured setting: `python -m experiments plan gpu --gpus N`"
     if current := _fastest_current(path):
         return (f"*The `gpu` profile's CIFAR-100 notebooks would take {hours(current)} (`{path.name}`, "
-                f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu)).*")
+                f"[measurements](docs/reproducing.md#runs-side-by-side-on-one-gpu)); {other_counts}.*")
     earlier = _fastest_current(path, current=False)
     return ("*The `gpu` profile's training time is not measured with today's engine"
             + (f" (with an earlier one, its CIFAR-100 notebooks would have taken {hours(earlier)}; stale)"
                if earlier else "")
-            + ": run `bash benchmarks/gpu_session.sh concurrency reduce-overhead` on a GPU.*")
+            + f": run `bash benchmarks/gpu_session.sh concurrency reduce-overhead` on a GPU; {other_counts}.*")
 
 
 def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:

@@ -24,15 +24,15 @@ from pathlib import Path
 import torch
 
 from data_prep.common import MissingDataError
+from experiments.analysis.timings import made_with_todays_engine, sharing_text
 from experiments.engine.config import stack_mismatch
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import COMPILE_MODES
-from experiments.analysis.timings import made_with_todays_engine
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
 from experiments.scale import executors, slurm
-from experiments.scale.hours import (Rates, completeness_then_hours, counted_text, estimate, last_invocation,
-                                    setting_text)
+from experiments.scale.hours import (Rates, completeness_then_hours, counted_text, estimate, invocations,
+                                    read_measurements, runs_measured_by, setting_text)
 from experiments.scale.plan import PlannedRun, plan, stacks, state, table
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import PROFILES, get_profile
@@ -95,6 +95,9 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     if args.command == "plan":
+        if args.gpus is not None and args.gpus < 1:
+            print(f"error: --gpus should be a positive number of GPUs, got {args.gpus}", file=sys.stderr)
+            return 2
         groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
         print(table(runs, ResultsStore(store), groups))
         return _print_hours(runs, args.gpus, args.rates) if args.gpus is not None else 0
@@ -114,31 +117,40 @@ def main(argv: list[str]) -> int:
 
 
 def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path) -> int:
-    """The hours of the runs that train the model and batch measured by the last invocation in ``rates_csv``, on
-    ``gpus`` GPUs at each setting it measured (:mod:`experiments.scale.hours`), the most complete and fastest first."""
-    if gpus < 1:
-        print(f"error: --gpus should be a positive number of GPUs, got {gpus}", file=sys.stderr)
+    """The estimated hours on ``gpus`` GPUs of each setting measured in ``rates_csv`` on CUDA with the model and batch
+    of some of ``runs`` (:mod:`experiments.scale.hours`), by the measurements made with today's engine (else by the
+    earlier ones, said to be stale): the most complete estimates first, then the fastest, then the settings that
+    cannot be estimated."""
+    try:
+        measured = invocations(read_measurements(rates_csv), runs)
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    measured = last_invocation(rates_csv)
+    current = [invocation for invocation in measured if all(made_with_todays_engine(row) for row in invocation)]
     if not measured:
-        print(f"error: no measured rates in {rates_csv}: run `bash benchmarks/gpu_session.sh stacked reduce-overhead "
-              "2 4 8` (or its `concurrency` stage) on the GPU first", file=sys.stderr)
+        print(f"error: no measurement in {rates_csv} was made on a GPU with a model and batch size that this "
+              "profile's runs on stand-ins train: run `bash benchmarks/gpu_session.sh stacked reduce-overhead 2 4 8` "
+              "on the GPU", file=sys.stderr)
         return 2
-    first = measured[0]
-    covered = [run for run in runs if run.config.model == first["model"] and run.train_images is not None
-               and str(run.config.batch_size) == first["batch_size"]]
-    how = [f"compile {first['compile']}", first["date"]]
-    if not all(made_with_todays_engine(row) for row in measured):
-        how.append("stale: made with other code of the engine than today's")
-    print(f"\nhours on {gpus} GPU{'s' * (gpus > 1)} at the rates measured on {first['device_name']} ({'; '.join(how)}) "
-          f"for the {len(covered)} of {len(runs)} runs that train {first['model']} at batch {first['batch_size']} on "
-          "stand-ins (the others are not estimated):")
-    if not covered:
-        return 0
-    rates = Rates.from_rows(measured)
-    estimates = [estimate(covered, rates, per_gpu=per_gpu, stack=stack, gpus=gpus) for per_gpu, stack in rates.train]
-    for found in sorted((found for found in estimates if found is not None), key=completeness_then_hours):
-        print(f"  {setting_text(found).strip('`'):22s} {found.hours:8.1f} h  ({counted_text(found)})")
+    print(f"\nestimated hours on {gpus} GPU{'s' * (gpus > 1)}, at the rates of {rates_csv.name}'s measurements made "
+          + ("with today's engine:" if current else "with an earlier engine (stale: the engine's code changed since):"))
+    estimated, not_estimated = [], []
+    for invocation in current or measured:
+        first, rates = invocation[0], Rates.from_rows(invocation)
+        covered = runs_measured_by(runs, first)
+        where = (f"{first['device_name']}, {sharing_text(first).replace('`', '')}, {first['date']}: {len(covered)} of "
+                 f"{len(runs)} runs ({first['model']}, batch {first['batch_size']})")
+        for per_gpu, stack in rates.train:
+            found = estimate(covered, rates, per_gpu=per_gpu, stack=stack, gpus=gpus)
+            if found is None:
+                not_estimated.append(f"  PER_GPU={per_gpu} STACK={stack}: not estimated, a group of its plan has no "
+                                     f"measured rate ({where})")
+            else:
+                estimated.append((found, where))
+    for found, where in sorted(estimated, key=lambda each: completeness_then_hours(each[0])):
+        print(f"  {setting_text(found).strip('`'):20s} {found.hours:7.1f} h  {where}; {counted_text(found)}")
+    for line in not_estimated:
+        print(line)
     return 0
 
 

@@ -32,14 +32,42 @@ from experiments.scale.plan import PlannedRun, stacks
 PARTS = ("compilation", "validation", "testing")
 
 
-def last_invocation(csv_path: Path) -> list[dict]:
-    """The rows of a ``concurrency.csv``'s last invocation (those sharing the last row's ``date``); none if the file
-    does not exist or holds no row."""
-    if not Path(csv_path).exists():
-        return []
-    with Path(csv_path).open() as handle:
-        rows = list(csv.DictReader(handle))
-    return [row for row in rows if row["date"] == rows[-1]["date"]]
+#: The columns of ``concurrency.csv`` an estimate reads (``eval_images_per_s`` and ``warmup_s`` where measured).
+RATE_COLUMNS = ("device", "device_name", "date", "model", "batch_size", "compile", "concurrency",
+                "aggregate_images_per_s")
+
+
+def read_measurements(csv_path: Path) -> list[dict]:
+    """The rows of a ``concurrency.csv`` (``benchmarks.bench_concurrency``'s), those without a date left out;
+    raises FileNotFoundError or ValueError naming the file and what it lacks."""
+    path = Path(csv_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: `bash benchmarks/gpu_session.sh stacked reduce-overhead 2 4 "
+                                "8` (or its `concurrency` stage) writes the measured rates on a GPU")
+    with path.open() as handle:
+        reader = csv.DictReader(handle)
+        missing = [column for column in RATE_COLUMNS if column not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path} is not a CSV of benchmarks.bench_concurrency: it lacks the columns {missing}")
+        return [row for row in reader if row["date"]]
+
+
+def invocations(rows: list[dict], runs: list[PlannedRun]) -> list[list[dict]]:
+    """The invocations of ``bench_concurrency`` in ``rows`` (rows sharing a date, in their order) that ran on CUDA
+    with the model and batch size of some of ``runs`` on stand-ins."""
+    trained = {(run.config.model, str(run.config.batch_size)) for run in runs if run.train_images is not None}
+    by_date: dict[str, list[dict]] = {}
+    for row in rows:
+        if row["device"] == "cuda" and (row["model"], row["batch_size"]) in trained:
+            by_date.setdefault(row["date"], []).append(row)
+    return list(by_date.values())
+
+
+def runs_measured_by(runs: list[PlannedRun], row: dict) -> list[PlannedRun]:
+    """The ``runs`` on stand-ins that train the model and batch size of a ``concurrency.csv`` row: those its rates
+    stand for."""
+    return [run for run in runs if run.train_images is not None and run.config.model == row["model"]
+            and str(run.config.batch_size) == row["batch_size"]]
 
 
 @dataclass(frozen=True)
@@ -61,7 +89,7 @@ class Rates:
             setting = (int(row["concurrency"]), int(row.get("stack") or 1))
             for figures, column in ((rates.train, "aggregate_images_per_s"), (rates.validation, "eval_images_per_s"),
                                     (rates.warmup_s, "warmup_s")):
-                if row.get(column):
+                if row.get(column) and float(row[column]) > 0:  # a rate of 0 was not measured
                     figures[setting] = float(row[column])
         return rates
 

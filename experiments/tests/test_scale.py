@@ -286,9 +286,10 @@ def test_plan_with_a_stack_numbers_each_runs_group(monkeypatch, capsys, tmp_path
     assert cli.main(["plan", "smoke", "--stack", "0", "--store", str(tmp_path)]) == 2
 
 
-def test_plan_with_gpus_estimates_the_hours_at_each_setting_the_last_measurement_timed(monkeypatch, capsys, tmp_path):
+def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch, capsys, tmp_path):
     """Runs of the measured model and batch only, each setting's hours worked out by hand (as in test_hours.py, with
-    100 times the images), the most complete and fastest first; a stale measurement is said to be."""
+    100 times the images), the most complete and fastest first; measurements on a CPU or of another model are not
+    read, stale ones only when no current one is left, and said to be; bad files and values are named."""
     from experiments.analysis.timings import engine_code
     from experiments.tests.test_hours import planned
 
@@ -296,30 +297,46 @@ def test_plan_with_gpus_estimates_the_hours_at_each_setting_the_last_measurement
             planned(4, 72_000, 0, 0, notebook="fig3_epoch_time"),
             planned(5, 360_000, 80_000, 20_000, batch_size=64)]  # another batch: not estimated
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
-    header = ("device_name,engine_code,date,model,compile,batch_size,concurrency,stack,aggregate_images_per_s,"
+    header = ("device,device_name,engine_code,date,model,compile,batch_size,concurrency,stack,aggregate_images_per_s,"
               "eval_images_per_s,warmup_s\n")
-    common = "test-gpu,{code},2026-01-01T00:00:00,small_cnn,reduce-overhead,32"
+    common = "cuda,test-gpu,{code},2026-01-01T00:00:00,small_cnn,reduce-overhead,32"
     rows = [common.format(code=engine_code()) + ",1,1,100,1000,10",
             common.format(code=engine_code()) + ",2,1,160,1600,12",
-            common.format(code=engine_code(stacked=True)) + ",1,2,150,1500,20"]
-    earlier = "earlier,0,2000-01-01,small_cnn,default,32,1,1,1,,\n"  # an earlier invocation: not read
-    (tmp_path / "rates.csv").write_text(header + earlier + "\n".join(rows))
+            common.format(code=engine_code(stacked=True)) + ",1,2,150,1500,20",
+            common.format(code=engine_code(stacked=True)) + ",2,2,250,2500,20"]
+    ignored = ["cuda,test-gpu,0,2000-01-01,small_cnn,default,32,1,1,1,,",  # stale, while a current one exists
+               f"cpu,a-cpu,{engine_code()},2000-01-02,small_cnn,eager,32,1,1,99999,,",  # not a GPU
+               f"cuda,test-gpu,{engine_code()},2000-01-03,densenet40_40,default,32,1,1,99999,,"]  # no run's model
+    (tmp_path / "rates.csv").write_text(header + "\n".join([*ignored, *rows]) + "\n")
     rates = ["--rates", str(tmp_path / "rates.csv"), "--store", str(tmp_path)]
     assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-4] == ("hours on 1 GPU at the rates measured on test-gpu (compile reduce-overhead; "
-                         "2026-01-01T00:00:00) for the 5 of 6 runs that train small_cnn at batch 32 on stand-ins (the "
-                         "others are not estimated):")
+    start = lines.index("estimated hours on 1 GPU, at the rates of rates.csv's measurements made with today's engine:")
+    where = "test-gpu, reduce-overhead, 2026-01-01T00:00:00: 5 of 6 runs (small_cnn, batch 32)"
     # two workers: two rounds of 4500 + 100 + 25 + 12 s, then the lone run 720 + 10 s; stacks of 2: 4966.7 s for the
-    # first two, 3710 s for each other run, then the lone run; one run at a time: 4 x 3710 + 730 s
-    assert [line.split() for line in lines[-3:]] == [
-        ["PER_GPU=2", "STACK=1", "2.8", "h", "(training,", "compilation,", "validation", "and", "testing", "counted)"],
-        ["PER_GPU=1", "STACK=2", "3.6", "h", "(training,", "compilation,", "validation", "and", "testing", "counted)"],
-        ["PER_GPU=1", "STACK=1", "4.3", "h", "(training,", "compilation,", "validation", "and", "testing", "counted)"]]
-    stale = (tmp_path / "rates.csv").read_text().replace(engine_code(), "0" * 12)
-    (tmp_path / "rates.csv").write_text(stale)
+    # first two, 3710 s for each other run, then the lone run; one run at a time: 4 x 3710 + 730 s; two workers with
+    # stacks of 2: [0, 1] at 125 images/s (5760 + 128 + 50 + 20 s) beside [2] then [3] (4637 s each), then 730 s
+    counted = "training, compilation, validation and testing counted"
+    assert lines[start + 1:] == [f"  PER_GPU=2 STACK=1        2.8 h  {where}; {counted}",
+                                 f"  PER_GPU=2 STACK=2        2.8 h  {where}; {counted}",
+                                 f"  PER_GPU=1 STACK=2        3.6 h  {where}; {counted}",
+                                 f"  PER_GPU=1 STACK=1        4.3 h  {where}; {counted}"]
+    (tmp_path / "rates.csv").write_text(header + "\n".join([*ignored, *rows[2:]]) + "\n")  # no lone run's rate
+    assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        f"  PER_GPU=1 STACK=2: not estimated, a group of its plan has no measured rate ({where})",
+        f"  PER_GPU=2 STACK=2: not estimated, a group of its plan has no measured rate ({where})"]
+    (tmp_path / "rates.csv").write_text(header + ignored[0] + "\n")
     assert cli.main(["plan", "smoke", "--gpus", "8", *rates]) == 0
-    assert "2026-01-01T00:00:00; stale: made with other code of the engine than today's)" in capsys.readouterr().out
-    assert cli.main(["plan", "smoke", "--gpus", "0", *rates]) == 2
+    assert ("at the rates of rates.csv's measurements made with an earlier engine (stale: the engine's code changed "
+            "since):") in capsys.readouterr().out
+    for text, error in ((header + ignored[1] + "\n", "no measurement in"),
+                        ("device,model,ms_per_step\ncuda,densenet40_40,5.0\n", "is not a CSV of "
+                         "benchmarks.bench_concurrency: it lacks the columns ['device_name', 'date', 'batch_size', "
+                         "'compile', 'concurrency', 'aggregate_images_per_s']")):
+        (tmp_path / "rates.csv").write_text(text)
+        assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 2 and error in capsys.readouterr().err
     assert cli.main(["plan", "smoke", "--gpus", "1", "--rates", str(tmp_path / "none.csv"), "--store", str(tmp_path)]) == 2
-    assert "no measured rates in" in capsys.readouterr().err
+    assert "none.csv does not exist" in capsys.readouterr().err
+    assert cli.main(["plan", "smoke", "--gpus", "0", *rates]) == 2
+    assert "--gpus should be a positive number of GPUs, got 0" in capsys.readouterr().err
