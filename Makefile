@@ -102,8 +102,8 @@ bench-gpu: $(STAMP) ## On a CUDA machine: the fused kernel's grid and Fig. 3 in 
 kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU needed) and print their registers and spills
 	env -u TRITON_INTERPRET $(PY) -m benchmarks.kernel_resources --arch 90 --check
 
-plan: | $(STAMP) ## List every run of PROFILE, the notebooks that read it and what the store holds of it
-	PYTHONPATH=$(CURDIR) $(PY) -m experiments plan $(PROFILE)
+plan: | $(STAMP) ## List every run of PROFILE, the notebooks that read it and what the store holds of it [STACK=s: the groups; GPUS=n: the hours on n GPUs]
+	PYTHONPATH=$(CURDIR) $(PY) -m experiments plan $(PROFILE) $(if $(filter-out 1,$(STACK)),--stack $(STACK)) $(if $(GPUS),--gpus $(GPUS))
 
 train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default: local with DEVICE=cpu or cuda, else inline) [JOBS=n PER_GPU=m STACK=s SLURM="..."]
 	$(TRAIN)
