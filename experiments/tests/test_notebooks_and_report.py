@@ -313,9 +313,10 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     assert executor("EXECUTOR=") is None and executor("DEVICE=cuda:1") is None  # the notebooks train their own runs
     assert executor("EXECUTOR=slurm").startswith("slurm --device cpu")
     for settings, command in (((), "plan smoke"), (("STACK=4", "GPUS=8"), "plan smoke --stack 4 --gpus 8")):
-        plan = subprocess.run(["make", "-n", "plan", "PROFILE=smoke", f"PY={sys.executable}", *settings],
-                              cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
-        assert plan.stdout.split("-m experiments ")[1].split() == command.split(), plan.stdout
+        plan = subprocess.run(["make", "--no-print-directory", "-n", "plan", "PROFILE=smoke", f"PY={sys.executable}",
+                               *settings], cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+        line = next(line for line in plan.stdout.splitlines() if "-m experiments plan" in line)
+        assert line.split("-m experiments ")[1].split() == command.split(), plan.stdout
     report = paths.PROJECT_ROOT / "figures" / "quick" / "report" / "index.html"
     before = report.read_bytes()
     quick = subprocess.run(["make", "-n", "-B", "paper-figures", f"PY={sys.executable}"], cwd=paths.PROJECT_ROOT,
