@@ -104,7 +104,7 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
         notebooks = sum(float(r["hours"]) for r in rows) - sum(hours.values())
         choice = (f", the learning-rate choice's other runs {hours[CHOICE]:.2f} h (trained only when the choice is made "
                   f"again)" if any(r["notebook"] == CHOICE for r in rows) else "")
-        lines.append(f"- {_stale_workload_warning(rows, path)}`{rows[0]['profile']}` profile: training notebooks "
+        lines.append(f"- {_stale_workload_warning(rows)}`{rows[0]['profile']}` profile: training notebooks "
                      f"{notebooks:.2f} h{choice}, one calibration point {hours[CALIBRATION_POINT]:.2f} h "
                      f"({stamp_text(rows[0])}; `{path.name}`)")
     if not any(results.glob("profile_time_gpu_*.csv")) and (bound := gpu_cifar_lower_bound(results)):
@@ -112,7 +112,7 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
     return "\n".join(lines) or "*No profile time estimate in `benchmarks/results/`: run `make profile-time`.*"
 
 
-def _stale_workload_warning(rows: list[dict], path: Path) -> str:
+def _stale_workload_warning(rows: list[dict]) -> str:
     """A warning when a profile time estimate's images (its rows' training and evaluated images per notebook and
     setup) are not what :func:`experiments.analysis.workload.profile_work` counts today, or nothing."""
     from experiments.analysis.workload import profile_work
@@ -138,7 +138,7 @@ def _gpu_cifar_runs() -> tuple:
 
 
 def _gpu_cifar_images() -> str:
-    """"119 runs, 1,004,176,448 training images, 80,000,000 validated, 4,760,000 tested at most"."""
+    """How many runs and images: "119 runs, N training images, N validated, N tested at most"."""
     runs = _gpu_cifar_runs()
     return (f"{len(runs)} runs, {sum(run.train_images for run in runs):,} training images, "
             f"{sum(run.val_images for run in runs):,} validated, {sum(run.test_images for run in runs):,} tested at most")
@@ -166,12 +166,12 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     images/s, each concurrency's and each stack's aggregate against it, and the ``gpu`` profile's CIFAR-100 notebooks'
     estimated hours at the invocation's fastest setting, on one such GPU and on eight (:mod:`experiments.scale.hours`);
     then the fastest with today's engine on each GPU model."""
-    invocations = split_by(read_rows(path), "date")
-    if not invocations:
+    by_date = split_by(read_rows(path), "date")
+    if not by_date:
         return (f"*No `{path.name}` in `benchmarks/results/`: run `bash benchmarks/gpu_session.sh concurrency` on a "
                 f"GPU.*")
     lines = []
-    for rows in invocations:
+    for rows in by_date:
         one = rows[0]
         stale = next((_stale_engine_warning(row, "bash benchmarks/gpu_session.sh concurrency").rstrip()
                       for row in rows if not timings.made_with_todays_engine(row)), "")

@@ -60,8 +60,8 @@ def parser() -> argparse.ArgumentParser:
     listing.add_argument("--store", help="results store folder (default: results/PROFILE)")
     listing.add_argument("--stack", type=int, default=1, help="also number each run's group as `train --stack` "
                          "would stack them from this store")
-    listing.add_argument("--gpus", type=int, help="also estimate the hours on this many GPUs at each setting measured "
-                         "by the last invocation of benchmarks.bench_concurrency in --rates")
+    listing.add_argument("--gpus", type=int, help="also estimate the hours on this many GPUs at each setting "
+                         "benchmarks.bench_concurrency measured on CUDA in --rates (today's engine's, else earlier ones)")
     listing.add_argument("--rates", type=Path, default=BENCHMARK_RESULTS / "concurrency.csv",
                          help="the measured rates (default: benchmarks/results/concurrency.csv)")
     train = commands.add_parser("train", help="train every missing run of a profile through an executor")
@@ -126,12 +126,12 @@ def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path) -> int:
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    current = [invocation for invocation in measured if all(made_with_todays_engine(row) for row in invocation)]
     if not measured:
         print(f"error: no measurement in {rates_csv} was made on a GPU with a model and batch size that this "
               "profile's runs on stand-ins train: run `bash benchmarks/gpu_session.sh stacked reduce-overhead 2 4 8` "
               "on the GPU", file=sys.stderr)
         return 2
+    current = [invocation for invocation in measured if all(made_with_todays_engine(row) for row in invocation)]
     print(f"\nestimated hours on {gpus} GPU{'s' * (gpus > 1)}, at the rates of {rates_csv.name}'s measurements made "
           + ("with today's engine:" if current else "with an earlier engine (stale: the engine's code changed since):"))
     estimated, not_estimated = [], []

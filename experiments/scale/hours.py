@@ -52,10 +52,16 @@ def read_measurements(csv_path: Path) -> list[dict]:
         return [row for row in reader if row["date"]]
 
 
+def _model_and_batch(run: PlannedRun) -> tuple[str, str] | None:
+    """What a measurement must have trained to stand for ``run``: its model and batch size, as a ``concurrency.csv``
+    row spells them; None for a run on real data, whose images are not counted."""
+    return (run.config.model, str(run.config.batch_size)) if run.train_images is not None else None
+
+
 def invocations(rows: list[dict], runs: list[PlannedRun]) -> list[list[dict]]:
     """The invocations of ``bench_concurrency`` in ``rows`` (rows sharing a date, in their order) that ran on CUDA
     with the model and batch size of some of ``runs`` on stand-ins."""
-    trained = {(run.config.model, str(run.config.batch_size)) for run in runs if run.train_images is not None}
+    trained = {_model_and_batch(run) for run in runs}
     by_date: dict[str, list[dict]] = {}
     for row in rows:
         if row["device"] == "cuda" and (row["model"], row["batch_size"]) in trained:
@@ -66,8 +72,7 @@ def invocations(rows: list[dict], runs: list[PlannedRun]) -> list[list[dict]]:
 def runs_measured_by(runs: list[PlannedRun], row: dict) -> list[PlannedRun]:
     """The ``runs`` on stand-ins that train the model and batch size of a ``concurrency.csv`` row: those its rates
     stand for."""
-    return [run for run in runs if run.train_images is not None and run.config.model == row["model"]
-            and str(run.config.batch_size) == row["batch_size"]]
+    return [run for run in runs if _model_and_batch(run) == (row["model"], row["batch_size"])]
 
 
 @dataclass(frozen=True)

@@ -82,8 +82,9 @@ def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
 def stacks(runs: list[PlannedRun], size: int, store: ResultsStore | None) -> list[list[PlannedRun]]:
     """``runs`` in groups that train stacked into one model (:func:`experiments.engine.train.run_stacked`), at most
     ``size`` to a group, in the plan's order: runs that share a :meth:`RunConfig.stack_signature` and the epochs
-    their checkpoints in ``store`` reached (None: an empty store, every run at its start). Runs that train alone (:attr:`PlannedRun.alone`) and runs on real datasets (read from
-    files, which stacks cannot share) are groups of one."""
+    their checkpoints in ``store`` reached (None: an empty store, every run at its start). Runs that train alone
+    (:attr:`PlannedRun.alone`) and runs on real datasets (read from files, which stacks cannot share) are groups of
+    one."""
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"'size' should be a positive number of runs stacked into one model, got {size!r}")
     groups, filling = [], {}  # the group each signature and epoch is filling
