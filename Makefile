@@ -32,12 +32,13 @@ COMPILE ?= $(if $(filter cuda%,$(DEVICE)),reduce-overhead)
 # each visible GPU (local), SLURM="--partition gpu --gpus-per-task 1 --time-min 600 ..." (slurm: `python -m
 # experiments train --help` lists the options). The default is local: with DEVICE=cpu one worker per core this
 # process may use, at most 8, the threads split between them (measured on 2 cores: the same records, bit for bit,
-# sooner); with DEVICE=cuda one run on each visible GPU (with CUDA graphs a second run on an H200 added nothing: x0.95;
-# docs/reproducing.md#executors); with another DEVICE (cuda:1, say) none.
+# sooner); with DEVICE=cuda one run on each visible GPU (with CUDA graphs more runs on a GPU gain only under NVIDIA's
+# MPS: start its daemon, then PER_GPU=4; docs/reproducing.md#runs-side-by-side-on-one-gpu); with another DEVICE
+# (cuda:1, say) none.
 EXECUTOR ?= $(if $(filter cpu cuda,$(DEVICE)),local)
 # STACK=S trains runs that share their data, model and optimiser settings S at a time stacked into one model
 # (grouped layers: one step of S runs launches one run's kernels; experiments/engine/stacked.py); default 1, each run
-# alone, until a GPU measures the gain (benchmarks/gpu_session.sh stacked).
+# alone: stacks measured slower than lone runs on an H200 (docs/reproducing.md#runs-stacked-into-one-model).
 STACK ?= 1
 JOBS ?= $(shell $(PYTHON) -c 'import os; print(min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
 PER_GPU ?= $(if $(filter cuda,$(DEVICE)),1)

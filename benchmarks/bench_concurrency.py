@@ -61,6 +61,7 @@ from experiments.engine.stacked import StackedLosses, StackedModels, side_by_sid
 from experiments.engine.train import COMPILE_MODES, compile_step, evaluate, evaluate_stacked, train_epoch
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.scale.executors import cpu_threads
+from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import Rates, counted_text, fastest, read_measurements, runs_measured_by, setting_text
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
@@ -168,22 +169,6 @@ def timed_evaluation(model: torch.nn.Module, training: Training, device: torch.d
     barrier.wait()
     seconds = time.perf_counter() - start
     return (None, error) if error else (EVAL_PASSES * training.eval_images * training.stack / seconds, "")
-
-
-def gpu_sharing(device: torch.device, proc: Path = Path("/proc")) -> str:
-    """How processes side by side share a GPU: ``"mps"`` while a process of NVIDIA's Multi-Process Service (its
-    control daemon or server, through which kernels of several processes run at once) is among those this machine
-    shows, else ``"time-slicing"`` (the driver runs one process's kernels at a time); empty on a CPU. What it reads
-    is that a daemon was there, as ``gpu_session.sh concurrency-mps`` starts it, not that each run connected to it."""
-    if device.type != "cuda":
-        return ""
-    for comm in proc.glob("[0-9]*/comm"):
-        try:
-            if comm.read_text().startswith("nvidia-cuda-mps"):  # -control, -server (a name is cut at 15 characters)
-                return "mps"
-        except OSError:  # the process ended meanwhile
-            continue
-    return "time-slicing"
 
 
 def peak_mib(device: torch.device) -> float:
@@ -341,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
                         args.compile_mode if args.compile else None, cudnn_benchmark=args.cudnn_benchmark,
                         eval_images=args.eval_images)
     settings = {**stamp(device), "engine_code": engine_code(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "model": args.model, "compile": training.compile_mode or "eager", "gpu_sharing": gpu_sharing(device),
+                "model": args.model, "compile": training.compile_mode or "eager", "gpu_sharing": gpu_sharing(device.type),
                 "cudnn_benchmark": args.cudnn_benchmark, "batch_size": args.batch_size, "warmup": args.warmup,
                 "steps": args.steps, "eval_images": args.eval_images}
     shared = f", the GPU shared by {settings['gpu_sharing']}" if settings["gpu_sharing"] else ""

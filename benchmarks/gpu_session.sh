@@ -23,12 +23,12 @@
 #           grouped convolutions; the second argument: torch.compile's mode, "default" unless given; the third and
 #           later: the stack sizes). CUDNN_BENCHMARK=1 lets cuDNN time its algorithms first in this stage and in
 #           concurrency's (the rows say so)
-#   lease   the next lease's checks in one call that ends inside ten minutes: tests (about 125 s for the library's,
-#           then the engine's and the examples', which compile), 1 and 2 reduce-overhead runs side by side under MPS
-#           (about 90 s at NOTES section 11's pace), then one reduce-overhead run alone and 2, 4 and 8 stacked, every
-#           stage under its own limit (LEASE_LIMITS="tests concurrency stacked" seconds, default "235 105 220": 560 s,
-#           with the stages' grace inside a 600 s call); wheels in .whl/ installed first; everything in one archive,
-#           $OUT/lease.tgz (a device machine returns few files), written again after each stage, and each stage's end
+#   lease   the next lease's checks in one call that ends inside ten minutes: tests (225 s in NOTES section 14: the
+#           library's, then the engine's and the examples', which compile), then Fig. 3 with reduce-overhead (its
+#           points as they finish), every stage under its own limit (LEASE_LIMITS="tests fig3" seconds, default
+#           "235 325": 560 s, with the stages' grace inside a 600 s call); wheels in .whl/ installed first; everything
+#           in one archive, $OUT/lease.tgz (a device machine returns few files), written again after each stage, and
+#           each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
@@ -56,7 +56,7 @@ stop_mps() {  # ask the daemon to quit, then wait (at most 20 s) until no MPS pr
 }
 case "${1:-tests}" in
   tests)
-    python3 -m pytest -n "${PYTEST_WORKERS:-14}" -q -p no:cacheprovider topk/tests 2>&1 | tee "$out/cuda_tests.log" || status=1
+    python3 -m pytest -n "${PYTEST_WORKERS:-14}" -q -rs -p no:cacheprovider topk/tests 2>&1 | tee "$out/cuda_tests.log" || status=1
     CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 -m pytest -q -p no:cacheprovider experiments/tests/test_experiments.py \
       -k cuda 2>&1 | tee "$out/cuda_engine_tests.log" || status=1
     python3 -m pytest -q -p no:cacheprovider experiments/tests/test_readme.py -k examples 2>&1 \
@@ -112,8 +112,8 @@ case "${1:-tests}" in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s concurrency_s stacked_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-235} concurrency_s=${concurrency_s:-105} stacked_s=${stacked_s:-220}
+    read -r tests_s fig3_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-235} fig3_s=${fig3_s:-325}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
@@ -127,8 +127,7 @@ case "${1:-tests}" in
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
     done <<EOF
 $tests_s tests tests
-$concurrency_s concurrency_mps_reduce_overhead concurrency-mps reduce-overhead 1 2
-$stacked_s stacked_reduce_overhead stacked reduce-overhead 2 4 8
+$fig3_s fig3_reduce_overhead fig3 reduce-overhead
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;

@@ -14,7 +14,7 @@ import torch
 
 from benchmarks._measure import append_csv_row
 from benchmarks._fig3_setup import paper_model
-from benchmarks.bench_concurrency import (FIELDS, GPUS, Training, _collect, gpu_sharing, main, print_hours,
+from benchmarks.bench_concurrency import (FIELDS, GPUS, Training, _collect, main, print_hours,
                                          process_training, side_by_side, timed_evaluation)
 from experiments.analysis.timings import engine_code
 from experiments.provenance import git_commit
@@ -132,17 +132,6 @@ def test_stacked_runs_train_from_their_own_seeds_on_their_own_data_orders():
         torch.testing.assert_close(labels[:, column], own_labels)
         torch.testing.assert_close(model.run_state_dict(column), paper_model("small_cnn", torch.device("cpu"),
                                                                              seed).state_dict())
-
-
-def test_a_gpu_is_shared_by_mps_while_its_daemon_runs(tmp_path):
-    """Read from the processes' names (``/proc/PID/comm``, cut at 15 characters), as the kernel writes them."""
-    cuda = torch.device("cuda")
-    (tmp_path / "1").mkdir()
-    (tmp_path / "1" / "comm").write_text("bash\n")
-    assert gpu_sharing(cuda, tmp_path) == "time-slicing"
-    (tmp_path / "4242").mkdir()
-    (tmp_path / "4242" / "comm").write_text("nvidia-cuda-mps\n")
-    assert gpu_sharing(cuda, tmp_path) == "mps" and gpu_sharing(torch.device("cpu"), tmp_path) == ""
 
 
 def test_a_failing_run_is_reported_with_its_traceback():

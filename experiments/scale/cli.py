@@ -31,6 +31,7 @@ from experiments.engine.train import COMPILE_MODES
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
 from experiments.scale import executors, slurm
+from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import (Rates, completeness_then_hours, counted_text, estimate, invocations,
                                     read_measurements, runs_measured_by, setting_text)
 from experiments.scale.plan import PlannedRun, plan, stacks, state, table
@@ -194,7 +195,7 @@ def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, p
                     seconds: float) -> None:
     """The executor's manifest beside the notebooks' (``FIGURES/manifests/executor.json``): how long it trained and
     how many runs, where, with how many workers and threads each (none for Slurm's tasks, which ran elsewhere); the
-    main job's time is the executor's and the notebooks' together."""
+    main job's time is the executor's and the notebooks' together; on CUDA, how its processes shared a GPU."""
     if args.executor == "local":
         devices = executors.slots(args.jobs, args.per_gpu, options.device)
         threads = options.threads or executors.cpu_threads(len(devices))
@@ -207,7 +208,8 @@ def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, p
                 "seconds": round(seconds, 1),
                 "runs": {"trained": progress.done, "from_store": already, "failed": len(progress.failed)},
                 "stack": options.stack, "threads": threads, "cpus": os.cpu_count(),
-                "machine": device_name(devices[0]) if devices else None}
+                "machine": device_name(devices[0]) if devices else None,
+                "gpu_sharing": gpu_sharing(devices[0].split(":")[0]) or None if devices else None}
     folder = Path(args.figures or FIGURES / args.profile) / "manifests"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "executor.json").write_text(json.dumps(manifest, indent=1))

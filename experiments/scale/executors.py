@@ -24,6 +24,7 @@ import torch
 
 from experiments.engine.run_claim import train_once, train_stacked_once
 from experiments.engine.store import ResultsStore
+from experiments.scale.gpu_sharing import gpu_sharing, side_by_side_note
 from experiments.scale.plan import PlannedRun, stacks
 from experiments.scale.progress import Progress
 
@@ -123,6 +124,8 @@ def local(runs: list[PlannedRun], options: TrainOptions, progress: Progress, *, 
     devices = slots(jobs, per_gpu, options.device)
     threads = options.threads or cpu_threads(len(devices))
     side_by_side = [run for run in runs if not run.alone]
+    if note := side_by_side_note(per_gpu, gpu_sharing("cuda" if per_gpu else "")):
+        print(note, file=sys.stderr)
     if side_by_side:
         _Pool(devices, options, threads, progress).train(groups(side_by_side, options))
     inline([run for run in runs if run.alone], options, progress)

@@ -146,7 +146,7 @@ def test_train_writes_the_executors_manifest_beside_the_notebooks(tmp_path, monk
     manifest = json.loads((figures / "manifests" / "executor.json").read_text())
     assert manifest["executor"] == "inline" and manifest["workers"] == 1 and manifest["threads"] == 1
     assert manifest["runs"] == {"trained": 1, "from_store": 1, "failed": 0} and manifest["profile"] == "smoke"
-    assert manifest["stack"] == 1
+    assert manifest["stack"] == 1 and manifest["gpu_sharing"] is None  # a CPU's
     assert 0 < manifest["seconds"] and manifest["machine"] and manifest["commit"]
     assert "1 of 1 runs finished, 0 failed" in capsys.readouterr().err
 
