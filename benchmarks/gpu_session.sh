@@ -23,12 +23,15 @@
 #           grouped convolutions; the second argument: torch.compile's mode, "default" unless given; the third and
 #           later: the stack sizes). CUDNN_BENCHMARK=1 lets cuDNN time its algorithms first in this stage and in
 #           concurrency's (the rows say so)
+#   step-profile  where the engine's DenseNet-40-40 step spends the device's time, compiled with default then
+#           reduce-overhead: kernels a step, their summed time against the step's, the share in short kernels, the
+#           heaviest kernels (benchmarks.profile_training_step)
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests (225 s in NOTES section 14: the
-#           library's, then the engine's and the examples', which compile), then Fig. 3 with reduce-overhead (its
-#           points as they finish), every stage under its own limit (LEASE_LIMITS="tests fig3" seconds, default
-#           "235 325": 560 s, with the stages' grace inside a 600 s call); wheels in .whl/ installed first; everything
-#           in one archive, $OUT/lease.tgz (a device machine returns few files), written again after each stage, and
-#           each stage's end
+#           library's, then the engine's and the examples', which compile), the step's profile, then Fig. 3 with
+#           reduce-overhead (its points as they finish), every stage under its own limit (LEASE_LIMITS="tests
+#           step-profile fig3" seconds, default "235 100 225": 560 s, with the stages' grace inside a 600 s call);
+#           wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device machine returns few
+#           files), written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
@@ -88,6 +91,11 @@ case "${1:-tests}" in
         > "$out/profile_overhead_256x$size.txt" 2>&1 || status=1
     done
     grep -h "^==" "$out"/profile_overhead_*.txt ;;
+  step-profile)
+    for mode in default reduce-overhead; do
+      python3 -m benchmarks.profile_training_step --device cuda --compile-mode $mode --out "$out/step_profile.csv" \
+        2>&1 | tee -a "$out/step_profile.log" || status=1
+    done ;;
   concurrency)
     counts="${*:3}"
     python3 -m benchmarks.bench_concurrency --device cuda --model densenet40_40 --concurrency ${counts:-1 2 4 8} \
@@ -112,8 +120,8 @@ case "${1:-tests}" in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s fig3_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-235} fig3_s=${fig3_s:-325}
+    read -r tests_s profile_s fig3_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-235} profile_s=${profile_s:-100} fig3_s=${fig3_s:-225}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
@@ -127,11 +135,12 @@ case "${1:-tests}" in
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
     done <<EOF
 $tests_s tests tests
+$profile_s step_profile step-profile
 $fig3_s fig3_reduce_overhead fig3 reduce-overhead
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;
   *)
-    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile, host, concurrency, concurrency-mps, stacked or lease" >&2; status=2 ;;
+    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile, host, concurrency, concurrency-mps, stacked, step-profile or lease" >&2; status=2 ;;
 esac
 exit $status
