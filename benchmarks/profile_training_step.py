@@ -53,7 +53,8 @@ def summarise(items: list[tuple[str, float]], steps: int, step_ms: float) -> dic
     items' time in items shorter than each of :data:`SHORT_US`."""
     total_us = sum(us for _, us in items)
     if not items or total_us <= 0:
-        raise ValueError("the profiler recorded no device work: on CUDA its kernels need CUPTI (torch's CUDA build)")
+        raise ValueError("the profiler recorded no device work: on CUDA it reads the kernels through CUPTI, which this "
+                         "torch or driver did not give it")
     shares = {f"share_under_{limit}us": round(sum(us for _, us in items if us < limit) / total_us, 4)
               for limit in SHORT_US}
     return {"step_ms": round(step_ms, 4), "items_per_step": round(len(items) / steps, 1),
@@ -105,9 +106,13 @@ def main(argv: list[str] | None = None) -> dict:
     with profile(activities=activities) as profiler:
         train(args.steps)
     items = device_items(profiler.events(), device)
+    try:
+        summary = summarise(items, args.steps, step_ms)
+    except ValueError as error:
+        parser.exit(3, f"error: {error}\n")
     row = {**stamp(device), "engine_code": engine_code(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "model": args.model, "compile": mode or "eager", "batch_size": args.batch_size, "warmup": args.warmup,
-           "steps": args.steps, **summarise(items, args.steps, step_ms)}
+           "steps": args.steps, **summary}
     append_csv_row(row, FIELDS, args.out)
     print(f"{row['device_name']}: {args.model}, batch {args.batch_size}, compile {row['compile']}: a step "
           f"{row['step_ms']:.3f} ms; {row['items_per_step']:g} device items a step, {row['items_ms_per_step']:.3f} ms "
