@@ -8,7 +8,7 @@
 #   kernel  the fused kernel's grids with their memory and noise floors, every kind of input (resumable: rerun to
 #           finish); the headline and the issue's grid, or the grids named after the time limit
 #   fig3    Fig. 3 in GPU seconds (the second argument: torch.compile's mode for the engine's step, "default" unless
-#           given; the third: the K values, the paper's grid unless given)
+#           given; the third and later: the K values, the paper's grid unless given; 7 points a K, about 25 s each)
 #   hinge   the smoothed hinge on CUDA, tree against Triton kernel, against CE (headline, then the grid until the limit)
 #   profile the gpu profile's hours on this GPU (benchmarks.bench_profile_time: each setup's images/s times its
 #           workload)
@@ -27,8 +27,8 @@
 #           reduce-overhead: kernels a step, their summed time against the step's, the share in short kernels, the
 #           heaviest kernels (benchmarks.profile_training_step)
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests (225 s in NOTES section 14: the
-#           library's, then the engine's and the examples', which compile), the step's profile, then Fig. 3 with
-#           reduce-overhead (its points as they finish), every stage under its own limit (LEASE_LIMITS="tests
+#           library's, then the engine's and the examples', which compile), the step's profile, then Fig. 3's points
+#           at K 5 with reduce-overhead (as they finish), every stage under its own limit (LEASE_LIMITS="tests
 #           step-profile fig3" seconds, default "235 100 225": 560 s, with the stages' grace inside a 600 s call);
 #           wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device machine returns few
 #           files), written again after each stage, and each stage's end
@@ -73,7 +73,8 @@ case "${1:-tests}" in
         --out "$out/fused_kernel.csv" 2>&1 | tee -a "$out/fused_kernel.log"
     done ;;
   fig3)
-    python3 -m benchmarks.bench_epoch_time --device cuda --compile "${2:-default}" ${3:+--ks $3} \
+    ks="${*:3}"
+    python3 -m benchmarks.bench_epoch_time --device cuda --compile "${2:-default}" ${ks:+--ks $ks} \
       --out "$out/fig3_epoch_time.csv" 2>&1 \
       | tee "$out/fig3_epoch_time.log" || status=1 ;;
   hinge)
@@ -136,7 +137,7 @@ case "${1:-tests}" in
     done <<EOF
 $tests_s tests tests
 $profile_s step_profile step-profile
-$fig3_s fig3_reduce_overhead fig3 reduce-overhead
+$fig3_s fig3_reduce_overhead fig3 reduce-overhead 5
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;

@@ -5,6 +5,7 @@
     python -m experiments plan gpu --gpus 4                    # its hours on 4 GPUs at each measured setting
     python -m experiments train PROFILE --executor local --jobs 2
     python -m experiments train PROFILE --executor local --per-gpu 1 --device cuda --compile reduce-overhead
+    python -m experiments train PROFILE --executor local --per-gpu 4 --device cuda --compile reduce-overhead  # MPS
     python -m experiments train PROFILE --executor local --per-gpu 1 --device cuda --stack 4   # 4 runs in one model
     python -m experiments train PROFILE --executor slurm --partition gpu --gpus-per-task 1 --time-min 600
     python -m experiments run-one KEY [KEY ...] --profile PROFILE   # planned runs, stacked if several (an array task)
@@ -180,6 +181,8 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train "
           f"({args.executor} executor)", file=sys.stderr)
     progress, started = Progress(todo), time.time()
+    on_gpus = args.executor == "local" and args.per_gpu or options.device.startswith("cuda")
+    sharing = gpu_sharing("cuda" if on_gpus else "") or None  # how the GPUs were shared, as training begins
     if args.executor == "inline":
         executors.inline(todo, options, progress)
     elif args.executor == "local":
@@ -187,12 +190,12 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     else:
         slurm.train(todo, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
     print(progress.summary(), file=sys.stderr)
-    _write_manifest(args, options, progress, len(runs) - len(todo), time.time() - started)
+    _write_manifest(args, options, progress, len(runs) - len(todo), time.time() - started, sharing)
     return min(len(progress.failed), 100)
 
 
 def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, progress: Progress, already: int,
-                    seconds: float) -> None:
+                    seconds: float, sharing: str | None) -> None:
     """The executor's manifest beside the notebooks' (``FIGURES/manifests/executor.json``): how long it trained and
     how many runs, where, with how many workers and threads each (none for Slurm's tasks, which ran elsewhere); the
     main job's time is the executor's and the notebooks' together; on CUDA, how its processes shared a GPU."""
@@ -209,7 +212,7 @@ def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, p
                 "runs": {"trained": progress.done, "from_store": already, "failed": len(progress.failed)},
                 "stack": options.stack, "threads": threads, "cpus": os.cpu_count(),
                 "machine": device_name(devices[0]) if devices else None,
-                "gpu_sharing": gpu_sharing(devices[0].split(":")[0]) or None if devices else None}
+                "gpu_sharing": sharing if devices else None}
     folder = Path(args.figures or FIGURES / args.profile) / "manifests"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "executor.json").write_text(json.dumps(manifest, indent=1))

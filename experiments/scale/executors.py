@@ -99,14 +99,16 @@ def _report(group: list[PlannedRun], options: TrainOptions, progress: Progress, 
 
 
 def slots(jobs: int, per_gpu: int | None, device: str) -> list[str]:
-    """The device of each worker: ``per_gpu`` workers on each visible GPU, else ``jobs`` workers on ``device``."""
+    """The device of each worker: ``per_gpu`` workers on each visible GPU, else ``jobs`` workers on ``device``. The GPUs
+    take turns (``cuda:0``, ``cuda:1``, ..., ``cuda:0``, ...), so that the first groups, and fewer groups than workers,
+    spread over every GPU."""
     if per_gpu is not None:
         if per_gpu < 1:
             raise ValueError(f"'per_gpu' should be a positive number of runs per GPU, got {per_gpu}")
         gpus = torch.cuda.device_count()
         if gpus == 0:
             raise ValueError("'per_gpu' was given, but torch sees no CUDA device here: use --jobs on the CPU")
-        return [f"cuda:{gpu}" for gpu in range(gpus) for _ in range(per_gpu)]
+        return [f"cuda:{gpu}" for _ in range(per_gpu) for gpu in range(gpus)]
     if jobs < 1:
         raise ValueError(f"'jobs' should be a positive number of worker processes, got {jobs}")
     return [device] * jobs
@@ -124,9 +126,9 @@ def local(runs: list[PlannedRun], options: TrainOptions, progress: Progress, *, 
     devices = slots(jobs, per_gpu, options.device)
     threads = options.threads or cpu_threads(len(devices))
     side_by_side = [run for run in runs if not run.alone]
-    if note := side_by_side_note(per_gpu, gpu_sharing("cuda" if per_gpu else "")):
-        print(note, file=sys.stderr)
     if side_by_side:
+        if note := side_by_side_note(devices, options.compile_mode, gpu_sharing(torch.device(devices[0]).type)):
+            print(note, file=sys.stderr)
         _Pool(devices, options, threads, progress).train(groups(side_by_side, options))
     inline([run for run in runs if run.alone], options, progress)
 

@@ -3,7 +3,9 @@ grouped and scheduled as the ``local`` executor does it (:mod:`experiments.scale
 
 With ``per_gpu`` workers on each of ``gpus`` GPUs and ``stack`` runs to a group (``make paper-figures PER_GPU=...
 STACK=...``), the plan's groups (:func:`experiments.scale.plan.stacks`, from an empty store) go in the plan's order to
-whichever worker is free first; the runs that must train alone follow, one after another. A worker's group takes:
+whichever worker is free first, the GPUs in turn; the runs that must train alone follow, one after another. The
+workers at work on a GPU share its rate: the aggregate measured with that many processes (or the most measured below
+it), so that the last groups, with workers idle beside them, go faster. A worker's group takes:
 
 - its compilation: the measured warm-up (compilation and the first steps) of the setting that stands for the group,
   for every group, though a process's later compilations find inductor's caches warm (so this part is an upper
@@ -22,7 +24,6 @@ the dataset's generation and the processes' start are not counted.
 from __future__ import annotations
 
 import csv
-import heapq
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,39 +118,88 @@ class Estimate:
     left_out: tuple[str, ...] = ()
 
 
-def group_seconds(group: list[PlannedRun], rates: Rates, per_gpu: int) -> tuple[float, set[str]] | None:
-    """Seconds a worker, one of ``per_gpu`` on its GPU, takes for ``group`` (as the module says), and the parts left
-    out; None where no measured setting stands for it."""
+@dataclass(frozen=True)
+class _Part:
+    """One part of a group's work: ``amount`` seconds of compilation, or ``amount`` images trained, validated or
+    tested at the rates of ``table`` (``Rates.train`` or ``Rates.validation``) for runs stacked by ``stack``."""
+
+    name: str
+    amount: float
+    table: dict[tuple[int, int], float] | None  #: None: wall-clock seconds
+    stack: int
+
+    def rate(self, busy: int, per_gpu: int) -> float:
+        """Its progress a second on a GPU where ``busy`` of the ``per_gpu`` workers are at work: the aggregate measured
+        with the most processes no more than ``busy``, shared between them (with none measured, the ``per_gpu``
+        processes' share)."""
+        if self.table is None:
+            return 1.0
+        measured = [processes for processes, stack in self.table if stack == self.stack and processes <= busy]
+        if measured:
+            return self.table[(max(measured), self.stack)] / busy
+        return self.table[(per_gpu, self.stack)] / per_gpu
+
+
+def group_parts(group: list[PlannedRun], rates: Rates, per_gpu: int) -> tuple[list[_Part], set[str]] | None:
+    """The parts of the work of ``group`` for a worker, one of ``per_gpu`` on its GPU (as the module says), and the
+    parts left out for want of a rate measured with ``per_gpu`` processes; None where no measured setting stands for
+    the group."""
     setting = rates.measured_for(per_gpu, len(group))
     if setting is None:
         return None
-    seconds, left_out = sum(run.train_images for run in group) / (rates.train[setting] / per_gpu), set()
-    for part, rate_of, images in (("validation", setting, "val_images"), ("testing", (per_gpu, 1), "test_images")):
-        if rate_of in rates.validation:
-            seconds += sum(getattr(run, images) for run in group) / (rates.validation[rate_of] / per_gpu)
+    stack = setting[1]
+    parts, left_out = [_Part("training", sum(run.train_images for run in group), rates.train, stack)], set()
+    for name, parts_stack, images in (("validation", stack, "val_images"), ("testing", 1, "test_images")):
+        if (per_gpu, parts_stack) in rates.validation:
+            parts.append(_Part(name, sum(getattr(run, images) for run in group), rates.validation, parts_stack))
         else:
-            left_out.add(part)
+            left_out.add(name)
     if setting in rates.warmup_s:
-        seconds += rates.warmup_s[setting]
+        parts.insert(0, _Part("compilation", rates.warmup_s[setting], None, stack))
     else:
         left_out.add("compilation")
-    return seconds, left_out
+    return [part for part in parts if part.amount > 0], left_out
+
+
+def makespan(groups: list[list[_Part]], per_gpu: int, gpus: int) -> float:
+    """Seconds until the last of ``groups`` is done, each sent in turn to the first free of ``per_gpu`` workers on each
+    of ``gpus`` GPUs (worker ``w`` on GPU ``w % gpus``, as :func:`experiments.scale.executors.slots` orders them), the
+    workers at work on a GPU sharing its measured rate (:meth:`_Part.rate`)."""
+    queue = [list(group) for group in reversed(groups)]
+    working: list[list[list] | None] = [None] * (per_gpu * gpus)  # each worker's parts left: [part, amount left]
+
+    def next_group() -> list[list] | None:
+        return [[part, part.amount] for part in queue.pop()] if queue else None
+
+    working = [next_group() for _ in working]
+    now = 0.0
+    while any(working):
+        busy = [sum(1 for worker in working[gpu::gpus] if worker) for gpu in range(gpus)]
+        speeds = {slot: worker[0][0].rate(busy[slot % gpus], per_gpu) for slot, worker in enumerate(working) if worker}
+        elapsed = min(working[slot][0][1] / speed for slot, speed in speeds.items())
+        now += elapsed
+        for slot, speed in speeds.items():
+            worker = working[slot]
+            worker[0][1] -= speed * elapsed
+            if worker[0][1] <= 1e-9 * worker[0][0].amount:
+                worker.pop(0)
+            while working[slot] is not None and not working[slot]:  # its group is done: the next one, if any
+                working[slot] = next_group()
+    return now
 
 
 def estimate(runs: list[PlannedRun], rates: Rates, *, per_gpu: int, stack: int, gpus: int) -> Estimate | None:
     """The hours of ``runs`` (a plan's, on stand-ins: their images are known) scheduled as the module says; None
     where a group's rate was not measured."""
-    side_by_side = [group_seconds(group, rates, per_gpu)
+    side_by_side = [group_parts(group, rates, per_gpu)
                     for group in stacks([run for run in runs if not run.alone], stack, None)]
-    alone = [group_seconds([run], rates, 1) for run in runs if run.alone]
+    alone = [group_parts([run], rates, 1) for run in runs if run.alone]
     if None in side_by_side or None in alone:
         return None
-    workers = [0.0] * (gpus * per_gpu)  # when each worker is free: the next group goes to the first free
-    for seconds, _ in side_by_side:
-        heapq.heappush(workers, heapq.heappop(workers) + seconds)
-    hours = (max(workers) + sum(seconds for seconds, _ in alone)) / 3600
+    seconds = (makespan([parts for parts, _ in side_by_side], per_gpu, gpus)
+               + makespan([parts for parts, _ in alone], 1, 1))
     left_out = set().union(*(parts for _, parts in side_by_side + alone))
-    return Estimate(per_gpu, stack, gpus, hours, tuple(part for part in PARTS if part in left_out))
+    return Estimate(per_gpu, stack, gpus, seconds / 3600, tuple(part for part in PARTS if part in left_out))
 
 
 def fastest(runs: list[PlannedRun], rates: Rates, gpus: int) -> Estimate | None:

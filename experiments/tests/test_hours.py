@@ -58,6 +58,17 @@ def test_gpus_and_workers_take_the_next_group_when_free_and_the_last_one_sets_th
     assert estimate(RUNS, RATES, per_gpu=2, stack=1, gpus=1).hours == pytest.approx((2 * 58.25 + ALONE) / HOUR)
 
 
+def test_a_worker_left_alone_on_its_gpu_gets_the_rate_measured_for_fewer_processes():
+    # two workers on one GPU, three lone groups: the first two at (2, 1)'s rates, halved, 58.25 s as above; then the
+    # third alone at (1, 1)'s, whole: 12 s of warm-up (its setting's), 3600 / 100 + 800 / 1000 + 200 / 1000 s
+    assert estimate(RUNS[:3], RATES, per_gpu=2, stack=1, gpus=1).hours == pytest.approx((58.25 + 12 + 37) / HOUR)
+
+
+def test_the_first_groups_go_to_every_gpu_in_turn():
+    # two workers on each of two GPUs, two groups: one on each GPU, alone there: 12 + 36 + 0.8 + 0.2 s
+    assert estimate(RUNS[:2], RATES, per_gpu=2, stack=1, gpus=2).hours == pytest.approx(49 / HOUR)
+
+
 def test_a_setting_without_a_rate_for_some_group_is_not_estimated_and_the_fastest_is_chosen():
     assert estimate(RUNS, RATES, per_gpu=2, stack=2, gpus=1) is not None  # (2, 1) stands for groups of two
     assert estimate(RUNS, RATES, per_gpu=3, stack=1, gpus=1) is None

@@ -315,10 +315,12 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
     where = "test-gpu, reduce-overhead, 2026-01-01T00:00:00: 5 of 6 runs (small_cnn, batch 32)"
     # two workers: two rounds of 4500 + 100 + 25 + 12 s, then the lone run 720 + 10 s; stacks of 2: 4966.7 s for the
     # first two, 3710 s for each other run, then the lone run; one run at a time: 4 x 3710 + 730 s; two workers with
-    # stacks of 2: [0, 1] at 125 images/s (5760 + 128 + 50 + 20 s) beside [2] then [3] (4637 s each), then 730 s
+    # stacks of 2: [0, 1] at 125 images/s (20 + 5760 + 128 + 50 s: done at 5958 s) beside [2] (4637 s), then [3] from
+    # 4637 s: 12 s, 90,480 + 10,240 + 4,000 images at 80/s until 5958 s, then alone at (1, 1)'s rates: 255,280 / 100
+    # + 80 + 20 s, done at 8610.8 s; then 730 s
     counted = "training, compilation, validation and testing counted"
-    assert lines[start + 1:] == [f"  PER_GPU=2 STACK=1        2.8 h  {where}; {counted}",
-                                 f"  PER_GPU=2 STACK=2        2.8 h  {where}; {counted}",
+    assert lines[start + 1:] == [f"  PER_GPU=2 STACK=2        2.6 h  {where}; {counted}",
+                                 f"  PER_GPU=2 STACK=1        2.8 h  {where}; {counted}",
                                  f"  PER_GPU=1 STACK=2        3.6 h  {where}; {counted}",
                                  f"  PER_GPU=1 STACK=1        4.3 h  {where}; {counted}"]
     (tmp_path / "rates.csv").write_text(header + "\n".join([*ignored, *rows[2:]]) + "\n")  # no lone run's rate
