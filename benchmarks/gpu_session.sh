@@ -22,7 +22,7 @@
 #   stacked one run alone, then 2, 4 and 8 runs stacked into one model in one process (bench_concurrency --stack:
 #           grouped convolutions; the second argument: torch.compile's mode, "default" unless given; the third and
 #           later: the stack sizes). CUDNN_BENCHMARK=1 lets cuDNN time its algorithms first in this stage and in
-#           concurrency's (the rows say so)
+#           concurrency's (the rows say so); STEPS=N times N steps a run instead of 200 in both
 #   step-profile  where the engine's DenseNet-40-40 step spends the device's time, compiled with default then
 #           reduce-overhead: kernels a step, their summed time against the step's, the share in short kernels, the
 #           heaviest kernels (benchmarks.profile_training_step)
@@ -100,13 +100,13 @@ case "${1:-tests}" in
   concurrency)
     counts="${*:3}"
     python3 -m benchmarks.bench_concurrency --device cuda --model densenet40_40 --concurrency ${counts:-1 2 4 8} \
-      --compile-mode "${2:-default}" ${CUDNN_BENCHMARK:+--cudnn-benchmark} --out "$out/concurrency.csv" 2>&1 \
-      | tee -a "$out/concurrency.log" || status=1 ;;
+      --compile-mode "${2:-default}" ${CUDNN_BENCHMARK:+--cudnn-benchmark} ${STEPS:+--steps $STEPS} \
+      --out "$out/concurrency.csv" 2>&1 | tee -a "$out/concurrency.log" || status=1 ;;
   stacked)
     stacks="${*:3}"
     python3 -m benchmarks.bench_concurrency --device cuda --model densenet40_40 --concurrency 1 --stack ${stacks:-2 4 8} \
-      --compile-mode "${2:-default}" ${CUDNN_BENCHMARK:+--cudnn-benchmark} --out "$out/concurrency.csv" 2>&1 \
-      | tee -a "$out/stacked.log" || status=1 ;;
+      --compile-mode "${2:-default}" ${CUDNN_BENCHMARK:+--cudnn-benchmark} ${STEPS:+--steps $STEPS} \
+      --out "$out/concurrency.csv" 2>&1 | tee -a "$out/stacked.log" || status=1 ;;
   concurrency-mps)
     # the concurrency stage with NVIDIA's Multi-Process Service: kernels of runs side by side execute at once instead
     # of taking turns (root starts the daemon; the rows say gpu_sharing=mps)

@@ -181,12 +181,12 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train "
           f"({args.executor} executor)", file=sys.stderr)
     progress, started = Progress(todo), time.time()
-    on_gpus = args.executor == "local" and args.per_gpu or options.device.startswith("cuda")
+    on_gpus = (args.executor == "local" and args.per_gpu) or options.device.startswith("cuda")
     sharing = gpu_sharing("cuda" if on_gpus else "") or None  # how the GPUs were shared, as training begins
     if args.executor == "inline":
         executors.inline(todo, options, progress)
     elif args.executor == "local":
-        executors.local(todo, options, progress, jobs=args.jobs, per_gpu=args.per_gpu)
+        executors.local(todo, options, progress, jobs=args.jobs, per_gpu=args.per_gpu, sharing=sharing or "")
     else:
         slurm.train(todo, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
     print(progress.summary(), file=sys.stderr)

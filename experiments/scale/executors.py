@@ -24,7 +24,7 @@ import torch
 
 from experiments.engine.run_claim import train_once, train_stacked_once
 from experiments.engine.store import ResultsStore
-from experiments.scale.gpu_sharing import gpu_sharing, side_by_side_note
+from experiments.scale.gpu_sharing import side_by_side_note
 from experiments.scale.plan import PlannedRun, stacks
 from experiments.scale.progress import Progress
 
@@ -120,14 +120,15 @@ def cpu_threads(workers: int) -> int:
 
 
 def local(runs: list[PlannedRun], options: TrainOptions, progress: Progress, *, jobs: int = 1,
-          per_gpu: int | None = None) -> None:
+          per_gpu: int | None = None, sharing: str = "") -> None:
     """Train ``runs`` in worker processes side by side (see :func:`slots`), each with its share of the CPU threads,
-    then the runs that must train alone, in this process."""
+    then the runs that must train alone, in this process; with ``sharing`` (how the GPUs are shared,
+    :func:`experiments.scale.gpu_sharing.gpu_sharing`), a note where runs side by side on a GPU would gain nothing."""
     devices = slots(jobs, per_gpu, options.device)
     threads = options.threads or cpu_threads(len(devices))
     side_by_side = [run for run in runs if not run.alone]
     if side_by_side:
-        if note := side_by_side_note(devices, options.compile_mode, gpu_sharing(torch.device(devices[0]).type)):
+        if note := side_by_side_note(devices, options.compile_mode, sharing):
             print(note, file=sys.stderr)
         _Pool(devices, options, threads, progress).train(groups(side_by_side, options))
     inline([run for run in runs if run.alone], options, progress)

@@ -24,9 +24,9 @@ def mps_pipe(environ: dict | None = None) -> Path:
 
 
 def gpu_sharing(device_type: str, proc: Path = Path("/proc"), pipe: Path | None = None) -> str:
-    """``"mps"`` while an MPS daemon answers: its control pipe exists (what this process's CUDA would connect
-    through), or a process of the service (``nvidia-cuda-mps-control``, ``-server``) is among those this machine
-    shows; else ``"time-slicing"``; empty for a device that is not CUDA."""
+    """``"mps"`` while an MPS daemon seems to run: its control pipe exists (what this process's CUDA would connect
+    through; a daemon killed without quitting may leave it), or a process of the service (``nvidia-cuda-mps-control``,
+    ``-server``) is among those this machine shows; else ``"time-slicing"``; empty for a device that is not CUDA."""
     if device_type != "cuda":
         return ""
     if (pipe or mps_pipe()).exists():
@@ -46,7 +46,10 @@ def replays_cuda_graphs(compile_mode: str | None) -> bool:
         return False
     import torch._inductor
 
-    return bool(torch._inductor.list_mode_options(compile_mode).get("triton.cudagraphs", False))
+    try:
+        return bool(torch._inductor.list_mode_options(compile_mode).get("triton.cudagraphs", False))
+    except RuntimeError:  # a mode inductor does not know compiles nothing
+        return False
 
 
 def side_by_side_note(devices: list[str], compile_mode: str | None, sharing: str) -> str:

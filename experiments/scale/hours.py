@@ -3,17 +3,19 @@ grouped and scheduled as the ``local`` executor does it (:mod:`experiments.scale
 
 With ``per_gpu`` workers on each of ``gpus`` GPUs and ``stack`` runs to a group (``make paper-figures PER_GPU=...
 STACK=...``), the plan's groups (:func:`experiments.scale.plan.stacks`, from an empty store) go in the plan's order to
-whichever worker is free first, the GPUs in turn; the runs that must train alone follow, one after another. The
-workers at work on a GPU share its rate: the aggregate measured with that many processes (or the most measured below
-it), so that the last groups, with workers idle beside them, go faster. A worker's group takes:
+whichever worker is free first, the GPUs in turn; the runs that must train alone follow, one after another. A worker's
+group takes:
 
 - its compilation: the measured warm-up (compilation and the first steps) of the setting that stands for the group,
   for every group, though a process's later compilations find inductor's caches warm (so this part is an upper
   bound);
-- its training images at that setting's training rate, and its validation images at that setting's validation rate
-  (a stack validates in one pass);
-- its test images (:func:`experiments.analysis.workload.run_images`: at most a pass per selection metric) at the
-  validation rate of ``per_gpu`` lone runs, since each run of a stack is tested alone.
+- its training images and its validation images (a stack validates in one pass), and its test images
+  (:func:`experiments.analysis.workload.run_images`: at most a pass per selection metric) as lone runs, since each run
+  of a stack is tested alone, each at its share of the GPU's rate.
+
+The workers at work on a GPU share its aggregate rate: the one measured with as many processes, interpolated between
+the counts measured (none: no rate), so that the last groups, with idle workers beside them, go faster. A compiling
+worker counts as one at work though it leaves the GPU to the others: that part is conservative too.
 
 The setting that stands for a group is the one measured with ``per_gpu`` processes whose stack is the largest no
 larger than the group: a smaller stack's rate where the group's own size was not measured. A part whose rate was not
@@ -119,28 +121,28 @@ class Estimate:
 
 
 @dataclass(frozen=True)
-class _Part:
+class Part:
     """One part of a group's work: ``amount`` seconds of compilation, or ``amount`` images trained, validated or
     tested at the rates of ``table`` (``Rates.train`` or ``Rates.validation``) for runs stacked by ``stack``."""
 
-    name: str
     amount: float
     table: dict[tuple[int, int], float] | None  #: None: wall-clock seconds
     stack: int
 
-    def rate(self, busy: int, per_gpu: int) -> float:
-        """Its progress a second on a GPU where ``busy`` of the ``per_gpu`` workers are at work: the aggregate measured
-        with the most processes no more than ``busy``, shared between them (with none measured, the ``per_gpu``
-        processes' share)."""
+    def rate(self, busy: int) -> float:
+        """Its progress a second on a GPU where ``busy`` workers are at work: a share of the GPU's aggregate rate for
+        ``busy`` processes, interpolated linearly between the counts measured for this stack, from none at 0 (a count
+        above every measured one is not asked for: the workers' own count is measured)."""
         if self.table is None:
             return 1.0
-        measured = [processes for processes, stack in self.table if stack == self.stack and processes <= busy]
-        if measured:
-            return self.table[(max(measured), self.stack)] / busy
-        return self.table[(per_gpu, self.stack)] / per_gpu
+        counts = sorted(processes for processes, stack in self.table if stack == self.stack)
+        upper = next(count for count in counts if count >= busy)
+        lower = max((count for count in counts if count < busy), default=0)
+        high, low = self.table[(upper, self.stack)], self.table.get((lower, self.stack), 0.0)
+        return (low + (high - low) * (busy - lower) / (upper - lower)) / busy
 
 
-def group_parts(group: list[PlannedRun], rates: Rates, per_gpu: int) -> tuple[list[_Part], set[str]] | None:
+def group_parts(group: list[PlannedRun], rates: Rates, per_gpu: int) -> tuple[list[Part], set[str]] | None:
     """The parts of the work of ``group`` for a worker, one of ``per_gpu`` on its GPU (as the module says), and the
     parts left out for want of a rate measured with ``per_gpu`` processes; None where no measured setting stands for
     the group."""
@@ -148,34 +150,33 @@ def group_parts(group: list[PlannedRun], rates: Rates, per_gpu: int) -> tuple[li
     if setting is None:
         return None
     stack = setting[1]
-    parts, left_out = [_Part("training", sum(run.train_images for run in group), rates.train, stack)], set()
+    parts, left_out = [Part(sum(run.train_images for run in group), rates.train, stack)], set()
     for name, parts_stack, images in (("validation", stack, "val_images"), ("testing", 1, "test_images")):
         if (per_gpu, parts_stack) in rates.validation:
-            parts.append(_Part(name, sum(getattr(run, images) for run in group), rates.validation, parts_stack))
+            parts.append(Part(sum(getattr(run, images) for run in group), rates.validation, parts_stack))
         else:
             left_out.add(name)
     if setting in rates.warmup_s:
-        parts.insert(0, _Part("compilation", rates.warmup_s[setting], None, stack))
+        parts.insert(0, Part(rates.warmup_s[setting], None, stack))
     else:
         left_out.add("compilation")
     return [part for part in parts if part.amount > 0], left_out
 
 
-def makespan(groups: list[list[_Part]], per_gpu: int, gpus: int) -> float:
+def makespan(groups: list[list[Part]], per_gpu: int, gpus: int) -> float:
     """Seconds until the last of ``groups`` is done, each sent in turn to the first free of ``per_gpu`` workers on each
     of ``gpus`` GPUs (worker ``w`` on GPU ``w % gpus``, as :func:`experiments.scale.executors.slots` orders them), the
-    workers at work on a GPU sharing its measured rate (:meth:`_Part.rate`)."""
-    queue = [list(group) for group in reversed(groups)]
-    working: list[list[list] | None] = [None] * (per_gpu * gpus)  # each worker's parts left: [part, amount left]
+    workers at work on a GPU sharing its rate (:meth:`Part.rate`)."""
+    queue = [list(group) for group in reversed(groups) if group]
 
-    def next_group() -> list[list] | None:
+    def next_group() -> list[list] | None:  # its parts, each with the amount left
         return [[part, part.amount] for part in queue.pop()] if queue else None
 
-    working = [next_group() for _ in working]
+    working = [next_group() for _ in range(per_gpu * gpus)]
     now = 0.0
     while any(working):
         busy = [sum(1 for worker in working[gpu::gpus] if worker) for gpu in range(gpus)]
-        speeds = {slot: worker[0][0].rate(busy[slot % gpus], per_gpu) for slot, worker in enumerate(working) if worker}
+        speeds = {slot: worker[0][0].rate(busy[slot % gpus]) for slot, worker in enumerate(working) if worker}
         elapsed = min(working[slot][0][1] / speed for slot, speed in speeds.items())
         now += elapsed
         for slot, speed in speeds.items():
@@ -183,7 +184,7 @@ def makespan(groups: list[list[_Part]], per_gpu: int, gpus: int) -> float:
             worker[0][1] -= speed * elapsed
             if worker[0][1] <= 1e-9 * worker[0][0].amount:
                 worker.pop(0)
-            while working[slot] is not None and not working[slot]:  # its group is done: the next one, if any
+            if not worker:  # its group is done: the next one, if any
                 working[slot] = next_group()
     return now
 

@@ -27,7 +27,8 @@ def test_the_control_pipe_is_where_cuda_looks_for_it():
 
 
 @pytest.mark.parametrize("mode, graphs", [("reduce-overhead", True), ("max-autotune", True),
-                                          ("max-autotune-no-cudagraphs", False), ("default", False), (None, False)])
+                                          ("max-autotune-no-cudagraphs", False), ("default", False), (None, False),
+                                          ("no-such-mode", False)])
 def test_the_modes_that_replay_cuda_graphs_are_inductors(mode, graphs):
     assert replays_cuda_graphs(mode) == graphs
 

@@ -6,7 +6,7 @@ expected time below is worked out by hand."""
 import pytest
 
 from experiments.engine.config import RunConfig
-from experiments.scale.hours import Estimate, Rates, counted_text, estimate, fastest, setting_text
+from experiments.scale.hours import Estimate, Part, Rates, counted_text, estimate, fastest, makespan, setting_text
 from experiments.scale.plan import PlannedRun
 from experiments.tests.test_scale import TINY
 
@@ -93,3 +93,16 @@ def test_a_part_not_measured_is_left_out_and_said_to_be_and_complete_estimates_c
     rates = Rates(RATES.train, {(1, 1): 1000.0, (1, 2): 1500.0}, RATES.warmup_s)
     assert estimate(RUNS, rates, per_gpu=2, stack=1, gpus=1).hours == pytest.approx((2 * 57 + ALONE) / HOUR)
     assert (fastest(RUNS, rates, gpus=1).per_gpu, fastest(RUNS, rates, gpus=1).stack) == (1, 2)
+
+
+def test_a_gpus_rate_for_a_count_not_measured_is_interpolated_from_none_at_zero():
+    part = Part(1000.0, {(2, 1): 100.0, (4, 1): 160.0, (4, 2): 999.0}, stack=1)  # the stack of 2's rate is not read
+    # 1 busy: half of 2's aggregate; 3 busy: between 2's and 4's, 130 in all; the measured counts as measured
+    assert [part.rate(busy) for busy in (1, 2, 3, 4)] == pytest.approx([50.0, 50.0, 130 / 3, 40.0])
+    assert Part(12.0, None, stack=1).rate(3) == 1.0  # a compilation's seconds pass as seconds
+
+
+def test_a_group_with_nothing_to_do_leaves_its_worker_free_for_the_next():
+    work = [Part(10.0, None, stack=1)]  # ten seconds of compilation
+    assert makespan([[], work, work, work], per_gpu=2, gpus=1) == pytest.approx(20.0)
+    assert makespan([[], [], work], per_gpu=2, gpus=1) == pytest.approx(10.0)
