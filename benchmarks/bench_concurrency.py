@@ -10,7 +10,8 @@ model and optimiser (DenseNet-BC 40-40, SGD with Nesterov momentum, batch 64; bf
 CUDA), cross-entropy, on a CIFAR-100-sized set of 45,000 uint8 32 px images held on the device and augmented there
 (:func:`benchmarks.bench_epoch_time.cifar_shaped`). Every process warms up (``--warmup`` steps: compilation
 included, their seconds measured) and waits at a barrier; then all time ``--steps`` steps at once, each by the wall
-clock over its own window (ended by a synchronisation). A run's images/s is its steps x batch over its window; the aggregate is their sum.
+clock over its own window (ended by a synchronisation). A run's images/s is its steps x batch over its window; the
+aggregate is their sum.
 After a second barrier, while every run still holds its memory, each process reads its peak (CUDA: torch's peak
 allocated; CPU: the process's peak resident set) and, on CUDA, the whole device's used memory
 (``torch.cuda.mem_get_info``: every process's context and cache). Then, after an untimed pass and a barrier, all

@@ -48,7 +48,7 @@ def made_with_todays_engine(row: dict) -> bool:
 
 def sharing_text(row: dict) -> str:
     """How a ``concurrency.csv`` row's runs were compiled and shared the GPU: its compile mode, with MPS where an MPS
-    daemon shared the GPU (``bench_concurrency.gpu_sharing``) and cuDNN's benchmark mode where it chose the
+    daemon shared the GPU (:func:`experiments.scale.gpu_sharing.gpu_sharing`) and cuDNN's benchmark mode where it chose the
     convolutions' algorithms: "`reduce-overhead` under MPS, `cudnn.benchmark`"."""
     return (f"`{row['compile']}`" + " under MPS" * (row.get("gpu_sharing") == "mps")
             + ", `cudnn.benchmark`" * (row.get("cudnn_benchmark") == "True"))

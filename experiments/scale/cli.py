@@ -182,11 +182,11 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
           f"({args.executor} executor)", file=sys.stderr)
     progress, started = Progress(todo), time.time()
     on_gpus = (args.executor == "local" and args.per_gpu) or options.device.startswith("cuda")
-    sharing = gpu_sharing("cuda" if on_gpus else "") or None  # how the GPUs were shared, as training begins
+    sharing = gpu_sharing("cuda" if on_gpus else "")  # how the GPUs were shared, as training begins
     if args.executor == "inline":
         executors.inline(todo, options, progress)
     elif args.executor == "local":
-        executors.local(todo, options, progress, jobs=args.jobs, per_gpu=args.per_gpu, sharing=sharing or "")
+        executors.local(todo, options, progress, jobs=args.jobs, per_gpu=args.per_gpu, sharing=sharing)
     else:
         slurm.train(todo, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
     print(progress.summary(), file=sys.stderr)
@@ -195,7 +195,7 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
 
 
 def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, progress: Progress, already: int,
-                    seconds: float, sharing: str | None) -> None:
+                    seconds: float, sharing: str) -> None:
     """The executor's manifest beside the notebooks' (``FIGURES/manifests/executor.json``): how long it trained and
     how many runs, where, with how many workers and threads each (none for Slurm's tasks, which ran elsewhere); the
     main job's time is the executor's and the notebooks' together; on CUDA, how its processes shared a GPU."""
@@ -212,7 +212,7 @@ def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, p
                 "runs": {"trained": progress.done, "from_store": already, "failed": len(progress.failed)},
                 "stack": options.stack, "threads": threads, "cpus": os.cpu_count(),
                 "machine": device_name(devices[0]) if devices else None,
-                "gpu_sharing": sharing if devices else None}
+                "gpu_sharing": (sharing or None) if devices else None}
     folder = Path(args.figures or FIGURES / args.profile) / "manifests"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "executor.json").write_text(json.dumps(manifest, indent=1))
