@@ -41,11 +41,13 @@ FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "batch_size"
 
 def device_items(events, device: torch.device) -> list[tuple[str, float]]:
     """Each work item of the profiled steps as (name, microseconds): the kernels on CUDA, else the operators' own
-    (self) time."""
+    (self) time. Named ranges (``record_function``, such as the optimiser's ``Optimizer.step#SGD.step``) are not
+    items: on CUDA the profiler draws them over the kernels they launched, which would count those twice."""
     if device.type == "cuda":
-        return [(event.name, event.time_range.elapsed_us()) for event in events if event.device_type == DeviceType.CUDA]
+        return [(event.name, event.time_range.elapsed_us()) for event in events
+                if event.device_type == DeviceType.CUDA and not event.is_user_annotation]
     return [(event.name, event.self_cpu_time_total) for event in events
-            if event.device_type == DeviceType.CPU and event.self_cpu_time_total > 0]
+            if event.device_type == DeviceType.CPU and not event.is_user_annotation and event.self_cpu_time_total > 0]
 
 
 def summarise(items: list[tuple[str, float]], steps: int, step_ms: float) -> dict:
