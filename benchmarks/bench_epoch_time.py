@@ -6,7 +6,10 @@ batch 64; bfloat16 autocast and channels-last on CUDA) on a CIFAR-100-shaped set
 on the device and augmented there (pad, crop, flip, normalise), as the paper's runs are: data and augmentation are
 included. The images are synthetic, which is honest for timing: it does not depend on their content. Each point
 (a fresh model) trains ``--epochs`` whole epochs, compiled with ``--compile MODE`` (``eager``: not compiled); the last
-epoch is the one reported, the first ones absorb compilation and warm-up.
+epoch is the one reported, the first ones absorb compilation and warm-up. Cross-entropy, the baseline, is measured
+first and again last (``repeat`` 1): on an H200 the first point was 10 to 20% slower than the next ones in two
+sessions (NOTES section 15), more than the 2% an overhead is judged against, so the overheads are taken against the
+mean of the two and no verdict is given while they differ by more than that.
 
     python -m benchmarks.bench_epoch_time                                  # on CUDA, the paper's K grid
     python -m benchmarks.bench_epoch_time --device cpu --model small_cnn --images 256 --ks 1 5 --compile eager
@@ -38,14 +41,21 @@ from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
 from topk.losses import build_loss
 
 FIELDS = [*STAMP_FIELDS, "engine_code", "model", "compile", "loss", "backend", "K", "B", "batch_size", "images",
-          "epochs", "epoch_seconds", "loss_seconds"]
+          "repeat", "epochs", "epoch_seconds", "loss_seconds"]
 #: The targets printed at the end (issue: the paper's experiments at GPU speed).
 EPOCH_TARGET_S, OVERHEAD_TARGET = 5.0, 0.02
 
 
 def _identity(row: dict) -> tuple:
-    return tuple(str(row[name]) for name in ("device_name", "model", "compile", "loss", "backend", "K", "batch_size",
-                                             "images"))
+    """What makes a point done: its set-up and its ``repeat`` (rows written before that column are the first, 0)."""
+    return (*(str(row[name]) for name in ("device_name", "model", "compile", "loss", "backend", "K", "batch_size",
+                                          "images")), str(row.get("repeat") or 0))
+
+
+def bracketed(chosen: list[dict]) -> list[dict]:
+    """``chosen`` (cross-entropy first), each with ``repeat`` 0, then cross-entropy again with ``repeat`` 1."""
+    return [*({**point, "repeat": 0} for point in chosen),
+            *({**point, "repeat": 1} for point in chosen if point["loss"] == "cross_entropy")]
 
 
 def cifar_shaped(images: int, device: torch.device, augment: bool = True) -> InMemoryBatches:
@@ -70,19 +80,34 @@ def time_point(point: dict, args, data: InMemoryBatches, device: torch.device) -
     return seconds, loss_seconds
 
 
+def baseline_drift(rows: list[dict]) -> float | None:
+    """How much cross-entropy's last epoch time moved between its first and its closing measurement (last / first -
+    1), or None without both."""
+    seconds = {row["repeat"]: row["epoch_seconds"] for row in rows if row["loss"] == "cross_entropy"}
+    return seconds[1] / seconds[0] - 1 if {0, 1} <= set(seconds) else None
+
+
 def print_targets(rows: list[dict], on_gpu: bool) -> None:
-    ce = next((row for row in rows if row["loss"] == "cross_entropy"), None)
-    if ce is None:
+    baselines = [row for row in rows if row["loss"] == "cross_entropy"]
+    if not baselines:
         return
-    verdict = ("met" if ce["epoch_seconds"] <= EPOCH_TARGET_S else "not met") if on_gpu else "not judged on a CPU"
-    print(f"\ncross-entropy: {ce['epoch_seconds']:.2f} s per epoch of {ce['images']:,} images "
-          f"(target <= {EPOCH_TARGET_S} s on an H100/H200: {verdict})")
+    ce = sum(row["epoch_seconds"] for row in baselines) / len(baselines)
+    verdict = ("met" if ce <= EPOCH_TARGET_S else "not met") if on_gpu else "not judged on a CPU"
+    measured = " and ".join(f"{row['epoch_seconds']:.2f} s" for row in baselines)
+    print(f"\ncross-entropy: {ce:.2f} s per epoch of {baselines[0]['images']:,} images ({measured}, first and last; "
+          f"target <= {EPOCH_TARGET_S} s on an H100/H200: {verdict})")
+    drift = baseline_drift(rows)
+    judged = drift is not None and abs(drift) <= OVERHEAD_TARGET
+    if not judged:
+        print("no overhead verdict: " + (f"cross-entropy moved {100 * drift:+.1f}% between its first and last "
+                                         f"measurement, more than the {OVERHEAD_TARGET:.0%} an overhead is judged against"
+                                         if drift is not None else "cross-entropy was not measured both first and last"))
     for row in rows:
-        if row is not ce:
-            overhead = row["epoch_seconds"] / ce["epoch_seconds"] - 1
+        if row["loss"] != "cross_entropy":
+            overhead = row["epoch_seconds"] / ce - 1
+            target = f"  (target <= +{OVERHEAD_TARGET:.0%})" * (judged and row["loss"].startswith("noised"))
             print(f"{row['loss']:24s} {row['backend'] or '':6s} K={str(row['K']):3s} {row['epoch_seconds']:8.2f} s  "
-                  f"{100 * overhead:+6.1f}% over cross-entropy"
-                  f"{'  (target <= +2%)' if row['loss'].startswith('noised') else ''}")
+                  f"{100 * overhead:+6.1f}% over cross-entropy{target}")
 
 
 def main() -> None:
@@ -106,10 +131,10 @@ def main() -> None:
     print(f"{name}: {args.model}, batch {args.batch_size}, {args.images:,} images, {args.epochs} epochs per point, "
           f"compile: {args.compile}", flush=True)
     measured = []
-    for point in points(args.ks, args.samples, args.backends):
+    for point in bracketed(points(args.ks, args.samples, args.backends)):
         row = {**provenance, "model": args.model, "compile": args.compile,
                "batch_size": args.batch_size, "images": args.images,
-               **{key: point[key] for key in ("loss", "backend", "K", "B")}}
+               **{key: point[key] for key in ("loss", "backend", "K", "B", "repeat")}}
         if _identity(row) in done:
             continue
         start = time.perf_counter()
@@ -117,7 +142,8 @@ def main() -> None:
         row.update(epochs=args.epochs, epoch_seconds=round(seconds, 3), loss_seconds=round(loss_seconds, 4))
         append_csv_row(row, FIELDS, args.out)
         measured.append(row)
-        print(f"{row['loss']:24s} {row['backend']:6s} K={str(row['K']):3s}: {seconds:8.2f} s/epoch, "
+        print(f"{row['loss'] + ' (again)' * row['repeat']:24s} {row['backend']:6s} K={str(row['K']):3s}: "
+              f"{seconds:8.2f} s/epoch, "
               f"loss {loss_seconds:7.3f} s ({time.perf_counter() - start:.0f} s)", flush=True)
     print_targets(measured, device.type == "cuda")
     print(f"CSV: {args.out}")

@@ -23,13 +23,14 @@
 #           grouped convolutions; the second argument: torch.compile's mode, "default" unless given; the third and
 #           later: the stack sizes). CUDNN_BENCHMARK=1 lets cuDNN time its algorithms first in this stage and in
 #           concurrency's (the rows say so); STEPS=N times N steps a run instead of 200 in both
-#   step-profile  where the engine's DenseNet-40-40 step spends the device's time, compiled with default then
-#           reduce-overhead: kernels a step, their summed time against the step's, the share in short kernels, the
+#   step-profile  where the engine's DenseNet-40-40 step spends the device's time, compiled with reduce-overhead
+#           then default: kernels a step, their summed time against the step's, the share in short kernels, the
 #           heaviest kernels (benchmarks.profile_training_step)
-#   lease   the next lease's checks in one call that ends inside ten minutes: tests (225 s in NOTES section 14: the
+#   lease   the next lease's checks in one call that ends inside ten minutes: tests (204 s in NOTES section 15: the
 #           library's, then the engine's and the examples', which compile), the step's profile, then Fig. 3's points
-#           at K 5 with reduce-overhead (as they finish), every stage under its own limit (LEASE_LIMITS="tests
-#           step-profile fig3" seconds, default "235 100 225": 560 s, with the stages' grace inside a 600 s call);
+#           at K 5 with reduce-overhead and cross-entropy again last (as they finish), every stage under its own limit
+#           (LEASE_LIMITS="tests step-profile fig3" seconds, default "235 130 195": 560 s, with the stages' grace
+#           inside a 600 s call);
 #           wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device machine returns few
 #           files), written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
@@ -93,7 +94,7 @@ case "${1:-tests}" in
     done
     grep -h "^==" "$out"/profile_overhead_*.txt ;;
   step-profile)
-    for mode in default reduce-overhead; do
+    for mode in reduce-overhead default; do
       python3 -m benchmarks.profile_training_step --device cuda --compile-mode $mode --out "$out/step_profile.csv" \
         2>&1 | tee -a "$out/step_profile.log" || status=1
     done ;;
@@ -122,7 +123,7 @@ case "${1:-tests}" in
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
     read -r tests_s profile_s fig3_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-235} profile_s=${profile_s:-100} fig3_s=${fig3_s:-225}
+    tests_s=${tests_s:-235} profile_s=${profile_s:-130} fig3_s=${fig3_s:-195}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS

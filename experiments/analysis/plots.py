@@ -49,9 +49,9 @@ def interval_curves(ax: plt.Axes, summary: pd.DataFrame, x: str, *, group: str |
 
 
 def epoch_time_against_k(times: pd.DataFrame, title: str) -> plt.Figure:
-    """Fig. 3: epoch time and time in the loss against K, one curve per loss, cross-entropy (no K) dashed.
-    ``times``: loss, K (NaN for cross-entropy), epoch_seconds, loss_seconds."""
-    ce = times[times["loss"] == "cross_entropy"].iloc[0]
+    """Fig. 3: epoch time and time in the loss against K, one curve per loss, cross-entropy (no K; the mean of its
+    rows) dashed. ``times``: loss, K (NaN for cross-entropy), epoch_seconds, loss_seconds."""
+    ce = times[times["loss"] == "cross_entropy"][["epoch_seconds", "loss_seconds"]].mean()
     by_k = times.dropna(subset=["K"])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, column, label in zip(axes, ("epoch_seconds", "loss_seconds"),

@@ -530,3 +530,19 @@ def test_runs_stacked_into_one_model_are_named_so_and_judged_by_the_stacking_cod
     assert text.startswith("- **Stale:** the engine's epoch changed since (") and "`experiments/engine/stacked.py`" in text
     # the current rows alone: two workers at 900 images/s, two rounds of 4000 s, then 360 s
     assert "2.3 h on one test-gpu with `PER_GPU=2 STACK=1`" in text.splitlines()[-1]
+
+
+def test_fig3_epochs_name_the_baseline_measured_again_last(tmp_path):
+    from experiments.analysis import timings
+
+    stamp = {"device": "cuda", "device_name": "test-gpu", "commit": "c" * 40, "python": "3", "torch": "9.9",
+             "triton": "3", "topk": "0", "engine_code": timings.engine_code(), "model": "densenet40_40",
+             "compile": "reduce-overhead", "batch_size": "64", "images": "45000", "epochs": "2", "loss_seconds": "0.01"}
+    _csv(tmp_path / "fig3_epoch_time.csv", [
+        {**stamp, "loss": "cross_entropy", "backend": "", "K": "", "B": "", "repeat": "0", "epoch_seconds": "5.35"},
+        {**stamp, "loss": "smooth_hinge", "backend": "", "K": "5", "B": "", "repeat": "0", "epoch_seconds": "4.95"},
+        {**stamp, "loss": "cross_entropy", "backend": "", "K": "", "B": "", "repeat": "1", "epoch_seconds": "4.50"}])
+    lines = gpu_blocks._epochs(tmp_path).splitlines()
+    assert lines[-3].endswith("(reduce-overhead), cross_entropy: 5.35 s")
+    assert lines[-2].endswith("smooth_hinge (K = 5): 4.95 s")
+    assert lines[-1].endswith("cross_entropy (measured again last): 4.50 s")
