@@ -7,15 +7,16 @@ on the device and augmented there (pad, crop, flip, normalise), as the paper's r
 included. The images are synthetic, which is honest for timing: it does not depend on their content. Each point
 (a fresh model) trains ``--epochs`` whole epochs, compiled with ``--compile MODE`` (``eager``: not compiled); the last
 epoch is the one reported, the first ones absorb compilation and warm-up. Cross-entropy, the baseline, is measured
-first and again last (``repeat`` 1): on an H200 the first point was 10 to 20% slower than the next ones in two
+first and again last (``repeat`` 1): on an H200 the first point was 8 to 21% slower than the next ones in two
 sessions (NOTES section 15), more than the 2% an overhead is judged against, so the overheads are taken against the
 mean of the two and no verdict is given while they differ by more than that.
 
     python -m benchmarks.bench_epoch_time                                  # on CUDA, the paper's K grid
     python -m benchmarks.bench_epoch_time --device cpu --model small_cnn --images 256 --ks 1 5 --compile eager
 
-Rows are appended to ``--out`` as they finish, with the device's name; a rerun skips the rows already there. At the
-end it prints cross-entropy's epoch time and each loss's overhead over it, with the targets (an epoch in at most
+Rows are appended to ``--out`` as they finish, with the device's name; a rerun at the same commit skips the rows
+already there. At the end it prints cross-entropy's epoch time (the mean of its two measurements) and each loss's
+overhead over it, with the targets (an epoch in at most
 5 s on an H100/H200, so 300 epochs in 25 minutes; the noised loss within 2% of cross-entropy). The
 ``fig3_epoch_time`` notebook draws the CUDA rows next to its own CPU runs.
 """
@@ -35,7 +36,7 @@ from data_prep.common import TensorImages
 from data_prep.transforms import augment_and_normalise, normalise
 from experiments.engine.batches import InMemoryBatches, order_seed
 from experiments.spec.profiles import PAPER
-from experiments.analysis.timings import TRAIN_IMAGES, engine_code
+from experiments.analysis.timings import TRAIN_IMAGES, engine_code, repeat_of
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
 from topk.losses import build_loss
@@ -47,9 +48,10 @@ EPOCH_TARGET_S, OVERHEAD_TARGET = 5.0, 0.02
 
 
 def _identity(row: dict) -> tuple:
-    """What makes a point done: its set-up and its ``repeat`` (rows written before that column are the first, 0)."""
-    return (*(str(row[name]) for name in ("device_name", "model", "compile", "loss", "backend", "K", "batch_size",
-                                          "images")), str(row.get("repeat") or 0))
+    """What makes a point done: its set-up, the code that measured it and its :func:`repeat_of`. Rows of another
+    commit or engine are measured again, so that a baseline is never paired with another code's."""
+    return (*(str(row.get(name) or "") for name in ("device_name", "commit", "engine_code", "model", "compile", "loss",
+                                                    "backend", "K", "batch_size", "images")), repeat_of(row))
 
 
 def bracketed(chosen: list[dict]) -> list[dict]:
@@ -83,18 +85,22 @@ def time_point(point: dict, args, data: InMemoryBatches, device: torch.device) -
 def baseline_drift(rows: list[dict]) -> float | None:
     """How much cross-entropy's last epoch time moved between its first and its closing measurement (last / first -
     1), or None without both."""
-    seconds = {row["repeat"]: row["epoch_seconds"] for row in rows if row["loss"] == "cross_entropy"}
+    seconds = {repeat_of(row): row["epoch_seconds"] for row in rows if row["loss"] == "cross_entropy"}
     return seconds[1] / seconds[0] - 1 if {0, 1} <= set(seconds) else None
 
 
 def print_targets(rows: list[dict], on_gpu: bool) -> None:
+    """Cross-entropy's epoch time (the mean of its measurements) against :data:`EPOCH_TARGET_S`, then each loss's
+    overhead over it, judged against :data:`OVERHEAD_TARGET` only when the baseline moved less than that between its
+    first and last measurement (:func:`baseline_drift`)."""
     baselines = [row for row in rows if row["loss"] == "cross_entropy"]
     if not baselines:
         return
     ce = sum(row["epoch_seconds"] for row in baselines) / len(baselines)
     verdict = ("met" if ce <= EPOCH_TARGET_S else "not met") if on_gpu else "not judged on a CPU"
-    measured = " and ".join(f"{row['epoch_seconds']:.2f} s" for row in baselines)
-    print(f"\ncross-entropy: {ce:.2f} s per epoch of {baselines[0]['images']:,} images ({measured}, first and last; "
+    measured = " and ".join(f"{row['epoch_seconds']:.2f} s" for row in baselines) + ", first and last" * (
+        len(baselines) > 1)
+    print(f"\ncross-entropy: {ce:.2f} s per epoch of {baselines[0]['images']:,} images ({measured}; "
           f"target <= {EPOCH_TARGET_S} s on an H100/H200: {verdict})")
     drift = baseline_drift(rows)
     judged = drift is not None and abs(drift) <= OVERHEAD_TARGET

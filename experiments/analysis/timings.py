@@ -40,6 +40,12 @@ def stacked_runs(row: dict) -> int:
     return int(row.get("stack") or 1)
 
 
+def repeat_of(row: dict) -> int:
+    """Which measurement of its point a ``fig3_epoch_time.csv`` row is: 1 for cross-entropy measured again last, 0
+    otherwise and in rows from before the column."""
+    return int(row.get("repeat") or 0)
+
+
 def made_with_todays_engine(row: dict) -> bool:
     """Whether an engine timing's row was made with today's code (:func:`engine_code`, with the stacking's for
     stacked runs)."""
@@ -62,10 +68,12 @@ def runs_text(concurrency: int, stack: int) -> str:
 
 
 def load_epoch_times(path: Path = EPOCH_TIME_CSV, device: str = "cuda") -> pd.DataFrame | None:
-    """The rows measured on ``device`` (on the last device name and compile mode measured), or None if there are none.
+    """The rows measured on ``device`` (on the last device name, compile mode and commit measured), or None if there
+    are none.
 
     Columns: loss (the PyTorch path of the noised loss is labelled "(torch path)"), K (NaN for cross-entropy),
-    epoch_seconds and loss_seconds (of one whole epoch), and the measurement's provenance.
+    epoch_seconds and loss_seconds (of one whole epoch), repeat (1 for cross-entropy measured again last), and the
+    measurement's provenance. Cross-entropy has two rows where it was measured first and last.
     """
     if not Path(path).exists():
         return None
@@ -74,7 +82,8 @@ def load_epoch_times(path: Path = EPOCH_TIME_CSV, device: str = "cuda") -> pd.Da
     if rows.empty:
         return None
     last = rows.iloc[-1]
-    rows = rows[(rows["device_name"] == last["device_name"]) & (rows["compile"] == last["compile"])].copy()
+    rows = rows[(rows["device_name"] == last["device_name"]) & (rows["compile"] == last["compile"])
+                & (rows["commit"] == last["commit"])].copy()
     torch_path = rows["backend"].fillna("") == "torch"
     rows.loc[torch_path, "loss"] = rows.loc[torch_path, "loss"] + " (torch path)"
     return rows.reset_index(drop=True)

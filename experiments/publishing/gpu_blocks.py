@@ -76,7 +76,7 @@ def _loss_label(row: dict) -> str:
     """A Fig. 3 row's loss with its K and backend where it has them, and whether it is the baseline's closing
     measurement (``repeat`` 1)."""
     details = [f"K = {row['K']}"] * bool(row["K"]) + [f"{row['backend']} backend"] * bool(row["backend"])
-    details += ["measured again last"] * (str(row.get("repeat") or 0) == "1")
+    details += ["measured again last"] * timings.repeat_of(row)
     return f"{row['loss']} ({', '.join(details)})" if details else row["loss"]
 
 
