@@ -40,6 +40,7 @@ Targets, judged on a GPU only: on an H100 the best concurrency gives >= 3x the i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import resource
 import time
@@ -112,21 +113,24 @@ def process_training(index: int, training: Training, device: torch.device):
     return model, paper_optimiser(model.parameters()), losses, batches
 
 
-def timed_training(index: int, training: Training, threads: int, barrier) -> dict:
+def timed_training(index: int, training: Training, threads: int, barrier, warmup_turn=None) -> dict:
     """In one process: warm up (its seconds, compilation included, are measured), time ``training.steps`` steps
-    between the barriers shared with the other runs, read the memory, then time the validation pass."""
+    between the barriers shared with the other runs, read the memory, then time the validation pass. ``warmup_turn``
+    (a lock), where given, is held from building the run to the end of its warm-up: runs that are threads of one
+    process then compile one after the other (compiling at once, dynamo recompiled on guards that had passed)."""
     torch.set_num_threads(threads)
     torch.backends.cudnn.benchmark = training.cudnn_benchmark
     device = torch.device(training.device)
-    model, optimiser, loss, batches = process_training(index, training, device)
-    start = time.perf_counter()
-    trained, loss = compile_step(model, loss, training.compile_mode) if training.compile_mode else (model, loss)
+    with warmup_turn or contextlib.nullcontext():
+        model, optimiser, loss, batches = process_training(index, training, device)
+        start = time.perf_counter()
+        trained, loss = compile_step(model, loss, training.compile_mode) if training.compile_mode else (model, loss)
 
-    def train(steps: int) -> None:  # train_epoch reads the device at its end: nothing is left queued
-        train_epoch(trained, loss, islice(batches, steps), optimiser, device, progress=False, epoch=0)
+        def train(steps: int) -> None:  # train_epoch reads the device at its end: nothing is left queued
+            train_epoch(trained, loss, islice(batches, steps), optimiser, device, progress=False, epoch=0)
 
-    train(training.warmup)
-    warmup_s = time.perf_counter() - start
+        train(training.warmup)
+        warmup_s = time.perf_counter() - start
     barrier.wait()
     start = time.perf_counter()
     train(training.steps)

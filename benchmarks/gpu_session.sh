@@ -26,11 +26,13 @@
 #   step-profile  where the engine's DenseNet-40-40 step spends the device's time, compiled with reduce-overhead
 #           then default: kernels a step, their summed time against the step's, the share in short kernels, the
 #           heaviest kernels (benchmarks.profile_training_step)
+#   streams 1, 2, 4 and 8 compiled DenseNet-40-40 trainings as threads of one process, each on its own CUDA stream:
+#           MPS's overlap without its daemon (benchmarks.bench_streams; the second argument: torch.compile's mode,
+#           "reduce-overhead" unless given; the third and later: the counts)
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests (204 s in NOTES section 15: the
-#           library's, then the engine's and the examples', which compile), the step's profile, then Fig. 3's points
-#           at K 5 with reduce-overhead and cross-entropy again last (as they finish), every stage under its own limit
-#           (LEASE_LIMITS="tests step-profile fig3" seconds, default "235 130 195": 560 s, with the stages' grace
-#           inside a 600 s call);
+#           library's, then the engine's and the examples', which compile), runs as threads on their own streams,
+#           then the step's profile, every stage under its own limit (LEASE_LIMITS="tests streams step-profile"
+#           seconds, default "235 180 130": 545 s, with the stages' grace inside a 600 s call);
 #           wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device machine returns few
 #           files), written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
@@ -108,6 +110,11 @@ case "${1:-tests}" in
     python3 -m benchmarks.bench_concurrency --device cuda --model densenet40_40 --concurrency 1 --stack ${stacks:-2 4 8} \
       --compile-mode "${2:-default}" ${CUDNN_BENCHMARK:+--cudnn-benchmark} ${STEPS:+--steps $STEPS} \
       --out "$out/concurrency.csv" 2>&1 | tee -a "$out/stacked.log" || status=1 ;;
+  streams)
+    counts="${*:3}"
+    python3 -m benchmarks.bench_streams --device cuda --model densenet40_40 --threads ${counts:-1 2 4 8} \
+      --compile-mode "${2:-reduce-overhead}" ${STEPS:+--steps $STEPS} \
+      --out "$out/streams.csv" 2>&1 | tee -a "$out/streams.log" || status=1 ;;
   concurrency-mps)
     # the concurrency stage with NVIDIA's Multi-Process Service: kernels of runs side by side execute at once instead
     # of taking turns (root starts the daemon; the rows say gpu_sharing=mps)
@@ -122,8 +129,8 @@ case "${1:-tests}" in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s profile_s fig3_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-235} profile_s=${profile_s:-130} fig3_s=${fig3_s:-195}
+    read -r tests_s streams_s profile_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-235} streams_s=${streams_s:-180} profile_s=${profile_s:-130}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
@@ -137,12 +144,12 @@ case "${1:-tests}" in
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
     done <<EOF
 $tests_s tests tests
+$streams_s streams_reduce_overhead streams reduce-overhead
 $profile_s step_profile step-profile
-$fig3_s fig3_reduce_overhead fig3 reduce-overhead 5
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;
   *)
-    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile, host, concurrency, concurrency-mps, stacked, step-profile or lease" >&2; status=2 ;;
+    echo "unknown stage ${1}: tests, step, kernel, fig3, hinge, profile, host, concurrency, concurrency-mps, stacked, streams, step-profile or lease" >&2; status=2 ;;
 esac
 exit $status

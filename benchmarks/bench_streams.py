@@ -1,0 +1,142 @@
+"""Runs side by side in one process, each trained by a thread of its own on a CUDA stream of its own: what MPS gave
+(NOTES section 14: 4 ``reduce-overhead`` runs x1.37 one run), without a daemon a cluster's user may not be allowed to
+start.
+
+Without MPS the driver runs one process's kernels at a time, so processes side by side gain nothing once each step is
+a CUDA graph (x0.95 and x0.96, NOTES sections 11 and 15). The streams of one process share its context: their kernels
+can run at once, as under MPS. Each thread trains as ``benchmarks.bench_concurrency``'s processes do
+(:func:`benchmarks.bench_concurrency.timed_training`: the engine's step, compiled by its ``compile_step``, warm-up,
+``--steps`` timed steps between barriers, then the validation passes), with inductor's CUDA-graph trees, which are
+kept per thread. The threads share the interpreter: each step's host work (a graph replay, the optimiser, the
+augmentation's launches) waits for the GIL, which may cap the gain. One run alone (one thread) is measured first in
+the same process: it is the baseline of the ratios. A row per measurement is appended to ``--out``.
+
+    python -m benchmarks.bench_streams --compile-mode reduce-overhead                # CUDA: 1, 2, 4 and 8 threads
+    python -m benchmarks.bench_streams --device cpu --model small_cnn --threads 2 --steps 3 --warmup 1 --no-compile
+
+Not yet an executor option: if the streams gain, the ``local`` executor would train ``PER_GPU`` runs as threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from benchmarks._fig3_setup import checked_device
+from benchmarks._measure import append_csv_row
+from benchmarks.bench_concurrency import Training, aggregate_rate, timed_training
+from experiments.analysis.timings import engine_code
+from experiments.analysis.workload import stand_in_size
+from experiments.engine.train import COMPILE_MODES
+from experiments.provenance import STAMP_FIELDS, stamp
+from experiments.scale.gpu_sharing import gpu_sharing
+from experiments.spec.profiles import get_profile
+
+FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "gpu_sharing", "batch_size", "warmup", "steps",
+          "threads", "warmup_s", "run_images_per_s_mean", "run_images_per_s_min", "aggregate_images_per_s",
+          "ratio_to_one_run", "process_peak_mib", "device_used_mib", "device_total_mib", "eval_images",
+          "eval_images_per_s"]
+
+
+def own_stream(device: torch.device):
+    """A context in which the calling thread's work goes to a new CUDA stream (nothing on a CPU)."""
+    return torch.cuda.stream(torch.cuda.Stream(device)) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def in_threads(training: Training, runs: int) -> list[dict]:
+    """Each thread's measurement (:func:`~benchmarks.bench_concurrency.timed_training`) with ``runs`` threads of this
+    process training at once, each on its own stream; raises with every failed run's traceback (a failure breaks
+    the barrier, so the others stop too)."""
+    device, barrier, results = torch.device(training.device), threading.Barrier(runs), [None] * runs
+    cpu_threads = torch.get_num_threads()  # one pool for the process: each thread's set_num_threads sets it again
+    warmup_turn = threading.Lock()  # the runs compile and warm up one after the other
+
+    def run(index: int) -> None:
+        try:
+            with own_stream(device):
+                results[index] = timed_training(index, training, cpu_threads, barrier, warmup_turn)
+        except Exception:  # reported below, with the others'
+            barrier.abort()
+            results[index] = f"run {index}:\n{traceback.format_exc()}"
+
+    threads = [threading.Thread(target=run, args=(index,), name=f"streams-run-{index}") for index in range(runs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failures = [result for result in results if isinstance(result, str)]
+    if failures:  # the first failure's own traceback first, then the broken barriers it caused
+        failures.sort(key=lambda text: "BrokenBarrierError" in text)
+        raise RuntimeError(f"{len(failures)} of {runs} runs failed:\n" + "\n".join(failures))
+    return results
+
+
+def summary_row(results: list[dict], one_run_aggregate: float) -> dict:
+    """The CSV columns of one measurement (without the stamp and the settings). The peak is the process's, which
+    every thread reads alike."""
+    aggregate, evaluated = aggregate_rate(results), [result["eval_images_per_s"] for result in results]
+    return {"threads": len(results), "warmup_s": round(max(result["warmup_s"] for result in results), 1),
+            "run_images_per_s_mean": round(aggregate / len(results), 1),
+            "run_images_per_s_min": round(min(result["images_per_s"] for result in results), 1),
+            "aggregate_images_per_s": round(aggregate, 1), "ratio_to_one_run": round(aggregate / one_run_aggregate, 4),
+            "process_peak_mib": round(max(result["peak_mib"] for result in results)),
+            "device_used_mib": max(result["device_used_mib"] for result in results),
+            "device_total_mib": results[0]["device_total_mib"],
+            "eval_images_per_s": "" if None in evaluated else round(sum(evaluated), 1) or ""}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--model", default="densenet40_40")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8],
+                        help="runs as threads of this process; one run alone (the baseline) is always measured first")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps per run first (compilation included)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="compile the step as the engine does (--no-compile: eager)")
+    parser.add_argument("--compile-mode", default="reduce-overhead", choices=COMPILE_MODES)
+    parser.add_argument("--eval-images", type=int, default=stand_in_size(get_profile("gpu").cifar).val,
+                        help="images of the timed validation pass (default: the gpu profile's; 0: none)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "streams.csv")
+    args = parser.parse_args(argv)
+    if min(args.threads) < 1 or args.steps < 1 or args.warmup < 0 or args.eval_images < 0 or args.batch_size < 1:
+        parser.error(f"--threads {args.threads}, --steps {args.steps} and --batch-size {args.batch_size} should be "
+                     f"positive, --warmup {args.warmup} and --eval-images {args.eval_images} at least 0")
+    device = checked_device(parser, args.device)
+    training = Training(device.type, args.model, args.batch_size, args.warmup, args.steps,
+                        args.compile_mode if args.compile else None, eval_images=args.eval_images)
+    settings = {**stamp(device), "engine_code": engine_code(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "model": args.model, "compile": training.compile_mode or "eager", "gpu_sharing": gpu_sharing(device.type),
+                "batch_size": args.batch_size, "warmup": args.warmup, "steps": args.steps,
+                "eval_images": args.eval_images}
+    print(f"{settings['device_name']}: {args.model}, batch {args.batch_size}, compile {settings['compile']}, "
+          f"{args.warmup} + {args.steps} steps per run, a validation pass of {args.eval_images} images, runs as "
+          f"threads of one process on their own streams", flush=True)
+    rows, one_run_aggregate = [], None
+    for runs in [1, *sorted(set(args.threads) - {1})]:  # one run alone first: the baseline
+        torch._dynamo.reset()  # each measurement compiles its own models, as a fresh process would
+        results = in_threads(training, runs)
+        one_run_aggregate = one_run_aggregate or aggregate_rate(results)
+        row = {**settings, **summary_row(results, one_run_aggregate)}
+        append_csv_row(row, FIELDS, args.out)
+        rows.append(row)
+        print(f"{runs} run{'s as threads' * (runs > 1)}: {row['run_images_per_s_mean']:9.1f} images/s per run (min "
+              f"{row['run_images_per_s_min']:.1f}), aggregate {row['aggregate_images_per_s']:9.1f} images/s, "
+              f"x{row['ratio_to_one_run']:.2f} one run; process peak {row['process_peak_mib']} MiB, warm-up "
+              f"{row['warmup_s']} s" + (f"; validation {row['eval_images_per_s']:,.0f} images/s"
+                                        if row["eval_images_per_s"] else ""), flush=True)
+    print(f"CSV: {args.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
