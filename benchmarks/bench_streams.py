@@ -7,8 +7,10 @@ a CUDA graph (x0.95 and x0.96, NOTES sections 11 and 15). The streams of one pro
 can run at once, as under MPS. Each thread trains as ``benchmarks.bench_concurrency``'s processes do
 (:func:`benchmarks.bench_concurrency.timed_training`: the engine's step, compiled by its ``compile_step``, warm-up,
 ``--steps`` timed steps between barriers, then the validation passes), with inductor's CUDA-graph trees, which are
-kept per thread. The threads share the interpreter: each step's host work (a graph replay, the optimiser, the
-augmentation's launches) waits for the GIL, which may cap the gain. One run alone (one thread) is measured first in
+kept per thread, though the step marker the engine sets (``torch.compiler.cudagraph_mark_step_begin``) is one for the
+process: one thread's step can end another's graph generation midway (NOTES, "Still to do on a GPU"). The threads
+also share the interpreter: each step's host work (a graph replay, the optimiser, the augmentation's launches) waits
+for the GIL. One run alone (one thread) is measured first in
 the same process: it is the baseline of the ratios. A row per measurement is appended to ``--out``.
 
     python -m benchmarks.bench_streams --compile-mode reduce-overhead                # CUDA: 1, 2, 4 and 8 threads

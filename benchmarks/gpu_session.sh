@@ -30,9 +30,9 @@
 #           MPS's overlap without its daemon (benchmarks.bench_streams; the second argument: torch.compile's mode,
 #           "reduce-overhead" unless given; the third and later: the counts)
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests (204 s in NOTES section 15: the
-#           library's, then the engine's and the examples', which compile), runs as threads on their own streams,
-#           then the step's profile, every stage under its own limit (LEASE_LIMITS="tests streams step-profile"
-#           seconds, default "235 180 130": 545 s, with the stages' grace inside a 600 s call);
+#           library's, then the engine's and the examples', which compile), the step's profile, then runs as threads
+#           on their own streams, every stage under its own limit (LEASE_LIMITS="tests step-profile streams"
+#           seconds, default "235 130 180": 545 s, with the stages' grace inside a 600 s call);
 #           wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device machine returns few
 #           files), written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
@@ -129,8 +129,8 @@ case "${1:-tests}" in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s streams_s profile_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-235} streams_s=${streams_s:-180} profile_s=${profile_s:-130}
+    read -r tests_s profile_s streams_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-235} profile_s=${profile_s:-130} streams_s=${streams_s:-180}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
@@ -144,8 +144,8 @@ case "${1:-tests}" in
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
     done <<EOF
 $tests_s tests tests
-$streams_s streams_reduce_overhead streams reduce-overhead
 $profile_s step_profile step-profile
+$streams_s streams_reduce_overhead streams reduce-overhead
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;
