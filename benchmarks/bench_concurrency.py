@@ -247,19 +247,39 @@ def aggregate_rate(results: list[dict]) -> float:
     return sum(result["images_per_s"] for result in results)
 
 
-def summary_row(results: list[dict], stack: int, one_run_aggregate: float) -> dict:
-    """The CSV columns of one measurement (without the stamp and the settings): ``results`` of the processes, each
-    training ``stack`` runs; a run's images/s is its process's over ``stack``."""
+def rate_columns(results: list[dict], stack: int, one_run_aggregate: float) -> dict:
+    """The rates, device memory and warm-up of one measurement, as both this benchmark and ``bench_streams`` write
+    them: ``results`` of its processes (or threads), each training ``stack`` runs; a run's images/s is its process's
+    over ``stack``."""
     aggregate, evaluated = aggregate_rate(results), [result["eval_images_per_s"] for result in results]
-    return {"concurrency": len(results), "stack": stack,
-            "run_images_per_s_mean": round(aggregate / (len(results) * stack), 1),
+    return {"run_images_per_s_mean": round(aggregate / (len(results) * stack), 1),
             "run_images_per_s_min": round(min(result["images_per_s"] for result in results) / stack, 1),
             "aggregate_images_per_s": round(aggregate, 1), "ratio_to_one_run": round(aggregate / one_run_aggregate, 4),
-            "run_peak_mib": round(max(result["peak_mib"] for result in results)),
             "device_used_mib": max(result["device_used_mib"] for result in results),
             "device_total_mib": results[0]["device_total_mib"],
             "warmup_s": round(max(result["warmup_s"] for result in results), 1),
             "eval_images_per_s": "" if None in evaluated else round(sum(evaluated), 1) or ""}
+
+
+def rates_text(row: dict) -> str:
+    """A row's :func:`rate_columns` as printed: each run's rate, the aggregate and its ratio to one run."""
+    return (f"{row['run_images_per_s_mean']:9.1f} images/s per run (min {row['run_images_per_s_min']:.1f}), aggregate "
+            f"{row['aggregate_images_per_s']:9.1f} images/s, x{row['ratio_to_one_run']:.2f} one run")
+
+
+def device_and_validation_text(row: dict, results: list[dict]) -> str:
+    """The device's memory in use (CUDA), the validation rate, and each run's failed validation, as printed."""
+    used = f", device {row['device_used_mib']} / {row['device_total_mib']} MiB" if row["device_used_mib"] else ""
+    evaluated = f"; validation {row['eval_images_per_s']:,.0f} images/s" if row["eval_images_per_s"] else ""
+    return used + evaluated + "".join(f"; the validation of run {index} failed: {result['eval_error']}"
+                                      for index, result in enumerate(results) if result["eval_error"])
+
+
+def summary_row(results: list[dict], stack: int, one_run_aggregate: float) -> dict:
+    """The CSV columns of one measurement (without the stamp and the settings): :func:`rate_columns`, the processes
+    and runs stacked in each, and the largest process's peak."""
+    return {"concurrency": len(results), "stack": stack, **rate_columns(results, stack, one_run_aggregate),
+            "run_peak_mib": round(max(result["peak_mib"] for result in results))}
 
 
 def last_invocation(csv_path: Path) -> list[dict]:
@@ -293,23 +313,53 @@ def print_hours(rows: list[dict], profile_name: str, on_gpu: bool) -> None:
               f"{_verdict(found.hours <= target, on_gpu)})")
 
 
+def add_training_arguments(parser: argparse.ArgumentParser, compile_mode: str) -> None:
+    """The options of what each run trains and how (``--device --model --steps --warmup --batch-size --compile
+    --compile-mode``, the last defaulting to ``compile_mode``), shared with ``benchmarks.bench_streams``."""
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--model", default="densenet40_40", help="densenet40_40 (the paper's), small_cnn, ...")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps per run first (compilation included)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="compile the step as the engine does (--no-compile: eager)")
+    parser.add_argument("--compile-mode", default=compile_mode, choices=COMPILE_MODES)
+
+
+def training_from(args: argparse.Namespace, device: torch.device, **options) -> Training:
+    """The :class:`Training` that :func:`add_training_arguments`' options (and ``--eval-images``) ask for, with
+    ``options`` (``cudnn_benchmark``, say)."""
+    return Training(device.type, args.model, args.batch_size, args.warmup, args.steps,
+                    args.compile_mode if args.compile else None, eval_images=args.eval_images, **options)
+
+
+def invocation_settings(training: Training, device: torch.device) -> dict:
+    """The columns every row of one invocation shares: the stamp, the engine's code, the date, how the GPU is shared
+    and what each run trains."""
+    return {**stamp(device), "engine_code": engine_code(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "model": training.model, "compile": training.compile_mode or "eager",
+            "gpu_sharing": gpu_sharing(device.type), "batch_size": training.batch_size, "warmup": training.warmup,
+            "steps": training.steps, "eval_images": training.eval_images}
+
+
+def settings_text(settings: dict) -> str:
+    """:func:`invocation_settings` as printed first: the device, the model and batch, the compilation, the steps and
+    the validation pass."""
+    return (f"{settings['device_name']}: {settings['model']}, batch {settings['batch_size']}, compile "
+            f"{settings['compile']}, {settings['warmup']} + {settings['steps']} steps per run, a validation pass of "
+            f"{settings['eval_images']} images")
+
+
 def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, torch.device]:
     parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    parser.add_argument("--model", default="densenet40_40", help="densenet40_40 (the paper's), small_cnn, ...")
+    add_training_arguments(parser, compile_mode="default")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8],
                         help="processes side by side; one run alone (the baseline) is always measured first")
     parser.add_argument("--stack", type=int, nargs="+", default=[1],
                         help="runs stacked into one model in each process (each with every --concurrency)")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="let cuDNN time its algorithms for each convolution first (torch.backends.cudnn.benchmark)")
-    parser.add_argument("--steps", type=int, default=200, help="timed steps per run")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed steps per run first (compilation included)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="compile the step as the engine does (--no-compile: eager)")
-    parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES)
     parser.add_argument("--eval-images", type=int, default=None,
                         help="images of the timed validation pass (default: the profile's CIFAR-100 validation set; "
                              "0: none)")
@@ -327,17 +377,10 @@ def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, torch.d
 
 def main(argv: list[str] | None = None) -> None:
     args, device = parse_arguments(argv)
-    training = Training(device.type, args.model, args.batch_size, args.warmup, args.steps,
-                        args.compile_mode if args.compile else None, cudnn_benchmark=args.cudnn_benchmark,
-                        eval_images=args.eval_images)
-    settings = {**stamp(device), "engine_code": engine_code(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "model": args.model, "compile": training.compile_mode or "eager", "gpu_sharing": gpu_sharing(device.type),
-                "cudnn_benchmark": args.cudnn_benchmark, "batch_size": args.batch_size, "warmup": args.warmup,
-                "steps": args.steps, "eval_images": args.eval_images}
+    training = training_from(args, device, cudnn_benchmark=args.cudnn_benchmark)
+    settings = {**invocation_settings(training, device), "cudnn_benchmark": args.cudnn_benchmark}
     shared = f", the GPU shared by {settings['gpu_sharing']}" if settings["gpu_sharing"] else ""
-    print(f"{settings['device_name']}: {args.model}, batch {args.batch_size}, compile {settings['compile']}, "
-          f"{args.warmup} + {args.steps} steps per run, a validation pass of {args.eval_images} images{shared}",
-          flush=True)
+    print(settings_text(settings) + shared, flush=True)
     one_run_aggregate = None
     measurements = [(1, 1)] + [(stack, concurrency) for stack in sorted(set(args.stack))
                                for concurrency in sorted(set(args.concurrency)) if (stack, concurrency) != (1, 1)]
@@ -347,14 +390,8 @@ def main(argv: list[str] | None = None) -> None:
         row = summary_row(results, stack, one_run_aggregate)
         stacked = {"engine_code": engine_code(stacked=True)} if stack > 1 else {}  # the stacking's code as well
         append_csv_row({**settings, **row, **stacked}, FIELDS, args.out)
-        used = f", device {row['device_used_mib']} / {row['device_total_mib']} MiB" if row["device_used_mib"] else ""
-        evaluated = f"; validation {row['eval_images_per_s']:,.0f} images/s" if row["eval_images_per_s"] else ""
-        evaluated += "".join(f"; the validation of run {index} failed: {result['eval_error']}"
-                             for index, result in enumerate(results) if result["eval_error"])
-        print(f"{runs_text(concurrency, stack)}: {row['run_images_per_s_mean']:9.1f} images/s per run (min "
-              f"{row['run_images_per_s_min']:.1f}), aggregate {row['aggregate_images_per_s']:9.1f} images/s, "
-              f"x{row['ratio_to_one_run']:.2f} one run; peak {row['run_peak_mib']} MiB per process, warm-up "
-              f"{row['warmup_s']} s{used}{evaluated}", flush=True)
+        print(f"{runs_text(concurrency, stack)}: {rates_text(row)}; peak {row['run_peak_mib']} MiB per process, "
+              f"warm-up {row['warmup_s']} s{device_and_validation_text(row, results)}", flush=True)
     print_hours(last_invocation(args.out), args.profile, device.type == "cuda")
     print(f"CSV: {args.out}")
 

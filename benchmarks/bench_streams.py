@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import threading
-import time
 import traceback
 from pathlib import Path
 
@@ -32,12 +31,11 @@ import torch
 
 from benchmarks._fig3_setup import checked_device
 from benchmarks._measure import append_csv_row
-from benchmarks.bench_concurrency import Training, aggregate_rate, timed_training
-from experiments.analysis.timings import engine_code
+from benchmarks.bench_concurrency import (Training, add_training_arguments, aggregate_rate,
+                                         device_and_validation_text, invocation_settings, rate_columns, rates_text,
+                                         settings_text, timed_training, training_from)
 from experiments.analysis.workload import stand_in_size
-from experiments.engine.train import COMPILE_MODES
-from experiments.provenance import STAMP_FIELDS, stamp
-from experiments.scale.gpu_sharing import gpu_sharing
+from experiments.provenance import STAMP_FIELDS
 from experiments.spec.profiles import get_profile
 
 FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "gpu_sharing", "batch_size", "warmup", "steps",
@@ -80,32 +78,18 @@ def in_threads(training: Training, runs: int) -> list[dict]:
 
 
 def summary_row(results: list[dict], one_run_aggregate: float) -> dict:
-    """The CSV columns of one measurement (without the stamp and the settings). The peak is the process's, which
-    every thread reads alike."""
-    aggregate, evaluated = aggregate_rate(results), [result["eval_images_per_s"] for result in results]
-    return {"threads": len(results), "warmup_s": round(max(result["warmup_s"] for result in results), 1),
-            "run_images_per_s_mean": round(aggregate / len(results), 1),
-            "run_images_per_s_min": round(min(result["images_per_s"] for result in results), 1),
-            "aggregate_images_per_s": round(aggregate, 1), "ratio_to_one_run": round(aggregate / one_run_aggregate, 4),
-            "process_peak_mib": round(max(result["peak_mib"] for result in results)),
-            "device_used_mib": max(result["device_used_mib"] for result in results),
-            "device_total_mib": results[0]["device_total_mib"],
-            "eval_images_per_s": "" if None in evaluated else round(sum(evaluated), 1) or ""}
+    """The CSV columns of one measurement (without the stamp and the settings): the threads,
+    :func:`~benchmarks.bench_concurrency.rate_columns` and the process's peak, which every thread reads alike."""
+    return {"threads": len(results), **rate_columns(results, 1, one_run_aggregate),
+            "process_peak_mib": round(max(result["peak_mib"] for result in results))}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    parser.add_argument("--model", default="densenet40_40")
+    add_training_arguments(parser, compile_mode="reduce-overhead")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8],
                         help="runs as threads of this process; one run alone (the baseline) is always measured first")
-    parser.add_argument("--steps", type=int, default=200, help="timed steps per run")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed steps per run first (compilation included)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="compile the step as the engine does (--no-compile: eager)")
-    parser.add_argument("--compile-mode", default="reduce-overhead", choices=COMPILE_MODES)
     parser.add_argument("--eval-images", type=int, default=stand_in_size(get_profile("gpu").cifar).val,
                         help="images of the timed validation pass (default: the gpu profile's; 0: none)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "streams.csv")
@@ -114,15 +98,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error(f"--threads {args.threads}, --steps {args.steps} and --batch-size {args.batch_size} should be "
                      f"positive, --warmup {args.warmup} and --eval-images {args.eval_images} at least 0")
     device = checked_device(parser, args.device)
-    training = Training(device.type, args.model, args.batch_size, args.warmup, args.steps,
-                        args.compile_mode if args.compile else None, eval_images=args.eval_images)
-    settings = {**stamp(device), "engine_code": engine_code(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "model": args.model, "compile": training.compile_mode or "eager", "gpu_sharing": gpu_sharing(device.type),
-                "batch_size": args.batch_size, "warmup": args.warmup, "steps": args.steps,
-                "eval_images": args.eval_images}
-    print(f"{settings['device_name']}: {args.model}, batch {args.batch_size}, compile {settings['compile']}, "
-          f"{args.warmup} + {args.steps} steps per run, a validation pass of {args.eval_images} images, runs as "
-          f"threads of one process on their own streams", flush=True)
+    training = training_from(args, device)
+    settings = invocation_settings(training, device)
+    print(settings_text(settings) + ", runs as threads of one process on their own streams", flush=True)
     rows, one_run_aggregate = [], None
     for runs in [1, *sorted(set(args.threads) - {1})]:  # one run alone first: the baseline
         torch._dynamo.reset()  # each measurement compiles its own models, as a fresh process would
@@ -131,11 +109,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row = {**settings, **summary_row(results, one_run_aggregate)}
         append_csv_row(row, FIELDS, args.out)
         rows.append(row)
-        print(f"{runs} run{'s as threads' * (runs > 1)}: {row['run_images_per_s_mean']:9.1f} images/s per run (min "
-              f"{row['run_images_per_s_min']:.1f}), aggregate {row['aggregate_images_per_s']:9.1f} images/s, "
-              f"x{row['ratio_to_one_run']:.2f} one run; process peak {row['process_peak_mib']} MiB, warm-up "
-              f"{row['warmup_s']} s" + (f"; validation {row['eval_images_per_s']:,.0f} images/s"
-                                        if row["eval_images_per_s"] else ""), flush=True)
+        print(f"{runs} run{'s as threads' * (runs > 1)}: {rates_text(row)}; process peak {row['process_peak_mib']} "
+              f"MiB, warm-up {row['warmup_s']} s{device_and_validation_text(row, results)}", flush=True)
     print(f"CSV: {args.out}")
     return rows
 
