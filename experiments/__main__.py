@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from data_prep.common import MissingDataError
+from experiments.engine.compile_cache import share_compilations
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import COMPILE_MODES, run
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
             torch.cuda.set_device(device)
     store, interrupted = ResultsStore(args.store), False
+    if args.compile is not None:
+        share_compilations()
     try:
         record = run(config, store, device=device, data_root=args.data_root, num_workers=args.workers,
                      compile_mode=args.compile, progress=args.progress)

@@ -7,6 +7,10 @@ filesystem) never train one run twice at once.
 :data:`STALE_AFTER` (another host); a stale claim is moved aside by one atomic rename, so of two processes taking it
 over only one succeeds. The claim is per training (:meth:`experiments.engine.config.RunConfig.training_key`): the
 siblings that differ only in their selection metric are one training.
+
+A compiled training (``compile_mode``) keeps its compilations in the user's cache folder
+(:func:`experiments.engine.compile_cache.share_compilations`), so that the user's processes on every machine that
+shares it compile each graph once.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from experiments.engine.compile_cache import share_compilations
 from experiments.engine.train import run, run_stacked
 
 HEARTBEAT = 30.0  #: seconds between two touches of a held claim
@@ -134,6 +139,8 @@ def train_once(config, store, *, wait: bool = True, poll: float = 2.0, **options
     None at once with ``wait=False``); when that process dies, its claim goes stale and this one resumes the run from
     its checkpoint."""
     key = config.training_key()
+    if options.get("compile_mode") is not None:
+        share_compilations()
     while True:
         if (record := store.finished(config.key())) is not None:
             return record
@@ -149,6 +156,8 @@ def train_stacked_once(configs, store, *, wait: bool = True, poll: float = 2.0, 
     """The records of ``configs``: the unfinished runs whose claims this process takes train stacked into one model
     (:func:`experiments.engine.train.run_stacked`, ``options``); those a live process holds are waited for as
     :func:`train_once` waits (and resumed alone if it dies), or with ``wait=False`` left as None."""
+    if options.get("compile_mode") is not None:
+        share_compilations()
     with ExitStack() as claims:
         mine, trainings = [], set()
         for config in configs:

@@ -365,12 +365,15 @@ def test_torchrun_trains_with_distributed_data_parallel_on_two_cpu_processes(tmp
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
                "-m", "experiments", str(path), "--store", str(tmp_path / "store"), "--device", "cpu",
                *(["--compile", compile_mode] if compile_mode else [])]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     record = ResultsStore(tmp_path / "store").finished(config.key())
     assert record["provenance"]["processes"] == 2 and len(record["history"]) == 1
     assert record["provenance"]["compile_mode"] == compile_mode
+    compiled = tmp_path / "cache" / "topk" / "torchinductor" / "fxgraph"  # both processes compiled into one cache
+    assert compiled.is_dir() and any(compiled.iterdir()) if compile_mode else not compiled.exists()
 
 
 @pytest.mark.parametrize("loss,options,model_options", [
