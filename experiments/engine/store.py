@@ -187,6 +187,19 @@ class ResultsStore:
                 _set_aside(path, error, fallback)
         return None
 
+    def epochs_kept(self, key: str) -> int:
+        """The epochs held by the run's last checkpoint (else its previous one), for a display beside the trainer:
+        read without loading the tensors (``mmap``) and without setting anything aside; 0 when there is none, or none
+        that reads as this run's now (the trainer's own :meth:`load_checkpoint` judges a damaged one)."""
+        for path in (self.checkpoint_path(key), self.previous_checkpoint_path(key)):
+            try:
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                if checkpoint["key"] == key and isinstance(epoch := checkpoint["state"]["epoch"], int):
+                    return epoch
+            except Exception:  # absent, being replaced, or damaged: nothing to show from it
+                continue
+        return 0
+
     def records(self) -> list[dict]:
         """Every finished run's record (a damaged one is set aside and left out: its run will be trained again)."""
         paths = sorted((self.root / "runs").glob("*.json"))

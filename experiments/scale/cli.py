@@ -180,7 +180,7 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     todo = [run for run in runs if state(run, ResultsStore(options.store))[0] != "finished"]
     print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train "
           f"({args.executor} executor)", file=sys.stderr)
-    progress, started = Progress(todo), time.time()
+    progress, started = Progress(todo, store=ResultsStore(options.store)), time.time()
     on_gpus = (args.executor == "local" and args.per_gpu) or options.device.startswith("cuda")
     sharing = gpu_sharing("cuda" if on_gpus else "")  # how the GPUs were shared, as training begins
     if args.executor == "inline":

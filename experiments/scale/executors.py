@@ -28,6 +28,9 @@ from experiments.scale.gpu_sharing import side_by_side_note
 from experiments.scale.plan import PlannedRun, stacks
 from experiments.scale.progress import Progress
 
+#: Seconds between two looks at the running runs' checkpoints, for the progress line, while the workers train.
+OBSERVE_EVERY = 30.0
+
 
 @dataclass(frozen=True)
 class TrainOptions:
@@ -178,7 +181,11 @@ class _Pool:
 
     def _collect(self, queue: list[list[PlannedRun]]) -> None:
         busy = {slot: worker for slot, worker in self.workers.items() if worker[2] is not None}
-        ready = wait([connection for _, connection, _ in busy.values()] + [process.sentinel for process, _, _ in busy.values()])
+        ready = wait([connection for _, connection, _ in busy.values()] + [process.sentinel for process, _, _ in busy.values()],
+                     timeout=OBSERVE_EVERY)
+        if not ready:
+            self.progress.observe()
+            return
         for slot, (process, connection, group) in busy.items():
             if connection in ready and connection.poll():
                 outcome, detail = connection.recv()

@@ -1,5 +1,7 @@
 """One progress display over a whole profile's training: done, running, failed, left, images per second and the time
-left, on one line rewritten in place on a terminal and a line per finished run elsewhere (a log, a CI job)."""
+left, on one line rewritten in place on a terminal and a line per finished run elsewhere (a log, a CI job). Given the
+store, it also counts the epochs that running runs have checkpointed (:meth:`Progress.observe`, which the executors
+call while they wait), so that hours-long runs show their rate before the first one ends."""
 
 from __future__ import annotations
 
@@ -7,21 +9,37 @@ import sys
 import time
 from typing import TextIO
 
+from experiments.engine.store import ResultsStore
 from experiments.scale.plan import PlannedRun
+
+#: Seconds between two progress lines in a log while runs train (a terminal's line is rewritten at every look).
+LOG_EVERY = 600.0
 
 
 class Progress:
-    """Counts the runs of one ``train`` call as executors report them; :meth:`summary` is its last line."""
+    """Counts the runs of one ``train`` call as executors report them; :meth:`summary` is its last line. The images
+    counted are those trained by this call: a resumed run's checkpointed epochs (read from ``store``, if given) are
+    neither trained again nor counted."""
 
-    def __init__(self, runs: list[PlannedRun], *, stream: TextIO = sys.stderr):
-        self.total, self.stream = len(runs), stream
-        self.images_left = sum(run.train_images or 0 for run in runs)
+    def __init__(self, runs: list[PlannedRun], *, store: ResultsStore | None = None, stream: TextIO = sys.stderr):
+        self.runs, self.store, self.stream = {run.key: run for run in runs}, store, stream
+        self.total = len(runs)
+        self.kept = {run.key: self._checkpointed(run) for run in runs}  # images of the epochs each run had already
+        self.trained: dict[str, int] = {}  # images each run trained in this call (a finished one: all it had left)
         self.running: dict[str, float] = {}  # key -> start time
-        self.done = 0
+        self.finished: set[str] = set()
         self.failed: dict[str, str] = {}  # key -> its log
-        self.images_done = 0
-        self.started = time.monotonic()
+        self.started = self.logged = time.monotonic()
         self.tty = stream.isatty()
+
+    @property
+    def done(self) -> int:
+        return len(self.finished)
+
+    def _checkpointed(self, run: PlannedRun) -> int:
+        if self.store is None or not run.train_images:
+            return 0
+        return run.train_images * self.store.epochs_kept(run.key) // run.config.epochs
 
     def start(self, run: PlannedRun) -> None:
         self.running[run.key] = time.monotonic()
@@ -29,22 +47,32 @@ class Progress:
 
     def finish(self, run: PlannedRun) -> None:
         seconds = time.monotonic() - self.running.pop(run.key, time.monotonic())
-        self.done += 1
-        self.images_done += run.train_images or 0
-        self.images_left -= run.train_images or 0
+        self.finished.add(run.key)
+        self.trained[run.key] = (run.train_images or 0) - self.kept[run.key]
         self._show(f"finished {run.key} ({', '.join(run.notebooks)}) in {seconds:.1f} s")
 
     def fail(self, run: PlannedRun, log: str) -> None:
         self.running.pop(run.key, None)
         self.failed[run.key] = log
-        self.images_left -= run.train_images or 0
         self._show(f"FAILED {run.key} ({', '.join(run.notebooks)}): see {log}")
+
+    def observe(self) -> None:
+        """Count the epochs the running runs have checkpointed since this call began, and show the line (in a log, at
+        most every :data:`LOG_EVERY` seconds)."""
+        if self.store is None:
+            return
+        for key in self.running:
+            self.trained[key] = max(0, self._checkpointed(self.runs[key]) - self.kept[key])
+        if self.tty or time.monotonic() - self.logged >= LOG_EVERY:
+            self._show("training" if not self.tty else None)
 
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
-        rate = self.images_done / elapsed if elapsed > 0 else 0.0
+        rate = sum(self.trained.values()) / elapsed if elapsed > 0 else 0.0
+        images_left = sum((run.train_images or 0) - self.kept[key] - self.trained.get(key, 0)
+                          for key, run in self.runs.items() if key not in self.failed and key not in self.finished)
         left = self.total - self.done - len(self.failed) - len(self.running)
-        eta = f", about {_duration(self.images_left / rate)} left" if rate > 0 and self.images_left > 0 else ""
+        eta = f", about {_duration(images_left / rate)} left" if rate > 0 and images_left > 0 else ""
         return (f"[{_duration(elapsed)}] {self.done}/{self.total} done, {len(self.running)} running, "
                 f"{len(self.failed)} failed, {left} left; {rate:,.0f} images/s{eta}")
 
@@ -55,6 +83,7 @@ class Progress:
             self.stream.write(f"\r\033[K{self.line()}")
         elif event:
             self.stream.write(f"{event} | {self.line()}\n")
+            self.logged = time.monotonic()
         self.stream.flush()
 
     def summary(self) -> str:

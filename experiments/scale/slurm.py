@@ -182,4 +182,5 @@ def follow(jobs: list, options: TrainOptions, progress: Progress, poll: float) -
                 continue
             del waiting[key]
         if waiting:
+            progress.observe()
             time.sleep(poll)

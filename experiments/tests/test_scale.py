@@ -88,6 +88,36 @@ def test_local_with_two_workers_gives_the_inline_records_bit_for_bit_and_names_a
         assert computed(one) == computed(other)
 
 
+def test_progress_counts_the_epochs_running_runs_checkpointed_in_this_call_alone(tmp_path, monkeypatch):
+    """A run resumed at epoch 1 of 3 and a fresh one: at the start nothing is counted as trained (the resumed epoch
+    was trained before); after each running run checkpointed one more epoch, the line shows those two epochs' images
+    as trained, a rate and the time left; a finished run counts the rest of its own. A log gets a line at most every
+    LOG_EVERY seconds."""
+    import io
+
+    from experiments.scale import progress as progress_module
+
+    store = ResultsStore(tmp_path)
+    runs = [PlannedRun(RunConfig(**{**TINY, "epochs": 3, "milestones": (), "seed": seed}), ("test",), None, 300)
+            for seed in (1, 2)]
+    assert run(runs[0].config, store, stop_after_epochs=1) is None  # resumed at epoch 1 of 3
+    log = io.StringIO()
+    progress = Progress(runs, store=store, stream=log)
+    assert progress.kept == {runs[0].key: 100, runs[1].key: 0} and store.epochs_kept(runs[1].key) == 0
+    for planned in runs:
+        progress.start(planned)
+    progress.observe()
+    assert "0 images/s" in progress.line() and log.getvalue() == ""  # nothing new, and no line yet in a log
+    assert run(runs[0].config, store, stop_after_epochs=1) is None  # epoch 2 of 3
+    assert run(runs[1].config, store, stop_after_epochs=1) is None  # epoch 1 of 3
+    monkeypatch.setattr(progress_module, "LOG_EVERY", 0.0)
+    progress.observe()
+    assert progress.trained == {runs[0].key: 100, runs[1].key: 100}
+    assert "2 running, 0 failed, 0 left" in log.getvalue() and "left" in log.getvalue().split("images/s")[-1]
+    progress.finish(runs[0])
+    assert progress.trained[runs[0].key] == 200 and progress.done == 1
+
+
 def test_runs_are_stacked_by_what_they_share_and_the_epoch_they_reached(tmp_path):
     store = ResultsStore(tmp_path)
     first, second, third, partial = (_planned(seed) for seed in (1, 2, 3, 4))
