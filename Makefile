@@ -29,7 +29,7 @@ WORKERS ?=
 COMPILE ?= $(if $(filter cuda%,$(DEVICE)),reduce-overhead)
 # EXECUTOR=inline|local|slurm trains every run of the profile before the notebooks, which then read them from the store
 # (empty: each notebook trains its own runs, one after another). JOBS=N worker processes (local), PER_GPU=M runs on
-# each visible GPU (local), SLURM="--partition gpu --gpus-per-task 1 --time-min 600 ..." (slurm: `python -m
+# each visible GPU (local), DEVICE=cuda SLURM="--partition gpu --gpus-per-task 1 --time-min 600 ..." (slurm: `python -m
 # experiments train --help` lists the options). The default is local: with DEVICE=cpu one worker per core this
 # process may use, at most 8, the threads split between them (measured on 2 cores: the same records, bit for bit,
 # sooner); with DEVICE=cuda one run on each visible GPU (with CUDA graphs more runs on a GPU gain only under NVIDIA's

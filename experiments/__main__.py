@@ -14,7 +14,7 @@ import torch.distributed as dist
 from data_prep.common import MissingDataError
 from experiments.engine.compile_cache import share_compilations
 from experiments.engine.config import RunConfig
-from experiments.engine.store import ResultsStore
+from experiments.engine.store import ResultsStore, unusable_store
 from experiments.engine.train import COMPILE_MODES, run
 from experiments.scale import cli
 
@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
             config = RunConfig.from_dict(json.load(handle))
     except (OSError, ValueError, TypeError) as error:
         print(f"error: bad config {args.config}: {error}", file=sys.stderr)
+        return 2
+    if problem := unusable_store(args.store):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     device = args.device

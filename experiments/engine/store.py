@@ -127,6 +127,13 @@ def computed(record: dict) -> dict:
     return {**{name: value for name, value in record.items() if name != "provenance"}, "history": history}
 
 
+def unusable_store(root: str | Path) -> str | None:
+    """Why ``root`` cannot hold a results store (None: it can; a missing folder is made)."""
+    if Path(root).exists() and not Path(root).is_dir():
+        return f"the results store {root} is a file: give a folder (it is made if missing)"
+    return None
+
+
 class ResultsStore:
     """``root/runs/<key>.json`` (finished runs) and ``root/checkpoints/<key>.pt`` and ``<key>.previous.pt`` (the last
     two epochs of unfinished ones)."""

@@ -154,13 +154,18 @@ def _fastest(rows: list[dict]) -> tuple[Estimate, Estimate]:
 
 
 def _hours_text(one: Estimate, eight: Estimate, device_name: str, rows: tuple[dict, dict] | None = None) -> str:
-    """"9.1 h on one NVIDIA H200 with `PER_GPU=1 STACK=8` and 1.6 h on 8 with `PER_GPU=1 STACK=4`", each with its
-    invocation's compile mode where ``rows`` (each estimate's invocation) are given, then what the hours count."""
+    """"9.1 h on one NVIDIA H200 with `PER_GPU=1 STACK=8` and 1.6 h on 8 with `PER_GPU=1 STACK=4`" ("... and 1.6 h on
+    8, both with ..." for one setting), each with its invocation's compile mode where ``rows`` (each estimate's
+    invocation) are given, then what the hours count."""
     settings = [f", {timings.sharing_text(row)}" for row in rows] if rows else ["", ""]
     counted = (counted_text(one) if one.left_out == eight.left_out else
                f"on one GPU {counted_text(one)}, on {eight.gpus} {counted_text(eight)}")
-    return (f"{one.hours:.1f} h on one {device_name} with {setting_text(one)}{settings[0]} and {eight.hours:.1f} h on "
-            f"{eight.gpus} with {setting_text(eight)}{settings[1]} (estimated: {counted}")
+    one_setting, eight_setting = setting_text(one) + settings[0], setting_text(eight) + settings[1]
+    if one_setting == eight_setting:
+        return (f"{one.hours:.1f} h on one {device_name} and {eight.hours:.1f} h on {eight.gpus}, both with "
+                f"{one_setting} (estimated: {counted}")
+    return (f"{one.hours:.1f} h on one {device_name} with {one_setting} and {eight.hours:.1f} h on {eight.gpus} with "
+            f"{eight_setting} (estimated: {counted}")
 
 
 def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
@@ -256,8 +261,8 @@ def gpu_cifar_lower_bound(results: Path = BENCHMARK_RESULTS) -> str:
     for measured in by_measurement(steps):
         ms = sum(float(row["ms_per_step"]) for row in measured) / len(measured)
         hours = images / GPU.cifar.batch_size * ms / 3.6e6
-        lines.append(f"- `gpu` profile, CIFAR-100's training notebooks alone: at least {hours:.0f} h on "
-                     f"{measured[0]['device_name']} ({images:,} training images at {ms:.2f} ms per batch of "
+        lines.append(f"- `gpu` profile, CIFAR-100's training notebooks alone, one run at a time: at least {hours:.0f} "
+                     f"h on {measured[0]['device_name']} ({images:,} training images at {ms:.2f} ms per batch of "
                      f"{GPU.cifar.batch_size}, the compiled cross-entropy step of DenseNet-40-40, mean of {len(measured)} "
                      f"in `training_step.csv`: {stamp_text(measured[0])}); evaluation, the other setups and the losses' own "
                      f"cost come on top")

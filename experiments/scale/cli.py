@@ -7,7 +7,8 @@
     python -m experiments train PROFILE --executor local --per-gpu 1 --device cuda --compile reduce-overhead
     python -m experiments train PROFILE --executor local --per-gpu 4 --device cuda --compile reduce-overhead  # MPS
     python -m experiments train PROFILE --executor local --per-gpu 1 --device cuda --stack 4   # 4 runs in one model
-    python -m experiments train PROFILE --executor slurm --partition gpu --gpus-per-task 1 --time-min 600
+    python -m experiments train PROFILE --executor slurm --device cuda --compile reduce-overhead --partition gpu \
+        --gpus-per-task 1 --time-min 600
     python -m experiments run-one KEY [KEY ...] --profile PROFILE   # planned runs, stacked if several (an array task)
 
 ``train`` exits with the number of failed runs (0 when every run finished); each failed run is named with its log.
@@ -27,7 +28,7 @@ import torch
 from data_prep.common import MissingDataError
 from experiments.analysis.timings import made_with_todays_engine, sharing_text
 from experiments.engine.config import stack_mismatch
-from experiments.engine.store import ResultsStore
+from experiments.engine.store import ResultsStore, unusable_store
 from experiments.engine.train import COMPILE_MODES
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
@@ -50,7 +51,8 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, help="processes reading an image-folder dataset, per run")
     parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES, help="torch.compile mode of the step")
     parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads per run (default: the cores split between the workers)")
+                        help="torch CPU threads per run (default: the local executor splits the machine's cores "
+                             "between its workers; otherwise torch's default)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -66,16 +68,21 @@ def parser() -> argparse.ArgumentParser:
                          "benchmarks.bench_concurrency measured on CUDA in --rates (today's engine's, else earlier ones)")
     listing.add_argument("--rates", type=Path, default=BENCHMARK_RESULTS / "concurrency.csv",
                          help="the measured rates (default: benchmarks/results/concurrency.csv)")
-    train = commands.add_parser("train", help="train every missing run of a profile through an executor")
+    train = commands.add_parser("train", help="train every missing run of a profile through an executor",
+                                description="Train every run of PROFILE that the store does not hold finished (a "
+                                "partial one resumes from its checkpoint), through an executor. Exits with the number "
+                                "of failed runs, each named with its log.")
     train.add_argument("profile", choices=PROFILES)
-    train.add_argument("--executor", choices=EXECUTORS, default="inline")
+    train.add_argument("--executor", choices=EXECUTORS, default="inline",
+                       help="inline (default): one run after another in this process; local: worker processes on this "
+                            "machine (--jobs, --per-gpu); slurm: Slurm array tasks")
     train.add_argument("--jobs", type=int, default=1, help="local: worker processes on this machine (default 1)")
     train.add_argument("--per-gpu", type=int, help="local: runs side by side on each visible GPU (instead of --jobs)")
     train.add_argument("--stack", type=int, default=1,
                        help="train runs that share their data, model and optimiser settings this many at a time, "
                             "stacked into one model (grouped layers; default 1: each run alone)")
     train.add_argument("--figures", help="where the executor's manifest goes, beside the notebooks' (default: "
-                       "figures/PROFILE, as the notebooks use)")
+                       "figures/PROFILE when training into the notebooks' store, else none is written)")
     _training_options(train)
     slurm.add_options(train)
     one = commands.add_parser("run-one", help="train planned runs, stacked into one model if several (an array "
@@ -91,15 +98,11 @@ def main(argv: list[str]) -> int:
     profile = get_profile(args.profile)
     store = args.store or str(RESULTS / profile.name)
     runs = plan(profile)
-    stack = getattr(args, "stack", 1)  # run-one stacks the runs it is given
-    if stack < 1:
-        print(f"error: --stack should be a positive number of runs stacked into one model, got {stack}",
-              file=sys.stderr)
+    if refusal := _refusal(args, runs, store):
+        print(f"error: {refusal}", file=sys.stderr)
         return 2
+    stack = getattr(args, "stack", 1)  # run-one stacks the runs it is given
     if args.command == "plan":
-        if args.gpus is not None and args.gpus < 1:
-            print(f"error: --gpus should be a positive number of GPUs, got {args.gpus}", file=sys.stderr)
-            return 2
         groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
         print(table(runs, ResultsStore(store), groups))
         return _print_hours(runs, args.gpus, args.rates) if args.gpus is not None else 0
@@ -116,6 +119,34 @@ def main(argv: list[str]) -> int:
         print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store}; the same command "
               "resumes", file=sys.stderr)
         return 130
+
+
+def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> str | None:
+    """What is wrong with the command's options, before anything trains (None: nothing)."""
+    if problem := unusable_store(store):
+        return problem
+    if getattr(args, "stack", 1) < 1:
+        return f"--stack should be a positive number of runs stacked into one model, got {args.stack}"
+    if args.command == "plan":
+        return (f"--gpus should be a positive number of GPUs, got {args.gpus}"
+                if args.gpus is not None and args.gpus < 1 else None)
+    if args.threads < 0:
+        return f"--threads should be a positive number of torch CPU threads per run (0: the default), got {args.threads}"
+    if args.command == "run-one":
+        return None
+    if args.executor == "local":
+        try:
+            executors.slots(args.jobs, args.per_gpu, args.device)
+        except ValueError as error:
+            return str(error)
+    if args.executor == "slurm" and bool(args.gpus_per_task) != args.device.startswith("cuda"):
+        return (f"--gpus-per-task {args.gpus_per_task} with --device {args.device}: the tasks would "
+                + ("hold GPUs and train on the CPU; add --device cuda" if args.gpus_per_task else
+                   "train on CUDA without a GPU; add --gpus-per-task 1"))
+    if args.data_root is None and (real := [run for run in runs if run.data_subdir is not None]):
+        return (f"{len(real)} runs of the {args.profile} profile train on real datasets: pass their root "
+                "(--data-root, make DATA=)")
+    return None
 
 
 def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path) -> int:
@@ -190,7 +221,9 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     else:
         slurm.train(todo, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
     print(progress.summary(), file=sys.stderr)
-    _write_manifest(args, options, progress, len(runs) - len(todo), time.time() - started, sharing)
+    into_notebooks_store = Path(options.store).resolve() == (RESULTS / args.profile).resolve()
+    if (args.figures or into_notebooks_store) and not (args.executor == "slurm" and args.sbatch_only):
+        _write_manifest(args, options, progress, len(runs) - len(todo), time.time() - started, sharing)
     return min(len(progress.failed), 100)
 
 

@@ -107,13 +107,14 @@ def slots(jobs: int, per_gpu: int | None, device: str) -> list[str]:
     spread over every GPU."""
     if per_gpu is not None:
         if per_gpu < 1:
-            raise ValueError(f"'per_gpu' should be a positive number of runs per GPU, got {per_gpu}")
+            raise ValueError(f"'per_gpu' (--per-gpu) should be a positive number of runs per GPU, got {per_gpu}")
         gpus = torch.cuda.device_count()
         if gpus == 0:
-            raise ValueError("'per_gpu' was given, but torch sees no CUDA device here: use --jobs on the CPU")
+            raise ValueError("'per_gpu' (--per-gpu) was given, but torch sees no CUDA device here: use --jobs on "
+                             "the CPU")
         return [f"cuda:{gpu}" for _ in range(per_gpu) for gpu in range(gpus)]
     if jobs < 1:
-        raise ValueError(f"'jobs' should be a positive number of worker processes, got {jobs}")
+        raise ValueError(f"'jobs' (--jobs) should be a positive number of worker processes, got {jobs}")
     return [device] * jobs
 
 
@@ -129,6 +130,9 @@ def local(runs: list[PlannedRun], options: TrainOptions, progress: Progress, *, 
     :func:`experiments.scale.gpu_sharing.gpu_sharing`), a note where runs side by side on a GPU would gain nothing."""
     devices = slots(jobs, per_gpu, options.device)
     threads = options.threads or cpu_threads(len(devices))
+    if per_gpu is None and len(devices) > (cores := len(os.sched_getaffinity(0))):
+        print(f"note: {len(devices)} workers on {cores} cores take turns on them, which is slower than one worker a "
+              "core (--jobs)", file=sys.stderr)
     side_by_side = [run for run in runs if not run.alone]
     if side_by_side:
         if note := side_by_side_note(devices, options.compile_mode, sharing):
@@ -169,6 +173,11 @@ class _Pool:
         try:
             while any(group is not None for _, _, group in self.workers.values()):
                 self._collect(queue)
+        except BaseException:  # Ctrl-C, say: the busy workers stop now (their checkpoints are kept), not at their end
+            for process, _, group in self.workers.values():
+                if group is not None and process.is_alive():
+                    process.terminate()
+            raise
         finally:
             for process, connection, _ in self.workers.values():
                 try:
@@ -187,14 +196,15 @@ class _Pool:
             self.progress.observe()
             return
         for slot, (process, connection, group) in busy.items():
-            if connection in ready and connection.poll():
-                outcome, detail = connection.recv()
+            if connection in ready and (received := _received(connection)) is not None:
+                outcome, detail = received
                 if outcome == "finished":
                     for run in group:
                         self.progress.finish(run)
                 else:
                     _report(group, self.options, self.progress, detail)
-            elif process.sentinel in ready and not process.is_alive():
+            elif connection in ready or (process.sentinel in ready and not process.is_alive()):
+                process.join(timeout=5)  # its pipe closed: it died
                 path = log_path(self.options, group)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with path.open("a") as handle:
@@ -211,8 +221,25 @@ class _Pool:
                 self._send(slot, queue.pop())
 
 
+def _received(connection):
+    """A worker's message, or None when its pipe was closed by its death."""
+    try:
+        return connection.recv()
+    except (EOFError, OSError):
+        return None
+
+
 def _worker(connection, device: str, options: TrainOptions, threads: int) -> None:
-    """A worker process: trains each group it is sent, with its output in the group's log, until it is sent None."""
+    """A worker process: trains each group it is sent, until it is sent None (:func:`_serve`). Ctrl-C reaches the
+    whole process group: the worker then ends quietly, and the parent says what is kept."""
+    try:
+        _serve(connection, device, options, threads)
+    except KeyboardInterrupt:
+        pass
+
+
+def _serve(connection, device: str, options: TrainOptions, threads: int) -> None:
+    """Train each group sent over ``connection``, with its output in the group's log."""
     torch.set_num_threads(threads)
     if device.startswith("cuda"):
         torch.cuda.set_device(device)

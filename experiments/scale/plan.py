@@ -115,9 +115,11 @@ def table(runs: list[PlannedRun], store: ResultsStore, groups: list[list[Planned
         alone = "  (trained alone: its timings are the result)" if run.alone else ""
         lines.append(f"{run.key:16s} {status:>9s} {done:>4d}/{run.config.epochs:<4d} {images:>13s}  {group}"
                      f"{', '.join(run.notebooks)}{alone}")
-    images = sum(run.train_images or 0 for run in runs)
-    lines.append(f"{len(runs)} runs: " + ", ".join(f"{counts[name]} {name}" for name in STATES)
-                 + f"; {images:,} training images in all")
+    counted = [run.train_images for run in runs if run.train_images is not None]
+    images = (f"{sum(counted):,} training images in all" if len(counted) == len(runs) else
+              f"{sum(counted):,} training images in the {len(counted)} runs on stand-ins (the others train on "
+              "real data, not read to plan)" if counted else "training images of real data, not read to plan")
+    lines.append(f"{len(runs)} runs: " + ", ".join(f"{counts[name]} {name}" for name in STATES) + f"; {images}")
     if groups:
         sizes = sorted({len(group) for group in groups}, reverse=True)
         lines.append(f"{len(groups)} groups: " + ", ".join(

@@ -51,13 +51,14 @@ class SlurmOptions:
 def add_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("slurm executor")
     group.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
-    group.add_argument("--gpus-per-task", type=int, default=0, help="GPUs per run (default 0)")
+    group.add_argument("--gpus-per-task", type=int, default=0,
+                       help="GPUs per run (default 0; with --device cuda, give 1)")
     group.add_argument("--cpus-per-task", type=int, default=1, help="CPU cores per run (default 1)")
     group.add_argument("--mem-gb", type=float, help="memory per run in GB (default: the partition's)")
     group.add_argument("--time-min", type=int, default=60,
                        help="time limit per task in minutes; a task out of time is requeued and resumes (default 60)")
-    group.add_argument("--array-parallelism", type=int, default=64, help="tasks of an array running at once")
-    group.add_argument("--poll", type=float, default=10.0, help="seconds between two looks at the queue")
+    group.add_argument("--array-parallelism", type=int, default=64, help="tasks of an array running at once (default 64)")
+    group.add_argument("--poll", type=float, default=10.0, help="seconds between two looks at the queue (default 10)")
     group.add_argument("--slurm-folder", help="scripts and task logs (default: STORE/slurm)")
     group.add_argument("--sbatch-only", action="store_true",
                        help="write the plain sbatch scripts and submit nothing (run them with sbatch yourself)")
@@ -75,10 +76,10 @@ def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: S
     directives = [f"--job-name=topk-{profile}-{name}", f"--array=0-{len(tasks) - 1}%{1 if alone else slurm.array_parallelism}",
                   f"--cpus-per-task={slurm.cpus_per_task}", f"--time={slurm.time_min}", "--requeue",
                   f"--output={folder}/%A_%a.out", f"--error={folder}/%A_%a.err"]
-    directives += [f"--partition={slurm.partition}"] * bool(slurm.partition)
-    directives += [f"--gpus-per-task={slurm.gpus_per_task}"] * bool(slurm.gpus_per_task)
-    directives += [f"--mem={int(slurm.mem_gb * 1024)}M"] * bool(slurm.mem_gb)
-    directives += ["--exclusive"] * alone
+    directives += [f"--partition={slurm.partition}"] if slurm.partition else []
+    directives += [f"--gpus-per-task={slurm.gpus_per_task}"] if slurm.gpus_per_task else []
+    directives += [f"--mem={int(slurm.mem_gb * 1024)}M"] if slurm.mem_gb else []
+    directives += ["--exclusive"] if alone else []
     command = [sys.executable, "-m", "experiments", "run-one", "$keys", "--profile", profile,
                *_run_one_options(options)]
     runs = sum(len(group) for group in tasks)

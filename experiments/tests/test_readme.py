@@ -438,8 +438,8 @@ def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_fastest_set
     assert gpu_blocks.concurrency(tmp_path / "concurrency.csv").startswith(
         "- test-gpu, densenet40_40, batch 64, the engine's step (`default`): one run 1,000 images/s; the `gpu` "
         "profile's CIFAR-100 notebooks (5 runs, 14,760,000 training images, 1,440,000 validated, 160,000 tested at "
-        "most) would take 4.2 h on one test-gpu with `PER_GPU=1 STACK=1` and 1.1 h on 8 with `PER_GPU=1 STACK=1` "
-        "(estimated: training, compilation, validation and testing counted; targets")
+        "most) would take 4.2 h on one test-gpu and 1.1 h on 8, both with `PER_GPU=1 STACK=1` (estimated: training, "
+        "compilation, validation and testing counted; targets")
 
 
 def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_modes(tmp_path, tiny_plan):
@@ -492,9 +492,8 @@ def test_the_fastest_estimate_counts_the_most_parts_then_the_fewest_hours(tmp_pa
               for row in _concurrency_rows("a" * 40, timings.engine_code())[:1]]
     _csv(tmp_path / "concurrency.csv", [*measured, *faster])
     assert gpu_blocks.concurrency(tmp_path / "concurrency.csv").splitlines()[-1] == (
-        "- **Fastest with today's engine on the test-gpu:** 4.2 h on one test-gpu with `PER_GPU=1 STACK=1`, `default` "
-        "and 1.1 h on 8 with `PER_GPU=1 STACK=1`, `default` (estimated: training, compilation, validation and testing "
-        "counted)")
+        "- **Fastest with today's engine on the test-gpu:** 4.2 h on one test-gpu and 1.1 h on 8, both with `PER_GPU=1 "
+        "STACK=1`, `default` (estimated: training, compilation, validation and testing counted)")
 
 
 @pytest.mark.parametrize("engine_code, why", [("0" * 12, "the engine's epoch changed since"),

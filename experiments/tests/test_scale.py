@@ -257,6 +257,50 @@ def test_a_worker_killed_mid_run_is_resumed_by_the_next_train_to_the_same_result
     assert computed(resumed) == computed(whole)
 
 
+def test_a_local_worker_killed_mid_run_is_named_failed_and_replaced_while_the_others_go_on(tmp_path):
+    """``kill -9`` of the worker training the first run: ``train`` does not stop; that run is named failed with a log
+    saying the worker died, a new worker trains the third run, and the second finishes beside them."""
+    import multiprocessing
+    import threading
+
+    runs = [_planned(seed, epochs=6, milestones=(3,)) for seed in (1, 2, 3)]
+    options = executors.TrainOptions(str(tmp_path / "store"), threads=1)
+    store, progress = ResultsStore(options.store), Progress(runs)
+
+    def kill_the_first_runs_worker() -> None:
+        deadline = time.time() + 300
+        while not store.checkpoint_path(runs[0].key).exists() and time.time() < deadline:
+            time.sleep(0.05)
+        first = [child for child in multiprocessing.active_children() if child.name == "topk-worker-0"]
+        os.kill(first[0].pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_first_runs_worker)
+    killer.start()
+    executors.local(runs, options, progress, jobs=2)
+    killer.join()
+    assert list(progress.failed) == [runs[0].key] and progress.done == 2, progress.summary()
+    assert "died (exit code -9)" in Path(progress.failed[runs[0].key]).read_text()
+    assert store.finished(runs[0].key) is None and store.checkpoint_path(runs[0].key).exists()  # resumable
+
+
+def test_ctrl_c_stops_a_local_train_with_its_workers_and_one_message_no_traceback(tmp_path):
+    """SIGINT to the whole process group, as Ctrl-C sends it, once the first runs finished: exit 130, the message
+    that the same command resumes, and no worker's traceback."""
+    store = tmp_path / "store"
+    command = [sys.executable, "-m", "experiments", "train", "smoke", "--executor", "local", "--jobs", "2",
+               "--store", str(store), "--figures", str(tmp_path / "figures")]
+    train = subprocess.Popen(command, cwd=ROOT, env=_env(), stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    deadline = time.time() + 300
+    while not any((store / "runs").glob("*.json")) and time.time() < deadline and train.poll() is None:
+        time.sleep(0.05)
+    os.killpg(train.pid, signal.SIGINT)
+    _, errors = train.communicate(timeout=120)
+    assert train.returncode == 130, errors[-3000:]
+    assert "interrupted: every finished run and every epoch's checkpoint is kept" in errors
+    assert "Traceback" not in errors, errors[-3000:]
+
+
 class _CountingStore(ResultsStore):
     checkpoints_saved = 0
 

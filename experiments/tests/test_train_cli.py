@@ -1,0 +1,87 @@
+"""``python -m experiments plan|train|run-one`` refuse bad options before anything trains, each with one line naming
+the value and what was expected (exit 2, no traceback); the Slurm executor writes its scripts without a memory
+request when none is given; ``train`` writes its manifest only for a training into the notebooks' store."""
+
+import pytest
+import torch
+
+from experiments.__main__ import main
+from experiments.paths import PROJECT_ROOT
+from experiments.scale import cli
+
+SMOKE_KEY = "4699c24f5f58e247"  # a run of the smoke profile (`python -m experiments plan smoke`)
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    path = tmp_path / "store"
+    path.write_text("not a folder")
+    return str(path)
+
+
+REFUSED = [
+    (["plan", "smoke", "--store", "{file}"], "the results store {file} is a file: give a folder"),
+    (["train", "smoke", "--store", "{file}"], "the results store {file} is a file: give a folder"),
+    (["run-one", SMOKE_KEY, "--profile", "smoke", "--store", "{file}"], "the results store {file} is a file"),
+    (["{config}", "--store", "{file}"], "the results store {file} is a file"),
+    (["train", "smoke", "--executor", "local", "--jobs", "0"], "(--jobs) should be a positive number of worker "
+                                                               "processes, got 0"),
+    (["train", "smoke", "--executor", "local", "--per-gpu", "0"], "(--per-gpu) should be a positive number of runs "
+                                                                  "per GPU, got 0"),
+    (["train", "smoke", "--threads", "-1"], "--threads should be a positive number of torch CPU threads per run "
+                                            "(0: the default), got -1"),
+    (["run-one", SMOKE_KEY, "--profile", "smoke", "--threads", "-2"], "--threads should be a positive number"),
+    (["train", "smoke", "--stack", "0"], "--stack should be a positive number of runs stacked into one model, got 0"),
+    (["plan", "smoke", "--gpus", "0"], "--gpus should be a positive number of GPUs, got 0"),
+    (["train", "smoke", "--executor", "slurm", "--gpus-per-task", "1", "--sbatch-only"],
+     "--gpus-per-task 1 with --device cpu: the tasks would hold GPUs and train on the CPU; add --device cuda"),
+    (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-only"],
+     "--gpus-per-task 0 with --device cuda: the tasks would train on CUDA without a GPU; add --gpus-per-task 1"),
+    (["train", "paper"], "206 runs of the paper profile train on real datasets: pass their root (--data-root, "
+                         "make DATA=)"),
+]
+
+
+@pytest.mark.parametrize("arguments,message", REFUSED)
+def test_bad_options_are_refused_before_anything_trains(arguments, message, a_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")  # the default store, were anything to train
+    fill = {"file": a_file, "config": str(PROJECT_ROOT / "experiments" / "example_run.json")}
+    assert main([word.format(**fill) for word in arguments]) == 2
+    errors = capsys.readouterr().err
+    assert errors.startswith("error: ") and message.format(**fill) in errors and "Traceback" not in errors
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_runs_per_gpu_without_a_gpu_are_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")
+    assert main(["train", "smoke", "--executor", "local", "--per-gpu", "2"]) == 2
+    assert "(--per-gpu) was given, but torch sees no CUDA device here: use --jobs on the CPU" in capsys.readouterr().err
+
+
+def test_sbatch_scripts_without_a_memory_request_leave_it_to_the_partition_and_write_no_manifest(
+        tmp_path, monkeypatch, capsys):
+    """The docs' example (no ``--mem-gb``) writes both arrays' scripts; ``--sbatch-only`` trains nothing, so it leaves
+    the manifests alone, even with ``--figures``."""
+    monkeypatch.setattr(cli, "FIGURES", tmp_path / "figures")
+    store = tmp_path / "store"
+    arguments = ["train", "smoke", "--executor", "slurm", "--partition", "gpu", "--gpus-per-task", "1", "--device",
+                 "cuda", "--time-min", "600", "--store", str(store), "--sbatch-only"]
+    assert main(arguments) == 0 and main([*arguments, "--figures", str(tmp_path / "figures")]) == 0
+    runs, alone = (store / "slurm" / f"{name}.sbatch" for name in ("runs", "alone"))
+    directives = runs.read_text().splitlines()
+    assert "#SBATCH --partition=gpu" in directives and "#SBATCH --gpus-per-task=1" in directives
+    assert "#SBATCH --time=600" in directives and not any(line.startswith("#SBATCH --mem") for line in directives)
+    assert "#SBATCH --exclusive" in alone.read_text().splitlines() and "--device cuda" in runs.read_text()
+    assert not (tmp_path / "figures").exists()
+    assert "submit each with `sbatch SCRIPT`" in capsys.readouterr().err
+
+
+def test_train_into_another_store_writes_no_manifest_over_the_notebooks(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "FIGURES", tmp_path / "figures")
+    monkeypatch.setattr(cli, "plan", lambda profile: [])  # nothing to train: the manifest's rule alone
+    assert main(["train", "smoke", "--store", str(tmp_path / "elsewhere")]) == 0
+    assert not (tmp_path / "figures").exists()
+    monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")
+    assert main(["train", "smoke"]) == 0  # the notebooks' store
+    assert (tmp_path / "figures" / "smoke" / "manifests" / "executor.json").exists()
