@@ -32,7 +32,8 @@ from experiments.provenance import short_commit
 from experiments.publishing.gpu_blocks import concurrency, gpu_hours, gpu_results, profile_time
 from experiments.publishing.result_rows import (DEFAULT_PROFILE, NOISED_HEADLINE, SMOOTH_HEADLINE, headline_rows,
                                                 read_rows, short_stamp_text, stamp_text)
-from experiments.publishing.time_blocks import compile_time, cpu_step, executors_time, figures_time, setup_time
+from experiments.publishing.time_blocks import (compile_time, cpu_step, executors_time, figures_time, main_job_time,
+                                                setup_time)
 
 README = PROJECT_ROOT / "README.md"
 #: The documentation's pages (``docs/*.md``), whose blocks are generated and checked as the README's.
@@ -290,6 +291,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "gpu-results": gpu_results,
     "profile-time": profile_time,
     "figures-time": figures_time,
+    "main-job-time": main_job_time,
     "label-noise-fit": functools.partial(figure_table, LABEL_NOISE_FIT),
     "crowded-classes": functools.partial(figure_table, CROWDED_CLASSES),
     "calibration-seeds": functools.partial(figure_table, CALIBRATION_SEEDS),

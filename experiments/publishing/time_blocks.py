@@ -56,6 +56,19 @@ def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE,
     return "\n".join(lines)
 
 
+def main_job_time(empty_store: Path = BENCHMARK_RESULTS / f"empty_store_{DEFAULT_PROFILE}") -> str:
+    """The README's line on how long ``make paper-figures`` takes: the executor's and the notebooks' minutes of the run
+    from an empty results store on a fresh clone (its manifests), with its processor and commit."""
+    manifests = [json.loads(path.read_text()) for path in sorted((empty_store / "manifests").glob("*.json"))]
+    if not manifests:
+        return f"*No run of `make paper-figures` from an empty store is recorded in `benchmarks/results/{empty_store.name}/`.*"
+    processors = sorted({_processor(m) for m in manifests if "cpus" in m and "executor" not in m})
+    commits = ", ".join(sorted({short_commit(m["commit"]) for m in manifests}))
+    return (f"*Its training and notebooks took {_minutes(sum(m['seconds'] for m in manifests))} from an empty results "
+            f"store on {', '.join(processors)} (the install and the report on top; [how long](docs/reproducing.md#how-"
+            f"long-it-took), `benchmarks/results/{empty_store.name}/`, commit {commits}).*")
+
+
 def _range_line(folders: list[Path]) -> str:
     """The range of the main job's times from an empty store over the runs whose manifests are in ``folders``."""
     runs = [[json.loads(path.read_text()) for path in folder.glob("*.json")] for folder in folders]

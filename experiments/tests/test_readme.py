@@ -54,7 +54,7 @@ def test_the_committed_readme_and_docs_match_the_committed_results():
 def test_each_block_lives_in_exactly_one_document_and_the_readme_holds_the_headlines():
     where = readme.placement()
     assert set(where) == set(readme.BLOCKS)
-    in_readme = ("verdict-summary", "performance-headline", "setup-time", "executors-time", "gpu-hours")
+    in_readme = ("verdict-summary", "performance-headline", "setup-time", "executors-time", "gpu-hours", "main-job-time")
     assert all(where[name] == readme.README for name in in_readme)
     assert all(path.parent == readme.DOCS for name, path in where.items() if name not in in_readme)
 
@@ -263,6 +263,19 @@ def test_the_executors_time_comes_first_and_counts_in_the_main_jobs(tmp_path):
     assert "the `local` executor (2 workers, 7 runs trained, 25 minutes, 1 torch threads each), then 1 notebooks, " \
            "30 minutes in all (0 runs trained in them and 7 read back from the results store; x86_64, 2 cores, 2 " \
            "torch threads; commit dddddddddd" in text
+
+
+def test_the_readmes_main_job_time_sums_the_fresh_clones_manifests(tmp_path):
+    empty = tmp_path / "empty_store_quick"
+    assert "No run of `make paper-figures` from an empty store is recorded" in time_blocks.main_job_time(empty)
+    (empty / "manifests").mkdir(parents=True)
+    common = {"profile": "quick", "commit": "d" * 40, "device": "cpu", "cpus": 2, "machine": "x86_64"}
+    (empty / "manifests" / "a.json").write_text(json.dumps({**common, "threads": 2, "seconds": 300}))
+    (empty / "manifests" / "executor.json").write_text(json.dumps({**common, "threads": 1, "seconds": 1500,
+                                                                  "executor": "local", "workers": 2}))
+    assert time_blocks.main_job_time(empty).startswith("*Its training and notebooks took 30 minutes from an empty "
+                                                       "results store on x86_64, 2 cores (the install and the report")
+    assert "`benchmarks/results/empty_store_quick/`, commit dddddddddd).*" in time_blocks.main_job_time(empty)
 
 
 def test_another_machines_run_is_listed_compared_and_gives_the_range(tmp_path):
