@@ -26,6 +26,31 @@ RUNS = [RunConfig(**{**TINY, "loss": "cross_entropy", "loss_options": {}, "seed"
 TIMINGS = ("epoch_seconds", "loss_seconds")
 
 
+@pytest.fixture(autouse=True)
+def one_convolution_algorithm():
+    """Grouped and plain convolutions by one algorithm (oneDNN off): with oneDNN they take other paths on some
+    processors (AVX-512), and the rounding apart grows over three epochs of training to 1e-4 of the loss. (Not through
+    ``monkeypatch``, which a test undoes midway.)"""
+    enabled, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, False
+    yield
+    torch.backends.mkldnn.enabled = enabled
+
+
+#: One image of TINY's validation and test sets (one per class of 100): the most a borderline image moves an accuracy.
+ONE_IMAGE = 1 / 100
+
+
+def _within_one_image(measured, expected) -> bool:
+    """Whether two evaluations (nested mappings of accuracies and class counts) agree up to one borderline image per
+    accuracy, which rounding may flip (with oneDNN on, on AVX-512, a top-5 count moved by one image)."""
+    if isinstance(expected, dict):
+        return measured.keys() == expected.keys() and all(_within_one_image(measured[name], expected[name])
+                                                          for name in expected)
+    if isinstance(expected, float) and isinstance(measured, float):
+        return abs(measured - expected) <= ONE_IMAGE + 1e-9
+    return measured == expected
+
+
 def _without_timings(record: dict) -> dict:
     history = [{name: value for name, value in epoch.items() if name not in TIMINGS} for epoch in record["history"]]
     return {**{name: value for name, value in record.items() if name != "provenance"}, "history": history}
@@ -39,9 +64,9 @@ def test_stacked_runs_get_the_records_of_runs_trained_alone_up_to_rounding(tmp_p
         for epoch_alone, epoch_together in zip(own["history"], together["history"], strict=True):
             assert epoch_together["train_loss"] == pytest.approx(epoch_alone["train_loss"], rel=1e-4)
             assert epoch_together["grad_nonzero"] == pytest.approx(epoch_alone["grad_nonzero"], rel=1e-4)
-            assert epoch_together["val"] == epoch_alone["val"]  # counts of images: rounding does not move them
+            assert _within_one_image(epoch_together["val"], epoch_alone["val"])
             assert epoch_together["stack"] == 2 and "stack" not in epoch_alone
-        assert together["test"] == own["test"]
+        assert _within_one_image(together["test"], own["test"])
         assert together["provenance"]["stacked_with"] == [config.training_key() for config in RUNS]
         assert "stacked_with" not in own["provenance"]
     store = ResultsStore(tmp_path / "stacked")  # the siblings' records too, and no checkpoint left
@@ -123,7 +148,8 @@ def test_a_run_whose_loss_becomes_nan_is_named_and_the_others_keep_their_epoch(t
     survivor = run(RUNS[0], store)
     expected = run(RUNS[0], alone)
     for epoch, lone in zip(survivor["history"], expected["history"], strict=True):
-        assert epoch["train_loss"] == pytest.approx(lone["train_loss"], rel=1e-4) and epoch["val"] == lone["val"]
+        assert epoch["train_loss"] == pytest.approx(lone["train_loss"], rel=1e-4)
+        assert _within_one_image(epoch["val"], lone["val"])
 
 
 def test_a_run_another_process_holds_is_left_to_it_and_the_rest_trains(tmp_path, monkeypatch):
