@@ -63,8 +63,6 @@ class Context:
                  threads: int, workers: int | None = None, compile_mode: str | None = None):
         if device not in DEVICES and not device.startswith("cuda:"):
             raise ValueError(f"'device' should be one of {DEVICES} or 'cuda:N', got {device!r}")
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} was asked for, but torch sees no CUDA device here")
         if compile_mode is not None and compile_mode not in COMPILE_MODES:
             raise ValueError(f"'compile_mode' should be None or one of {COMPILE_MODES}, got {compile_mode!r}")
         if threads:
@@ -78,7 +76,9 @@ class Context:
         self.outputs: list[str] = []
         self.runs = {"trained": 0, "from_store": 0}  # this notebook's runs, by where their records came from
         self.started = time.time()
-        self.commit, self.machine = git_commit(), device_name(device)
+        # a notebook that reads every run from the store needs no GPU (a cluster's login node, after the executor)
+        self.no_cuda_here = device.startswith("cuda") and not torch.cuda.is_available()
+        self.commit, self.machine = git_commit(), device_name("cpu" if self.no_cuda_here else device)
         (figures / "claims").mkdir(parents=True, exist_ok=True)
         (figures / "manifests").mkdir(parents=True, exist_ok=True)
         self._write_manifest()
@@ -109,6 +109,10 @@ class Context:
         the real dataset's folder, None on a synthetic stand-in). It trains under the store's claim: while an executor
         or another notebook trains the same run, this waits for its record instead of training it twice."""
         cached = self.store.record_path(config.key()).exists()
+        if not cached and self.no_cuda_here:
+            raise ValueError(f"run {config.key()} is not in the store {self.store.root}, and device {self.device!r} "
+                             "was asked for to train it, but torch sees no CUDA device here: train the profile's runs "
+                             "where there is one (make train, EXECUTOR=slurm), then run the notebooks anywhere")
         try:
             return train_once(config, self.store, device=self.device, data_root=data_root, num_workers=self.workers,
                               compile_mode=self.compile_mode)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
 from experiments.spec import profiles, tuned
 from experiments.spec.profiles import QUICK
@@ -138,3 +139,12 @@ def test_the_committed_quick_calibration_is_settled_or_says_why_not():
         status = fixed_point.status(QUICK, setup)
         assert status["state"].startswith(("settled", "not settled after 3")), (setup, status)
         assert fixed_point.next_step(QUICK, setup) is None, f"{setup}: run `make calibrate`"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_calibrating_on_cuda_without_a_gpu_stops_with_what_to_do(tmp_path):
+    """``make paper-figures DEVICE=cuda`` on a cluster's login node calibrates first: one line saying where to run it."""
+    with pytest.raises(SystemExit, match=r"error: calibrating the gpu profile's cifar stand-in trains on cuda, but "
+                                         r"torch sees no CUDA device here: run `make calibrate PROFILE=gpu DEVICE=cuda` "
+                                         r"on a machine with a GPU \(on a cluster: inside srun or salloc\)"):
+        fixed_point.main(["gpu", "--device", "cuda", "--store", str(tmp_path)])

@@ -18,6 +18,8 @@ from experiments.spec import grids
 from experiments.tuning import calibration, fixed_point, learning_rates
 from experiments.analysis.claims import Verdict
 from experiments import paths, provenance
+from experiments.engine.store import ResultsStore
+from experiments.engine.train import run
 from experiments.paths import NOTEBOOKS
 from experiments.spec.profiles import PROFILES, QUICK, SMOKE
 
@@ -65,6 +67,20 @@ def test_a_diverged_run_is_a_row_not_a_failed_notebook(tmp_path, monkeypatch):
     ctx = harness.start("table3_samples", "smoke", store=tmp_path / "store", figures=tmp_path / "figures")
     frame = ctx.run(grids.table3(SMOKE)[:2], progress=False)
     assert list(frame["status"]) == ["diverged", "diverged"] and "NaN" in frame["error"].iloc[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_a_cuda_notebook_without_a_gpu_reads_finished_runs_and_refuses_to_train_a_missing_one(tmp_path):
+    """On a cluster's login node after the executor: the runs are in the store, the GPU is not; the notebook reads
+    them, and names a missing run instead of training it on the wrong device."""
+    cells = grids.table3(SMOKE)[:2]
+    store = ResultsStore(tmp_path / "store")
+    run(cells[0].config, store)
+    ctx = harness.start("table3_samples", "smoke", device="cuda", store=store.root, figures=tmp_path / "figures")
+    assert ctx.record(cells[0].config)["key"] == cells[0].config.key() and ctx.runs["from_store"] == 1
+    with pytest.raises(ValueError, match=f"run {cells[1].config.key()} is not in the store .*torch sees no CUDA device "
+                                         "here: train the profile's runs where there is one"):
+        ctx.record(cells[1].config)
 
 
 def test_the_description_of_a_setup_reads_the_schedule_from_its_config(tmp_path, monkeypatch):

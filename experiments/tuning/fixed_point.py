@@ -24,6 +24,7 @@ import warnings
 from dataclasses import dataclass, field, replace
 
 import pandas as pd
+import torch
 
 from experiments.engine.train import run
 from experiments.spec import tuned
@@ -133,9 +134,18 @@ def main(argv: list[str] | None = None) -> int:
               f"({'real data' if not profile.cifar.synthetic else 'it trains too little for its numbers to mean anything'})")
         return 0
     for setup in profile.calibrated_setups:
-        profile = settle(profile, setup, lambda config: run(config, store, device=device))
+        profile = settle(profile, setup, lambda config: _trained(config, store, device, profile.name, setup))
         print(f"{setup}: {status(profile, setup)['state']}", flush=True)
     return 0
+
+
+def _trained(config, store, device: str, profile: str, setup: str) -> dict:
+    """A calibration run's record: read back, or trained on ``device``; a clear stop where that device is missing."""
+    if device.startswith("cuda") and not torch.cuda.is_available() and store.finished(config.key()) is None:
+        raise SystemExit(f"error: calibrating the {profile} profile's {setup} stand-in trains on {device}, but torch "
+                         f"sees no CUDA device here: run `make calibrate PROFILE={profile} DEVICE=cuda` on a machine "
+                         "with a GPU (on a cluster: inside srun or salloc), then this again")
+    return run(config, store, device=device)
 
 
 if __name__ == "__main__":
