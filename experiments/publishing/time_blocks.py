@@ -59,23 +59,34 @@ def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE,
 def main_job_time(empty_store: Path = BENCHMARK_RESULTS / f"empty_store_{DEFAULT_PROFILE}") -> str:
     """The README's line on how long ``make paper-figures`` takes: the executor's and the notebooks' minutes of the run
     from an empty results store on a fresh clone (its manifests), with its processor and commit."""
-    manifests = [json.loads(path.read_text()) for path in sorted((empty_store / "manifests").glob("*.json"))]
+    manifests = _manifests(empty_store / "manifests")
     if not manifests:
         return f"*No run of `make paper-figures` from an empty store is recorded in `benchmarks/results/{empty_store.name}/`.*"
-    processors = sorted({_processor(m) for m in manifests if "cpus" in m and "executor" not in m})
+    processors = _notebooks_processors(manifests)
     commits = ", ".join(sorted({short_commit(m["commit"]) for m in manifests}))
     return (f"*Its training and notebooks took {_minutes(sum(m['seconds'] for m in manifests))} from an empty results "
-            f"store on {', '.join(processors)} (the install and the report on top; [how long](docs/reproducing.md#how-"
-            f"long-it-took), `benchmarks/results/{empty_store.name}/`, commit {commits}).*")
+            f"store on {', '.join(processors)}, the install and the report on top; another processor may take several "
+            f"times longer ([how long](docs/reproducing.md#how-long-it-took), `benchmarks/results/{empty_store.name}/`, "
+            f"commit {commits}).*")
 
 
 def _range_line(folders: list[Path]) -> str:
     """The range of the main job's times from an empty store over the runs whose manifests are in ``folders``."""
-    runs = [[json.loads(path.read_text()) for path in folder.glob("*.json")] for folder in folders]
+    runs = [_manifests(folder) for folder in folders]
     minutes = [sum(m["seconds"] for m in manifests) / 60 for manifests in runs]
-    processors = sorted({_processor(m) for manifests in runs for m in manifests if "cpus" in m and "executor" not in m})
+    processors = _notebooks_processors([m for manifests in runs for m in manifests])
     return (f"- Expect {min(minutes):.0f} to {max(minutes):.0f} minutes for the training and the notebooks from an "
             f"empty store: the range of these {len(runs)} runs ({'; '.join(processors)})")
+
+
+def _manifests(folder: Path) -> list[dict]:
+    """The manifests (the executor's and the notebooks') in ``folder``."""
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+
+
+def _notebooks_processors(manifests: list[dict]) -> list[str]:
+    """The processors the notebooks of ``manifests`` ran on (those that name one), each once."""
+    return sorted({_processor(m) for m in manifests if "cpus" in m and "executor" not in m})
 
 
 def _rerun_line(what: str, figures: Path, rerun: Path) -> str:
@@ -105,7 +116,7 @@ def _manifests_line(what: str, directory: Path, shown: str) -> str:
     """Minutes in all of the executor (where one trained the runs first) and the notebooks whose manifests are in
     ``directory``, where they ran, and how many runs were trained there or read back from the results store (trained
     before, by the executor, or by an earlier notebook)."""
-    manifests = [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
+    manifests = _manifests(directory)
     if not manifests:
         return f"*No manifest in `{shown}`: run `make paper-figures`.*"
     seconds = sum(m["seconds"] for m in manifests)

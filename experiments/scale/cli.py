@@ -131,7 +131,7 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
         return (f"--gpus should be a positive number of GPUs, got {args.gpus}"
                 if args.gpus is not None and args.gpus < 1 else None)
     if args.threads < 0:
-        return f"--threads should be a positive number of torch CPU threads per run (0: the default), got {args.threads}"
+        return f"--threads should be 0 (the default) or a positive number of torch CPU threads per run, got {args.threads}"
     if args.command == "run-one":
         return None
     if args.executor == "local":
@@ -139,12 +139,12 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
             executors.slots(args.jobs, args.per_gpu, args.device)
         except ValueError as error:
             return str(error)
-    if args.executor == "slurm" and bool(args.gpus_per_task) != args.device.startswith("cuda"):
-        return (f"--gpus-per-task {args.gpus_per_task} with --device {args.device}: the tasks would "
-                + ("hold GPUs and train on the CPU; add --device cuda" if args.gpus_per_task else
-                   "train on CUDA without a GPU; add --gpus-per-task 1"))
-    if args.data_root is None and (real := [run for run in runs if run.data_subdir is not None]):
-        return (f"{len(real)} runs of the {args.profile} profile train on real datasets: pass their root "
+    if args.executor == "slurm" and (problem := slurm.refusal(args)):
+        return problem
+    finished = ResultsStore(store)
+    if args.data_root is None and (real := [run for run in runs if run.data_subdir is not None
+                                            and not finished.record_path(run.key).exists()]):
+        return (f"{len(real)} runs of the {args.profile} profile still to train are on real datasets: pass their root "
                 "(--data-root, make DATA=)")
     return None
 
@@ -214,12 +214,13 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     progress, started = Progress(todo, store=ResultsStore(options.store)), time.time()
     on_gpus = (args.executor == "local" and args.per_gpu) or options.device.startswith("cuda")
     sharing = gpu_sharing("cuda" if on_gpus else "")  # how the GPUs were shared, as training begins
-    if args.executor == "inline":
-        executors.inline(todo, options, progress)
-    elif args.executor == "local":
-        executors.local(todo, options, progress, jobs=args.jobs, per_gpu=args.per_gpu, sharing=sharing)
-    else:
-        slurm.train(todo, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
+    with progress.watching():
+        if args.executor == "inline":
+            executors.inline(todo, options, progress)
+        elif args.executor == "local":
+            executors.local(todo, options, progress, jobs=args.jobs, per_gpu=args.per_gpu, sharing=sharing)
+        else:
+            slurm.train(todo, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
     print(progress.summary(), file=sys.stderr)
     into_notebooks_store = Path(options.store).resolve() == (RESULTS / args.profile).resolve()
     if (args.figures or into_notebooks_store) and not (args.executor == "slurm" and args.sbatch_only):

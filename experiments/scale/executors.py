@@ -22,14 +22,12 @@ from pathlib import Path
 
 import torch
 
+from experiments.engine.batches import default_workers
 from experiments.engine.run_claim import train_once, train_stacked_once
 from experiments.engine.store import ResultsStore
 from experiments.scale.gpu_sharing import side_by_side_note
 from experiments.scale.plan import PlannedRun, stacks
 from experiments.scale.progress import Progress
-
-#: Seconds between two looks at the running runs' checkpoints, for the progress line, while the workers train.
-OBSERVE_EVERY = 30.0
 
 
 @dataclass(frozen=True)
@@ -120,7 +118,7 @@ def slots(jobs: int, per_gpu: int | None, device: str) -> list[str]:
 
 def cpu_threads(workers: int) -> int:
     """The machine's usable cores split between ``workers`` processes (at least one each)."""
-    return max(1, len(os.sched_getaffinity(0)) // workers)
+    return max(1, default_workers() // workers)
 
 
 def local(runs: list[PlannedRun], options: TrainOptions, progress: Progress, *, jobs: int = 1,
@@ -130,7 +128,7 @@ def local(runs: list[PlannedRun], options: TrainOptions, progress: Progress, *, 
     :func:`experiments.scale.gpu_sharing.gpu_sharing`), a note where runs side by side on a GPU would gain nothing."""
     devices = slots(jobs, per_gpu, options.device)
     threads = options.threads or cpu_threads(len(devices))
-    if per_gpu is None and len(devices) > (cores := len(os.sched_getaffinity(0))):
+    if per_gpu is None and len(devices) > (cores := default_workers()):
         print(f"note: {len(devices)} workers on {cores} cores take turns on them, which is slower than one worker a "
               "core (--jobs)", file=sys.stderr)
     side_by_side = [run for run in runs if not run.alone]
@@ -159,8 +157,16 @@ class _Pool:
         self.workers[slot] = (process, parent, None)
 
     def _send(self, slot: int, group: list[PlannedRun]) -> None:
+        """Send ``group`` to the slot's worker; one that died since its last group (none of its runs lost) is
+        replaced first."""
         process, connection, _ = self.workers[slot]
-        connection.send(group)
+        try:
+            connection.send(group)
+        except OSError:  # BrokenPipeError, ConnectionResetError: the worker is gone
+            process.join(timeout=5)
+            self._start(slot)
+            process, connection, _ = self.workers[slot]
+            connection.send(group)
         self.workers[slot] = (process, connection, group)
         for run in group:
             self.progress.start(run)
@@ -190,11 +196,7 @@ class _Pool:
 
     def _collect(self, queue: list[list[PlannedRun]]) -> None:
         busy = {slot: worker for slot, worker in self.workers.items() if worker[2] is not None}
-        ready = wait([connection for _, connection, _ in busy.values()] + [process.sentinel for process, _, _ in busy.values()],
-                     timeout=OBSERVE_EVERY)
-        if not ready:
-            self.progress.observe()
-            return
+        ready = wait([connection for _, connection, _ in busy.values()] + [process.sentinel for process, _, _ in busy.values()])
         for slot, (process, connection, group) in busy.items():
             if connection in ready and (received := _received(connection)) is not None:
                 outcome, detail = received
@@ -204,7 +206,10 @@ class _Pool:
                 else:
                     _report(group, self.options, self.progress, detail)
             elif connection in ready or (process.sentinel in ready and not process.is_alive()):
-                process.join(timeout=5)  # its pipe closed: it died
+                process.join(timeout=5)  # its pipe closed: it died, or is dying
+                if process.is_alive():  # stuck on its way out (a GPU's teardown, say): its GPU memory is needed
+                    process.terminate()
+                    process.join(timeout=5)
                 path = log_path(self.options, group)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with path.open("a") as handle:

@@ -1,17 +1,22 @@
 """One progress display over a whole profile's training: done, running, failed, left, images per second and the time
 left, on one line rewritten in place on a terminal and a line per finished run elsewhere (a log, a CI job). Given the
-store, it also counts the epochs that running runs have checkpointed (:meth:`Progress.observe`, which the executors
-call while they wait), so that hours-long runs show their rate before the first one ends."""
+store, it also counts the epochs that running runs have checkpointed (:meth:`Progress.observe`, every
+:data:`OBSERVE_EVERY` seconds while :meth:`Progress.watching`), so that hours-long runs show their rate before the first
+one ends."""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from typing import TextIO
 
 from experiments.engine.store import ResultsStore
 from experiments.scale.plan import PlannedRun
 
+#: Seconds between two looks at the running runs' checkpoints (:meth:`Progress.watching`).
+OBSERVE_EVERY = 30.0
 #: Seconds between two progress lines in a log while runs train (a terminal's line is rewritten at every look).
 LOG_EVERY = 600.0
 
@@ -31,6 +36,7 @@ class Progress:
         self.failed: dict[str, str] = {}  # key -> its log
         self.started = self.logged = time.monotonic()
         self.tty = stream.isatty()
+        self.lock = threading.Lock()  # the executor's thread and :meth:`watching`'s
 
     @property
     def done(self) -> int:
@@ -42,29 +48,55 @@ class Progress:
         return run.train_images * self.store.epochs_kept(run.key) // run.config.epochs
 
     def start(self, run: PlannedRun) -> None:
-        self.running[run.key] = time.monotonic()
-        self._show()
+        with self.lock:
+            self.running[run.key] = time.monotonic()
+            self._show()
 
     def finish(self, run: PlannedRun) -> None:
-        seconds = time.monotonic() - self.running.pop(run.key, time.monotonic())
-        self.finished.add(run.key)
-        self.trained[run.key] = (run.train_images or 0) - self.kept[run.key]
-        self._show(f"finished {run.key} ({', '.join(run.notebooks)}) in {seconds:.1f} s")
+        with self.lock:
+            seconds = time.monotonic() - self.running.pop(run.key, time.monotonic())
+            self.finished.add(run.key)
+            self.trained[run.key] = (run.train_images or 0) - self.kept[run.key]
+            self._show(f"finished {run.key} ({', '.join(run.notebooks)}) in {seconds:.1f} s")
 
     def fail(self, run: PlannedRun, log: str) -> None:
-        self.running.pop(run.key, None)
-        self.failed[run.key] = log
-        self._show(f"FAILED {run.key} ({', '.join(run.notebooks)}): see {log}")
+        with self.lock:
+            self.running.pop(run.key, None)
+            self.failed[run.key] = log
+            self._show(f"FAILED {run.key} ({', '.join(run.notebooks)}): see {log}")
 
     def observe(self) -> None:
-        """Count the epochs the running runs have checkpointed since this call began, and show the line (in a log, at
-        most every :data:`LOG_EVERY` seconds)."""
+        """Count the epochs the running runs have checkpointed since this call began (never fewer than counted before:
+        a finished run's checkpoints are gone before its end is reported), and show the line (in a log, at most every
+        :data:`LOG_EVERY` seconds)."""
         if self.store is None:
             return
-        for key in self.running:
-            self.trained[key] = max(0, self._checkpointed(self.runs[key]) - self.kept[key])
-        if self.tty or time.monotonic() - self.logged >= LOG_EVERY:
-            self._show("training" if not self.tty else None)
+        with self.lock:
+            running = list(self.running)
+        checkpointed = {key: self._checkpointed(self.runs[key]) - self.kept[key] for key in running}  # reads: unlocked
+        with self.lock:
+            for key, images in checkpointed.items():
+                if key in self.running:
+                    self.trained[key] = max(self.trained.get(key, 0), images)
+            if self.tty or time.monotonic() - self.logged >= LOG_EVERY:
+                self._show("training" if not self.tty else None)
+
+    @contextmanager
+    def watching(self, every: float = OBSERVE_EVERY):
+        """:meth:`observe` every ``every`` seconds in a thread of its own, while the body trains."""
+        stop = threading.Event()
+
+        def look() -> None:
+            while not stop.wait(every):
+                self.observe()
+
+        thread = threading.Thread(target=look, name="progress", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
 
     def line(self) -> str:
         elapsed = time.monotonic() - self.started

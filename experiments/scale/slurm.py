@@ -64,6 +64,25 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                        help="write the plain sbatch scripts and submit nothing (run them with sbatch yourself)")
 
 
+def refusal(args: argparse.Namespace) -> str | None:
+    """What is wrong with the Slurm options of ``train`` (None: nothing). A run trains on one GPU, the first its task
+    sees, so a task holds one GPU exactly when it trains on ``cuda``."""
+    for name in ("cpus_per_task", "time_min", "array_parallelism"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} should be a positive number, got {getattr(args, name)}"
+    if args.poll <= 0 or (args.mem_gb is not None and args.mem_gb <= 0):
+        return f"--poll and --mem-gb should be positive, got {args.poll} and {args.mem_gb}"
+    if args.device not in ("cpu", "cuda"):
+        return f"--device should be cpu or cuda for Slurm's tasks (each numbers its own GPUs from 0), got {args.device}"
+    if args.gpus_per_task not in (0, 1):
+        return f"--gpus-per-task should be 0 or 1 (a run trains on one GPU), got {args.gpus_per_task}"
+    if bool(args.gpus_per_task) != (args.device == "cuda"):
+        return (f"--gpus-per-task {args.gpus_per_task} with --device {args.device}: the tasks would "
+                + ("hold GPUs and train on the CPU; add --device cuda" if args.gpus_per_task else
+                   "train on CUDA without a GPU; add --gpus-per-task 1"))
+    return None
+
+
 def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: SlurmOptions, profile: str,
                   name: str) -> Path:
     """Write ``<folder>/<name>.keys`` (a line of keys per task) and ``<folder>/<name>.sbatch``: an array with one task
@@ -183,5 +202,4 @@ def follow(jobs: list, options: TrainOptions, progress: Progress, poll: float) -
                 continue
             del waiting[key]
         if waiting:
-            progress.observe()
             time.sleep(poll)

@@ -20,8 +20,11 @@ needs_a_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.whi
                                       reason="inductor on a CPU needs a C++ compiler")
 
 
-def _cache_files(folder) -> set[str]:
-    return {str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file()}
+def _cache_files(folder) -> dict[str, tuple[int, int]]:
+    """Each file of the cache with its inode and modification time: an entry written again (a compilation missed)
+    is a new file renamed into place, with another inode."""
+    return {str(path.relative_to(folder)): (path.stat().st_ino, path.stat().st_mtime_ns)
+            for path in folder.rglob("*") if path.is_file()}
 
 
 @needs_a_compiler
@@ -51,7 +54,8 @@ def test_a_cache_folder_named_by_the_user_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     monkeypatch.setenv(VARIABLE, str(tmp_path / "mine"))
     assert share_compilations() == str(tmp_path / "mine")
-    for unchosen in (None, default_cache_dir()):  # unset, or torch's default as importing inductor sets it
+    inherited = str(tmp_path / "submitting-hosts-tmp" / os.path.basename(default_cache_dir()))
+    for unchosen in (None, default_cache_dir(), inherited):  # unset, or torch's default here or where sbatch ran
         if unchosen is None:
             monkeypatch.delenv(VARIABLE)
         else:
@@ -71,3 +75,11 @@ def test_only_a_compiled_training_points_the_process_at_the_users_cache(tmp_path
     assert os.environ[VARIABLE] == default_cache_dir()
     assert train_once(config, store, compile_mode="default") == record
     assert os.environ[VARIABLE] == str(user_compile_cache())
+
+
+def test_without_a_usable_home_compilations_stay_in_torchs_default_with_a_warning(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))  # its cache folder cannot be made
+    monkeypatch.delenv(VARIABLE, raising=False)
+    with pytest.warns(UserWarning, match="compilations stay in torch's default folder, not shared between machines"):
+        assert share_compilations() == default_cache_dir()

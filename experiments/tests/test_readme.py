@@ -274,7 +274,7 @@ def test_the_readmes_main_job_time_sums_the_fresh_clones_manifests(tmp_path):
     (empty / "manifests" / "executor.json").write_text(json.dumps({**common, "threads": 1, "seconds": 1500,
                                                                   "executor": "local", "workers": 2}))
     assert time_blocks.main_job_time(empty).startswith("*Its training and notebooks took 30 minutes from an empty "
-                                                       "results store on x86_64, 2 cores (the install and the report")
+                                                       "results store on x86_64, 2 cores, the install and the report")
     assert "`benchmarks/results/empty_store_quick/`, commit dddddddddd).*" in time_blocks.main_job_time(empty)
 
 

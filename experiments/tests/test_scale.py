@@ -91,8 +91,8 @@ def test_local_with_two_workers_gives_the_inline_records_bit_for_bit_and_names_a
 def test_progress_counts_the_epochs_running_runs_checkpointed_in_this_call_alone(tmp_path, monkeypatch):
     """A run resumed at epoch 1 of 3 and a fresh one: at the start nothing is counted as trained (the resumed epoch
     was trained before); after each running run checkpointed one more epoch, the line shows those two epochs' images
-    as trained, a rate and the time left; a finished run counts the rest of its own. A log gets a line at most every
-    LOG_EVERY seconds."""
+    as trained (looked at by :meth:`Progress.watching`'s thread), a rate and the time left; a finished run counts the
+    rest of its own. A log gets a line at most every LOG_EVERY seconds."""
     import io
 
     from experiments.scale import progress as progress_module
@@ -111,7 +111,10 @@ def test_progress_counts_the_epochs_running_runs_checkpointed_in_this_call_alone
     assert run(runs[0].config, store, stop_after_epochs=1) is None  # epoch 2 of 3
     assert run(runs[1].config, store, stop_after_epochs=1) is None  # epoch 1 of 3
     monkeypatch.setattr(progress_module, "LOG_EVERY", 0.0)
-    progress.observe()
+    with progress.watching(every=0.01):  # observes in its own thread
+        deadline = time.time() + 60
+        while sum(progress.trained.values()) < 200 and time.time() < deadline:
+            time.sleep(0.01)
     assert progress.trained == {runs[0].key: 100, runs[1].key: 100}
     assert "2 running, 0 failed, 0 left" in log.getvalue() and "left" in log.getvalue().split("images/s")[-1]
     progress.finish(runs[0])

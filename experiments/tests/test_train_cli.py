@@ -28,17 +28,25 @@ REFUSED = [
                                                                "processes, got 0"),
     (["train", "smoke", "--executor", "local", "--per-gpu", "0"], "(--per-gpu) should be a positive number of runs "
                                                                   "per GPU, got 0"),
-    (["train", "smoke", "--threads", "-1"], "--threads should be a positive number of torch CPU threads per run "
-                                            "(0: the default), got -1"),
-    (["run-one", SMOKE_KEY, "--profile", "smoke", "--threads", "-2"], "--threads should be a positive number"),
+    (["train", "smoke", "--threads", "-1"], "--threads should be 0 (the default) or a positive number of torch CPU "
+                                            "threads per run, got -1"),
+    (["run-one", SMOKE_KEY, "--profile", "smoke", "--threads", "-2"], "--threads should be 0 (the default) or a "),
     (["train", "smoke", "--stack", "0"], "--stack should be a positive number of runs stacked into one model, got 0"),
     (["plan", "smoke", "--gpus", "0"], "--gpus should be a positive number of GPUs, got 0"),
     (["train", "smoke", "--executor", "slurm", "--gpus-per-task", "1", "--sbatch-only"],
      "--gpus-per-task 1 with --device cpu: the tasks would hold GPUs and train on the CPU; add --device cuda"),
     (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-only"],
      "--gpus-per-task 0 with --device cuda: the tasks would train on CUDA without a GPU; add --gpus-per-task 1"),
-    (["train", "paper"], "206 runs of the paper profile train on real datasets: pass their root (--data-root, "
-                         "make DATA=)"),
+    (["train", "paper"], "206 runs of the paper profile still to train are on real datasets: pass their root "
+                         "(--data-root, make DATA=)"),
+    (["train", "smoke", "--executor", "slurm", "--device", "cuda:1", "--gpus-per-task", "1", "--sbatch-only"],
+     "--device should be cpu or cuda for Slurm's tasks (each numbers its own GPUs from 0), got cuda:1"),
+    (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--gpus-per-task", "2", "--sbatch-only"],
+     "--gpus-per-task should be 0 or 1 (a run trains on one GPU), got 2"),
+    (["train", "smoke", "--executor", "slurm", "--time-min", "0", "--sbatch-only"],
+     "--time-min should be a positive number, got 0"),
+    (["train", "smoke", "--executor", "slurm", "--mem-gb", "-1", "--sbatch-only"],
+     "--poll and --mem-gb should be positive, got 10.0 and -1.0"),
 ]
 
 
