@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     command = profile_steps.parse_command("python -m experiments.probes.crowding", __doc__.split("\n\n")[0], argv)
     if command is None:
         return 2
-    profile, store, device = command
+    profile, store, device, _ = command
     rows = measure(profile, lambda config: run(config, store, device=device))
     write_csv(rows, FIELDS, path_for(profile.name))
     print(markdown(rows))

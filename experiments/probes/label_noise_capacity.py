@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                                           __doc__.split("\n\n")[0], argv)
     if command is None:
         return 2
-    profile, store, device = command
+    profile, store, device, _ = command
     train = lambda config: run(config, store, device=device)  # noqa: E731
     rows = []
     for loss, variants in MEASURED:

@@ -74,6 +74,30 @@ def test_calibration_fits_the_papers_ce_numbers_and_measures_the_held_out_ones_a
     assert {config.lr for config in trained} == {QUICK.cifar.lr}
 
 
+def test_each_step_of_the_search_announces_its_runs_before_training_any_and_the_result_is_the_same():
+    """``ahead`` hears each move's unsearched points' runs at once (so an executor can train them side by side), every
+    run before ``train`` is asked for it; the calibration is the one made without it."""
+    announced, batches, trained = set(), [], []
+
+    def ahead(configs):
+        batches.append(configs)
+        announced.update(config.key() for config in configs)
+
+    def train(config):
+        assert config.key() in announced, "a run trained before it was announced"
+        trained.append(config.key())
+        return _knob_response(config)
+
+    entry = calibration.calibrate(QUICK, "cifar", train, ahead=ahead)
+    assert entry == replace(calibration.calibrate(QUICK, "cifar", _knob_response), commit=entry.commit,
+                            seconds=entry.seconds)
+    runs_per_point = len(QUICK.cifar.seeds) * 2  # CE at p = 0 and p = 0.4: two cells of the fitted numbers
+    knobs = len(calibration.STAND_INS["cifar"].start)
+    assert len(batches[0]) == runs_per_point  # the start
+    assert max(len(batch) for batch in batches[1:-1]) == 2 * knobs * runs_per_point  # a move: every neighbour at once
+    assert set(trained) == announced  # nothing announced in vain
+
+
 def test_each_point_fits_the_mean_of_every_seeds_ce_runs_as_the_tables_show_it():
     seeds = QUICK.cifar.seeds
 

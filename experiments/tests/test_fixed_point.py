@@ -22,7 +22,7 @@ def calibrations(tmp_path, monkeypatch) -> list[dict]:
     calls, calibrate = [], calibration.calibrate
 
     def spy(profile, setup, train, **options):
-        calls.append(options)
+        calls.append({name: value for name, value in options.items() if name != "ahead"})
         return calibrate(profile, setup, train, **options)
 
     monkeypatch.setattr(calibration, "calibrate", spy)
@@ -148,3 +148,27 @@ def test_calibrating_on_cuda_without_a_gpu_stops_with_what_to_do(tmp_path):
                                          r"torch sees no CUDA device here: run `make calibrate PROFILE=gpu DEVICE=cuda` "
                                          r"on a machine with a GPU \(on a cluster: inside srun or salloc\)"):
         fixed_point.main(["gpu", "--device", "cuda", "--store", str(tmp_path)])
+
+
+def test_executor_ahead_trains_a_steps_missing_runs_side_by_side_into_the_store(tmp_path):
+    """What the search announces and the store lacks trains in two worker processes (each writes its run's log); the
+    search then reads each run back (the same record, not trained again); a lone run is left to the search."""
+    from experiments.engine.config import RunConfig
+    from experiments.engine.store import ResultsStore
+    from experiments.tests.test_experiments import TINY
+
+    store = ResultsStore(tmp_path)
+    configs = [RunConfig(**{**TINY, "loss": "cross_entropy", "loss_options": {}, "epochs": 1, "milestones": (),
+                            "seed": seed}) for seed in (1, 2, 3)]
+    ahead = fixed_point.executor_ahead(store, 2, None, "cpu", None)
+    ahead(configs[:1])
+    assert store.finished(configs[0].key()) is None  # one run: the search trains it itself
+    ahead(configs[1:] + configs[1:2])
+    records = [store.finished(config.key()) for config in configs[1:]]
+    assert all(records) and all((tmp_path / "logs" / f"{config.key()}.log").exists() for config in configs[1:])
+    assert [fixed_point._trained(config, store, "cpu", "quick", "cifar") for config in configs[1:]] == records
+
+
+def test_calibration_refuses_a_bad_number_of_workers(capsys):
+    assert fixed_point.main(["quick", "--jobs", "0"]) == 2
+    assert "(--jobs) should be a positive number of worker processes, got 0" in capsys.readouterr().err

@@ -146,14 +146,26 @@ def calibrated_rates(entry: Calibration, profile: Profile, setup: str) -> dict:
     return {key: entry.ce_multipliers.get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
 
 
+def _cell_configs(profile: Profile, setup: str, knobs: dict, targets, rates: dict | None, seed: int | None) -> dict:
+    """The CE run behind each cell of ``targets`` (:func:`ce_config`), in the targets' order."""
+    first = {}
+    for target in targets:
+        first.setdefault(target.cell, target)
+    return {cell: ce_config(profile, setup, target, knobs, rates, seed) for cell, target in first.items()}
+
+
+def configs(profile: Profile, setup: str, knobs: dict, targets, rates: dict | None = None) -> list:
+    """The CE runs :func:`measure_seeds` trains at ``knobs`` for ``targets``: one per target's cell and seed."""
+    return [config for seed in getattr(profile, setup).seeds
+            for config in _cell_configs(profile, setup, knobs, targets, rates, seed).values()]
+
+
 def measure(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None,
             seed: int | None = None) -> dict:
     """Our CE number (percent) for each of ``targets`` at ``knobs``, the learning-rate multipliers ``rates`` and
     ``seed`` (:func:`ce_config`); ``train(config)`` gives a run's record."""
-    records = {}
-    for target in targets:
-        if target.cell not in records:
-            records[target.cell] = train(ce_config(profile, setup, target, knobs, rates, seed))
+    records = {cell: train(config) for cell, config in _cell_configs(profile, setup, knobs, targets, rates,
+                                                                      seed).items()}
     values = {}
     for target in targets:
         value = records[target.cell]["test"]
@@ -185,15 +197,19 @@ def rms_gap(values: dict, targets) -> float:
     return math.sqrt(sum(g * g for g in gaps) / len(gaps)) if all(map(math.isfinite, gaps)) else math.inf
 
 
-def compass_search(error: Callable[[dict], float], start: dict, steps: dict, halvings: int = 2) -> dict:
+def compass_search(error: Callable[[dict], float], start: dict, steps: dict, halvings: int = 2,
+                   ahead: Callable[[list[dict]], None] = lambda points: None) -> dict:
     """Knobs minimising ``error``: move to the best of the 2 x len(start) neighbours one step away along a knob
-    while it improves (at most :data:`MOVES_PER_STEP` times), then halve the steps, ``halvings`` times."""
+    while it improves (at most :data:`MOVES_PER_STEP` times), then halve the steps, ``halvings`` times. Each move's
+    points are given to ``ahead`` before any is scored: they are independent, so their runs can train side by side."""
+    ahead([dict(start)])
     centre, best, steps = dict(start), error(start), dict(steps)
     for _ in range(halvings + 1):
         for _ in range(MOVES_PER_STEP):
             neighbours = [{**centre, knob: round(min(LARGEST_KNOB.get(knob, math.inf),
                                                      max(SMALLEST_KNOB[knob], centre[knob] + sign * steps[knob])), 4)}
                           for knob in centre for sign in (-1, 1)]
+            ahead([n for n in neighbours if n != centre])
             scored = min(((error(n), i, n) for i, n in enumerate(neighbours) if n != centre), default=None)
             if scored is None or scored[0] >= best:
                 break
@@ -203,10 +219,13 @@ def compass_search(error: Callable[[dict], float], start: dict, steps: dict, hal
 
 
 def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dict | None = None,
-              start: dict | None = None, round_: int = 1) -> Calibration:
+              start: dict | None = None, round_: int = 1, ahead=None) -> Calibration:
     """Search the knobs of ``setup``'s stand-in with CE at the learning-rate multipliers ``rates`` (by choice key;
     default: the grid's rate) from ``start`` (default: the stand-in's), then measure the held-out numbers at the chosen
-    knobs; ``round_`` is the round of :mod:`experiments.tuning.fixed_point`."""
+    knobs; ``round_`` is the round of :mod:`experiments.tuning.fixed_point`. ``train(config)`` gives a run's record;
+    ``ahead(configs)``, if given, is told the runs of each step of the search before ``train`` is asked for them, so
+    that an executor can train them side by side (:func:`experiments.tuning.fixed_point.executor_ahead`)."""
+    ahead = ahead or (lambda configs: None)
     stand_in = STAND_INS[setup]
     rates = {key: (rates or {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
     start = dict(start or stand_in.start)
@@ -223,8 +242,14 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
         points.append(Point(knobs, values, rms_gap(values, fitted)))
         return points[-1].rms_gap
 
+    def points_ahead(knob_points: list[dict]) -> None:
+        searched = [point.knobs for point in points]
+        ahead([config for knobs in knob_points if knobs not in searched
+               for config in configs(profile, setup, knobs, free, rates)])
+
     started = time.time()
-    knobs = compass_search(error, start, stand_in.steps, halvings)
+    knobs = compass_search(error, start, stand_in.steps, halvings, points_ahead)
+    ahead(configs(profile, setup, knobs, stand_in.targets, rates))
     values = measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
     return Calibration(dataset=getattr(profile, setup).dataset, knobs=knobs, start=start,
                        targets=tuple(Number(**asdict(t), ours=values[t.label]) for t in stand_in.targets),

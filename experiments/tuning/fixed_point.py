@@ -26,7 +26,11 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 import torch
 
-from experiments.engine.train import run
+from experiments.engine.run_claim import train_once
+from experiments.engine.train import COMPILE_MODES
+from experiments.scale import executors
+from experiments.scale.plan import PlannedRun
+from experiments.scale.progress import Progress
 from experiments.spec import tuned
 from experiments.spec.profiles import Profile, recalibrated
 from experiments.tuning import calibration, learning_rates, profile_steps
@@ -65,9 +69,10 @@ def next_step(profile: Profile, setup: str) -> Step | None:
     return Step("calibrate", learning_rates.ce_rates(chosen, profile, setup), fitted.knobs, fitted.round + 1)
 
 
-def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flush=True)) -> Profile:
+def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flush=True), ahead=None) -> Profile:
     """Take ``setup``'s steps (:func:`next_step`) until none is left, storing each; ``train(config)`` gives a run's
-    record. Returns the profile as stored at the end."""
+    record, and ``ahead(configs)``, if given, hears the calibration's runs of each step first
+    (:func:`executor_ahead`). Returns the profile as stored at the end."""
     profile = _reread(profile)
     while (step := next_step(profile, setup)) is not None:
         dataset = getattr(profile, setup).dataset
@@ -75,7 +80,7 @@ def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flu
             say(f"{setup}: calibrating {dataset} on cross-entropy at {calibration.rate_text(step.rates)}"
                 f" (round {step.round_}) ...")
             entry = calibration.calibrate(profile, setup, train, rates=step.rates, start=step.start,
-                                          round_=step.round_)
+                                          round_=step.round_, ahead=ahead)
             tuned.keep(profile.name, setup, entry)
             say(calibration.table(entry).to_string())
         else:
@@ -124,28 +129,62 @@ def table(profile: Profile) -> pd.DataFrame:
                         columns=["data", "round", "CE calibrated at", "CE chose", "state"]).set_index("data")
 
 
+def _executor_options(parser) -> None:
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="worker processes that train each step's calibration runs side by side (default 1: one "
+                             "after another in this process)")
+    parser.add_argument("--per-gpu", type=int, help="instead of --jobs: that many workers on each visible GPU")
+    parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES,
+                        help="torch.compile mode of the runs' steps")
+
+
 def main(argv: list[str] | None = None) -> int:
-    command = profile_steps.parse_command("python -m experiments.tuning.fixed_point", __doc__.split("\n\n")[0], argv)
+    command = profile_steps.parse_command("python -m experiments.tuning.fixed_point", __doc__.split("\n\n")[0], argv,
+                                          _executor_options)
     if command is None:
         return 2
-    profile, store, device = command
+    profile, store, device, args = command
     if not profile.calibrated_setups:
         print(f"the {profile.name} profile has no stand-in to calibrate "
               f"({'real data' if not profile.cifar.synthetic else 'it trains too little for its numbers to mean anything'})")
         return 0
+    try:
+        workers = executors.slots(args.jobs, args.per_gpu, device)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     for setup in profile.calibrated_setups:
-        profile = settle(profile, setup, lambda config: _trained(config, store, device, profile.name, setup))
+        def train(config, setup=setup):
+            return _trained(config, store, device, profile.name, setup, args.compile_mode)
+
+        ahead = executor_ahead(store, args.jobs, args.per_gpu, device, args.compile_mode) if len(workers) > 1 else None
+        profile = settle(profile, setup, train, ahead=ahead)
         print(f"{setup}: {status(profile, setup)['state']}", flush=True)
     return 0
 
 
-def _trained(config, store, device: str, profile: str, setup: str) -> dict:
+def executor_ahead(store, jobs: int, per_gpu: int | None, device: str, compile_mode: str | None):
+    """What :func:`experiments.tuning.calibration.calibrate` tells a step's runs to: those the store lacks train side
+    by side through the ``local`` executor (``jobs`` workers, or ``per_gpu`` on each GPU), and the search then reads
+    them back. A run that fails there is trained again by the search itself, which then fails with its error."""
+    options = executors.TrainOptions(str(store.root), device, compile_mode=compile_mode)
+
+    def ahead(configs) -> None:
+        todo = list({config.key(): config for config in configs if store.finished(config.key()) is None}.values())
+        if len(todo) > 1:
+            runs = [PlannedRun(config, ("calibration",), None, None) for config in todo]
+            executors.local(runs, options, Progress(runs, store=store), jobs=jobs, per_gpu=per_gpu)
+
+    return ahead
+
+
+def _trained(config, store, device: str, profile: str, setup: str, compile_mode: str | None = None) -> dict:
     """A calibration run's record: read back, or trained on ``device``; a clear stop where that device is missing."""
     if device.startswith("cuda") and not torch.cuda.is_available() and store.finished(config.key()) is None:
         raise SystemExit(f"error: calibrating the {profile} profile's {setup} stand-in trains on {device}, but torch "
                          f"sees no CUDA device here: run `make calibrate PROFILE={profile} DEVICE=cuda` on a machine "
                          "with a GPU (on a cluster: inside srun or salloc), then this again")
-    return run(config, store, device=device)
+    return train_once(config, store, device=device, compile_mode=compile_mode)
 
 
 if __name__ == "__main__":
