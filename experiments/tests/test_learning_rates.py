@@ -41,9 +41,11 @@ def test_each_loss_keeps_the_multiplier_of_its_best_validation_value_ties_to_the
             raise FloatingPointError("the training loss became NaN in epoch 2")
         return _record(config, best[config.loss, multiplier])
 
-    entry = learning_rates.choose(QUICK, "cifar", train)
+    announced = []
+    entry = learning_rates.choose(QUICK, "cifar", train, ahead=announced.append)
     assert entry.scales == {"cross_entropy top5": 1.0, "smooth_hinge top5": 10.0, "noised_balanced top5": 3.0}
     assert len(trained) == 12 and sorted({m for _, m in trained}) == [0.3, 1.0, 3.0, 10.0]
+    assert [[config.key() for config in batch] for batch in announced] == [[config.key() for config, _ in trained]]
     noised = next(c for c in entry.choices if c.choice == "noised_balanced top5")
     assert noised.validation == {"0.3": 0.8, "1": 0.88, "3": 0.89, "10": None}
     assert entry.setup_fingerprint == QUICK.cifar.tuned_fingerprint()

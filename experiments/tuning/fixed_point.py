@@ -71,8 +71,8 @@ def next_step(profile: Profile, setup: str) -> Step | None:
 
 def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flush=True), ahead=None) -> Profile:
     """Take ``setup``'s steps (:func:`next_step`) until none is left, storing each; ``train(config)`` gives a run's
-    record, and ``ahead(configs)``, if given, hears the calibration's runs of each step first
-    (:func:`executor_ahead`). Returns the profile as stored at the end."""
+    record, and ``ahead(configs)``, if given, hears the runs of each step of the calibration and of the learning-rate
+    choice first (:func:`executor_ahead`). Returns the profile as stored at the end."""
     profile = _reread(profile)
     while (step := next_step(profile, setup)) is not None:
         dataset = getattr(profile, setup).dataset
@@ -85,7 +85,7 @@ def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flu
             say(calibration.table(entry).to_string())
         else:
             say(f"{setup}: choosing each loss's learning rate on validation data ({dataset}) ...")
-            entry = learning_rates.choose(profile, setup, train)
+            entry = learning_rates.choose(profile, setup, train, ahead)
             entry = replace(entry, cross_entropy=learning_rates.cross_entropy_numbers(profile, setup, entry.scales,
                                                                                       train))
             tuned.keep(profile.name, setup, entry)
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def executor_ahead(store, jobs: int, per_gpu: int | None, device: str, compile_mode: str | None):
-    """What :func:`experiments.tuning.calibration.calibrate` tells a step's runs to: those the store lacks train side
-    by side through the ``local`` executor (``jobs`` workers, or ``per_gpu`` on each GPU), and the search then reads
+    """What :func:`experiments.tuning.calibration.calibrate` and :func:`experiments.tuning.learning_rates.choose` tell a
+    step's runs to: those the store lacks train side by side through the ``local`` executor (``jobs`` workers, or ``per_gpu`` on each GPU), and the search then reads
     them back. A run that fails there is trained again by the search itself, which then fails with its error."""
     options = executors.TrainOptions(str(store.root), device, compile_mode=compile_mode)
 

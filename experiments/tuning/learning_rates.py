@@ -55,12 +55,16 @@ def best_validation(record: dict) -> float:
     return max(selection_value(epoch["val"], metric) for epoch in record["history"])
 
 
-def choose(profile: Profile, setup: str, train) -> LearningRates:
-    """Train each :func:`base_cells` run at each of the profile's multipliers (``train(config)`` gives a run's record)
-    and keep, per choice key, the multiplier of the best validation value (ties: the one nearest 1; a run whose loss
-    became NaN is never chosen, its value stored as None); CE's numbers at the chosen rates are left to
+def choose(profile: Profile, setup: str, train, ahead=None) -> LearningRates:
+    """Train each :func:`base_cells` run at each of the profile's multipliers (``train(config)`` gives a run's record;
+    ``ahead(configs)``, if given, hears them all first, so that an executor can train them side by side) and keep, per
+    choice key, the multiplier of the best validation value (ties: the one nearest 1; a run whose loss became NaN is
+    never chosen, its value stored as None); CE's numbers at the chosen rates are left to
     :func:`cross_entropy_numbers`."""
     started, choices = time.time(), []
+    if ahead is not None:
+        ahead([grids.scaled_lr(cell.config, multiplier) for cell in base_cells(profile, setup)
+               for multiplier in sorted(profile.lr_multipliers)])
     for cell in base_cells(profile, setup):
         values = {}
         for multiplier in sorted(profile.lr_multipliers):
