@@ -112,9 +112,10 @@ train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default:
 forget-executor: ## Remove the executor's manifest of PROFILE (its notebooks train their own runs)
 	rm -f figures/$(PROFILE)/manifests/executor.json
 
-calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers and choose each loss's learning rate, until CE's agree (experiments/calibrated/; no-op when current; each search step's runs side by side with EXECUTOR=local)
+calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers and choose each loss's learning rate, until CE's agree (experiments/calibrated/; no-op when current; each search step's runs side by side with EXECUTOR=local or slurm)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.tuning.fixed_point $(PROFILE) --device $(DEVICE) $(if $(COMPILE),--compile $(COMPILE)) \
-		$(if $(filter local,$(EXECUTOR)),$(if $(PER_GPU),--per-gpu $(PER_GPU),--jobs $(JOBS)))
+		$(if $(filter local,$(EXECUTOR)),$(if $(PER_GPU),--per-gpu $(PER_GPU),--jobs $(JOBS))) \
+		$(if $(filter slurm,$(EXECUTOR)),--executor slurm $(SLURM))
 
 paper-figures: $(STAMP) ## Calibrate the stand-ins and their learning rates, [train every run through EXECUTOR,] run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode EXECUTOR=local JOBS=n STACK=s PY=python3], render build/report/index.html
 	@status=0; $(MAKE) --no-print-directory calibrate || status=$$?; \

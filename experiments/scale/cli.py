@@ -27,7 +27,7 @@ import torch
 
 from data_prep.common import MissingDataError
 from experiments.analysis.timings import made_with_todays_engine, sharing_text
-from experiments.engine.config import stack_mismatch
+from experiments.engine.config import RunConfig, stack_mismatch
 from experiments.engine.store import ResultsStore, unusable_store
 from experiments.engine.train import COMPILE_MODES
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, RESULTS
@@ -89,6 +89,8 @@ def parser() -> argparse.ArgumentParser:
                               "task's command)")
     one.add_argument("keys", nargs="+", metavar="key", help="a run's key, as `plan` lists it")
     one.add_argument("--profile", required=True, choices=PROFILES)
+    one.add_argument("--configs", type=Path, help="a folder of run configs (KEY.json) for runs outside the plan, the "
+                     "calibration's: the slurm executor writes them beside its scripts")
     _training_options(one)
     return main
 
@@ -110,7 +112,7 @@ def main(argv: list[str]) -> int:
                                      stack)
     try:
         if args.command == "run-one":
-            return _run_one(runs, args.keys, options)
+            return _run_one(runs, args.keys, options, args.configs)
         return _train(runs, args, options)
     except MissingDataError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -187,14 +189,21 @@ def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path) -> int:
     return 0
 
 
-def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOptions) -> int:
-    """Train the planned runs named by ``keys`` (a sibling's key names its training), stacked if several."""
+def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOptions, configs: Path | None) -> int:
+    """Train the planned runs named by ``keys`` (a sibling's key names its training), or the stand-in runs whose
+    configs are ``configs/KEY.json`` (the calibration's), stacked if several."""
     group = []
     for key in keys:
         matches = [run for run in runs if key in {sibling.key() for sibling in run.config.siblings()}]
+        if not matches and configs is not None and (written := configs / f"{key}.json").exists():
+            config = RunConfig.from_dict(json.loads(written.read_text()))
+            if config.key() != key:
+                print(f"error: {written} holds run {config.key()}, not {key}", file=sys.stderr)
+                return 2
+            matches = [PlannedRun(config, ("calibration",), None, None)]
         if not matches:
             print(f"error: no run of this profile has the key {key!r}: `python -m experiments plan PROFILE` lists "
-                  "them", file=sys.stderr)
+                  "them" + (f", and {configs} holds no {key}.json" if configs is not None else ""), file=sys.stderr)
             return 2
         if matches[0] not in group:  # a sibling's key names a training already asked for
             group.append(matches[0])

@@ -12,6 +12,7 @@ scheduler (``--sbatch-only`` writes them and submits nothing).
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import signal
 import subprocess
@@ -88,9 +89,11 @@ def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: S
     """Write ``<folder>/<name>.keys`` (a line of keys per task) and ``<folder>/<name>.sbatch``: an array with one task
     per group of runs, each calling ``python -m experiments run-one``; returns the script's path."""
     folder = Path(slurm.folder).resolve()
-    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "configs").mkdir(parents=True, exist_ok=True)
     keys = folder / f"{name}.keys"
     keys.write_text("".join(" ".join(run.key for run in group) + "\n" for group in tasks))
+    for run in (run for group in tasks for run in group):  # what run-one reads for a run outside the plan
+        (folder / "configs" / f"{run.key}.json").write_text(json.dumps(run.config.to_dict()))
     alone = name.endswith("alone")
     directives = [f"--job-name=topk-{profile}-{name}", f"--array=0-{len(tasks) - 1}%{1 if alone else slurm.array_parallelism}",
                   f"--cpus-per-task={slurm.cpus_per_task}", f"--time={slurm.time_min}", "--requeue",
@@ -100,7 +103,7 @@ def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: S
     directives += [f"--mem={int(slurm.mem_gb * 1024)}M"] if slurm.mem_gb else []
     directives += ["--exclusive"] if alone else []
     command = [sys.executable, "-m", "experiments", "run-one", "$keys", "--profile", profile,
-               *_run_one_options(options)]
+               "--configs", str(folder / "configs"), *_run_one_options(options)]
     runs = sum(len(group) for group in tasks)
     script = folder / f"{name}.sbatch"
     script.write_text("#!/bin/bash\n" + "".join(f"#SBATCH {line}\n" for line in directives)

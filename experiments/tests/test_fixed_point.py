@@ -10,6 +10,7 @@ import torch
 
 from experiments.spec import profiles, tuned
 from experiments.spec.profiles import QUICK
+from experiments.scale import executors
 from experiments.tuning import calibration, fixed_point, learning_rates
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # the setups not settled here keep their defaults
@@ -160,7 +161,8 @@ def test_executor_ahead_trains_a_steps_missing_runs_side_by_side_into_the_store(
     store = ResultsStore(tmp_path)
     configs = [RunConfig(**{**TINY, "loss": "cross_entropy", "loss_options": {}, "epochs": 1, "milestones": (),
                             "seed": seed}) for seed in (1, 2, 3)]
-    ahead = fixed_point.executor_ahead(store, 2, None, "cpu", None)
+    options = executors.TrainOptions(str(store.root))
+    ahead = fixed_point.executor_ahead(store, lambda runs, progress: executors.local(runs, options, progress, jobs=2))
     ahead(configs[:1])
     assert store.finished(configs[0].key()) is None  # one run: the search trains it itself
     ahead(configs[1:] + configs[1:2])

@@ -136,3 +136,20 @@ def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
                  for path in (tmp_path / "requeued" / "slurm" / "submitit").glob("*_log.out"))
     assert starts == 2  # the task ran twice: before and after its requeue
     assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
+
+
+def test_a_calibration_steps_runs_train_as_an_array_and_the_search_reads_them_back(tmp_path):
+    """``make calibrate EXECUTOR=slurm``: the runs a step announces, outside any notebook's plan, go out as one array
+    (through submitit) and come back as records in the store."""
+    from experiments.tuning import fixed_point
+
+    configs = [RunConfig(**{**TINY, "loss": "cross_entropy", "loss_options": {}, "epochs": 1, "milestones": (),
+                            "seed": seed}) for seed in (11, 12)]
+    options, slurm_options = _options(tmp_path, "calibration")
+    store = ResultsStore(options.store)
+    ahead = fixed_point.executor_ahead(store, lambda runs, progress: slurm.train(runs, options, progress,
+                                                                                   slurm_options, profile="smoke"))
+    ahead(configs)
+    assert all(store.finished(config.key()) for config in configs)
+    written = sorted(path.stem for path in (tmp_path / "calibration" / "slurm" / "configs").glob("*.json"))
+    assert written == sorted(config.key() for config in configs)  # what the plain sbatch script would read

@@ -93,3 +93,28 @@ def test_train_into_another_store_writes_no_manifest_over_the_notebooks(tmp_path
     monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")
     assert main(["train", "smoke"]) == 0  # the notebooks' store
     assert (tmp_path / "figures" / "smoke" / "manifests" / "executor.json").exists()
+
+
+def test_run_one_trains_a_run_outside_the_plan_from_the_configs_the_slurm_executor_writes(tmp_path, capsys):
+    """A calibration run is in no notebook's grid: run-one finds it in ``--configs`` (KEY.json), and names the folder
+    when the key is in neither."""
+    import json
+
+    from experiments.engine.config import RunConfig
+    from experiments.engine.store import ResultsStore
+    from experiments.tests.test_experiments import TINY
+
+    config = RunConfig(**{**TINY, "epochs": 1, "milestones": ()})
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / f"{config.key()}.json").write_text(json.dumps(config.to_dict()))
+    arguments = ["run-one", config.key(), "--profile", "smoke", "--store", str(tmp_path / "store"), "--threads", "1"]
+    threads = torch.get_num_threads()
+    try:
+        assert main(arguments) == 2
+        assert f"no run of this profile has the key {config.key()!r}" in capsys.readouterr().err
+        assert main([*arguments, "--configs", str(tmp_path / "configs")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert ResultsStore(tmp_path / "store").finished(config.key()) is not None
+    assert main(["run-one", "0" * 16, "--profile", "smoke", "--configs", str(tmp_path / "configs")]) == 2
+    assert f"and {tmp_path / 'configs'} holds no {'0' * 16}.json" in capsys.readouterr().err

@@ -22,13 +22,14 @@ import json
 import sys
 import warnings
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pandas as pd
 import torch
 
 from experiments.engine.run_claim import train_once
 from experiments.engine.train import COMPILE_MODES
-from experiments.scale import executors
+from experiments.scale import executors, slurm
 from experiments.scale.plan import PlannedRun
 from experiments.scale.progress import Progress
 from experiments.spec import tuned
@@ -130,12 +131,14 @@ def table(profile: Profile) -> pd.DataFrame:
 
 
 def _executor_options(parser) -> None:
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="worker processes that train each step's calibration runs side by side (default 1: one "
-                             "after another in this process)")
-    parser.add_argument("--per-gpu", type=int, help="instead of --jobs: that many workers on each visible GPU")
+    parser.add_argument("--executor", choices=("local", "slurm"), default="local",
+                        help="what trains each step's runs side by side: local workers (--jobs, --per-gpu; one worker: "
+                             "the runs train one after another in this process) or a Slurm array a step")
+    parser.add_argument("--jobs", type=int, default=1, help="local: worker processes (default 1)")
+    parser.add_argument("--per-gpu", type=int, help="local, instead of --jobs: that many workers on each visible GPU")
     parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES,
                         help="torch.compile mode of the runs' steps")
+    slurm.add_options(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the {profile.name} profile has no stand-in to calibrate "
               f"({'real data' if not profile.cifar.synthetic else 'it trains too little for its numbers to mean anything'})")
         return 0
+    options = executors.TrainOptions(str(store.root), device, compile_mode=args.compile_mode)
     try:
-        workers = executors.slots(args.jobs, args.per_gpu, device)
+        trainer = _trainer(args, options, profile.name)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -157,23 +161,38 @@ def main(argv: list[str] | None = None) -> int:
         def train(config, setup=setup):
             return _trained(config, store, device, profile.name, setup, args.compile_mode)
 
-        ahead = executor_ahead(store, args.jobs, args.per_gpu, device, args.compile_mode) if len(workers) > 1 else None
+        ahead = executor_ahead(store, trainer) if trainer else None
         profile = settle(profile, setup, train, ahead=ahead)
         print(f"{setup}: {status(profile, setup)['state']}", flush=True)
     return 0
 
 
-def executor_ahead(store, jobs: int, per_gpu: int | None, device: str, compile_mode: str | None):
+def _trainer(args, options: executors.TrainOptions, profile: str):
+    """How the command's executor trains a step's runs, ``trainer(runs, progress)``; None for one local worker (the
+    search then trains them itself, one after another)."""
+    if args.executor == "slurm":
+        if problem := slurm.refusal(args) or ("--sbatch-only: the search needs each step's runs trained before its "
+                                              "next step" if args.sbatch_only else None):
+            raise ValueError(problem)
+        slurm_options = replace(slurm.SlurmOptions.from_args(args),
+                                folder=args.slurm_folder or str(Path(options.store) / "slurm" / "calibration"))
+        return lambda runs, progress: slurm.train(runs, options, progress, slurm_options, profile=profile)
+    if len(executors.slots(args.jobs, args.per_gpu, options.device)) == 1:
+        return None
+    return lambda runs, progress: executors.local(runs, options, progress, jobs=args.jobs, per_gpu=args.per_gpu)
+
+
+def executor_ahead(store, trainer):
     """What :func:`experiments.tuning.calibration.calibrate` and :func:`experiments.tuning.learning_rates.choose` tell a
-    step's runs to: those the store lacks train side by side through the ``local`` executor (``jobs`` workers, or ``per_gpu`` on each GPU), and the search then reads
-    them back. A run that fails there is trained again by the search itself, which then fails with its error."""
-    options = executors.TrainOptions(str(store.root), device, compile_mode=compile_mode)
+    step's runs to: those the store lacks train side by side through ``trainer(runs, progress)`` (the local executor's
+    workers, or a Slurm array), and the search then reads them back. A run that fails there is trained again by the
+    search itself, which then fails with its error."""
 
     def ahead(configs) -> None:
         todo = list({config.key(): config for config in configs if store.finished(config.key()) is None}.values())
         if len(todo) > 1:
             runs = [PlannedRun(config, ("calibration",), None, None) for config in todo]
-            executors.local(runs, options, Progress(runs, store=store), jobs=jobs, per_gpu=per_gpu)
+            trainer(runs, Progress(runs, store=store))
 
     return ahead
 
