@@ -190,7 +190,7 @@ def executor_ahead(store, trainer):
 
     def ahead(configs) -> None:
         todo = list({config.key(): config for config in configs if store.finished(config.key()) is None}.values())
-        if len(todo) > 1:
+        if todo:  # even one: on a cluster's login node the search itself must not train
             runs = [PlannedRun(config, ("calibration",), None, None) for config in todo]
             trainer(runs, Progress(runs, store=store))
 
