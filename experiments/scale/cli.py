@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+import data_prep
 from data_prep.common import MissingDataError
 from experiments.analysis.timings import made_with_todays_engine, sharing_text
 from experiments.engine.config import RunConfig, stack_mismatch
@@ -196,11 +197,16 @@ def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOp
     for key in keys:
         matches = [run for run in runs if key in {sibling.key() for sibling in run.config.siblings()}]
         if not matches and configs is not None and (written := configs / f"{key}.json").exists():
-            config = RunConfig.from_dict(json.loads(written.read_text()))
-            if config.key() != key:
-                print(f"error: {written} holds run {config.key()}, not {key}", file=sys.stderr)
+            try:
+                config = RunConfig.from_dict(json.loads(written.read_text()))
+            except (OSError, ValueError, TypeError) as error:
+                print(f"error: bad config {written}: {error}", file=sys.stderr)
                 return 2
-            matches = [PlannedRun(config, ("calibration",), None, None)]
+            if config.key() != key or config.dataset not in data_prep.SYNTHETIC:
+                print(f"error: {written} should hold stand-in run {key}, holds {config.key()} on {config.dataset!r}",
+                      file=sys.stderr)
+                return 2
+            matches = [PlannedRun.outside_plan(config)]
         if not matches:
             print(f"error: no run of this profile has the key {key!r}: `python -m experiments plan PROFILE` lists "
                   "them" + (f", and {configs} holds no {key}.json" if configs is not None else ""), file=sys.stderr)

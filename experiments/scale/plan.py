@@ -34,6 +34,11 @@ class PlannedRun:
     val_images: int | None = None  #: images validated (after every epoch); None on real data
     test_images: int | None = None  #: images tested, at most (:func:`~experiments.analysis.workload.run_images`)
 
+    @classmethod
+    def outside_plan(cls, config: RunConfig) -> "PlannedRun":
+        """A run on a stand-in that no notebook's grid holds: the calibration's."""
+        return cls(config, ("calibration",), None, None)
+
     @property
     def key(self) -> str:
         return self.config.key()

@@ -85,15 +85,17 @@ def refusal(args: argparse.Namespace) -> str | None:
 
 
 def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: SlurmOptions, profile: str,
-                  name: str) -> Path:
+                  name: str, outside_plan: bool = False) -> Path:
     """Write ``<folder>/<name>.keys`` (a line of keys per task) and ``<folder>/<name>.sbatch``: an array with one task
     per group of runs, each calling ``python -m experiments run-one``; returns the script's path."""
     folder = Path(slurm.folder).resolve()
-    (folder / "configs").mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     keys = folder / f"{name}.keys"
     keys.write_text("".join(" ".join(run.key for run in group) + "\n" for group in tasks))
-    for run in (run for group in tasks for run in group):  # what run-one reads for a run outside the plan
-        (folder / "configs" / f"{run.key}.json").write_text(json.dumps(run.config.to_dict()))
+    if outside_plan:  # what run-one reads for runs no notebook's grid holds
+        (folder / "configs").mkdir(exist_ok=True)
+        for run in (run for group in tasks for run in group):
+            (folder / "configs" / f"{run.key}.json").write_text(json.dumps(run.config.to_dict()))
     alone = name.endswith("alone")
     directives = [f"--job-name=topk-{profile}-{name}", f"--array=0-{len(tasks) - 1}%{1 if alone else slurm.array_parallelism}",
                   f"--cpus-per-task={slurm.cpus_per_task}", f"--time={slurm.time_min}", "--requeue",
@@ -103,7 +105,7 @@ def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: S
     directives += [f"--mem={int(slurm.mem_gb * 1024)}M"] if slurm.mem_gb else []
     directives += ["--exclusive"] if alone else []
     command = [sys.executable, "-m", "experiments", "run-one", "$keys", "--profile", profile,
-               "--configs", str(folder / "configs"), *_run_one_options(options)]
+               *(["--configs", str(folder / "configs")] if outside_plan else []), *_run_one_options(options)]
     runs = sum(len(group) for group in tasks)
     script = folder / f"{name}.sbatch"
     script.write_text("#!/bin/bash\n" + "".join(f"#SBATCH {line}\n" for line in directives)
@@ -145,11 +147,12 @@ class RunTask:
 
 
 def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slurm: SlurmOptions, *,
-          profile: str) -> None:
-    """Submit ``runs`` as arrays and follow them until every task has ended (see the module's text)."""
+          profile: str, outside_plan: bool = False) -> None:
+    """Submit ``runs`` as arrays and follow them until every task has ended (see the module's text); with
+    ``outside_plan`` (the calibration's runs), each run's config is written beside the scripts for ``run-one``."""
     arrays = [(name, groups(part, options)) for name, part in (("runs", [run for run in runs if not run.alone]),
                                                                 ("alone", [run for run in runs if run.alone])) if part]
-    scripts = [sbatch_script(tasks, options, slurm, profile, name) for name, tasks in arrays]
+    scripts = [sbatch_script(tasks, options, slurm, profile, name, outside_plan) for name, tasks in arrays]
     if slurm.sbatch_only:
         print("wrote " + ", ".join(map(str, scripts)) + ": submit each with `sbatch SCRIPT`", file=sys.stderr)
         return

@@ -10,7 +10,6 @@ import torch
 
 from experiments.spec import profiles, tuned
 from experiments.spec.profiles import QUICK
-from experiments.scale import executors
 from experiments.tuning import calibration, fixed_point, learning_rates
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # the setups not settled here keep their defaults
@@ -150,27 +149,3 @@ def test_calibrating_on_cuda_without_a_gpu_stops_with_what_to_do(tmp_path):
                                          r"on a machine with a GPU \(on a cluster: inside srun or salloc\)"):
         fixed_point.main(["gpu", "--device", "cuda", "--store", str(tmp_path)])
 
-
-def test_executor_ahead_trains_a_steps_missing_runs_side_by_side_into_the_store(tmp_path):
-    """What the search announces and the store lacks trains in two worker processes (each writes its run's log), a
-    lone run too (on a login node the search must not train); the search then reads each run back (the same record,
-    not trained again)."""
-    from experiments.engine.config import RunConfig
-    from experiments.engine.store import ResultsStore
-    from experiments.tests.test_experiments import TINY
-
-    store = ResultsStore(tmp_path)
-    configs = [RunConfig(**{**TINY, "loss": "cross_entropy", "loss_options": {}, "epochs": 1, "milestones": (),
-                            "seed": seed}) for seed in (1, 2, 3)]
-    options = executors.TrainOptions(str(store.root))
-    ahead = fixed_point.executor_ahead(store, lambda runs, progress: executors.local(runs, options, progress, jobs=2))
-    ahead(configs[:2] + configs[1:2])
-    ahead(configs)  # the third alone is left to train
-    records = [store.finished(config.key()) for config in configs]
-    assert all(records) and all((tmp_path / "logs" / f"{config.key()}.log").exists() for config in configs)
-    assert [fixed_point._trained(config, store, "cpu", "quick", "cifar") for config in configs] == records
-
-
-def test_calibration_refuses_a_bad_number_of_workers(capsys):
-    assert fixed_point.main(["quick", "--jobs", "0"]) == 2
-    assert "(--jobs) should be a positive number of worker processes, got 0" in capsys.readouterr().err

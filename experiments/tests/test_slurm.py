@@ -141,14 +141,14 @@ def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
 def test_a_calibration_steps_runs_train_as_an_array_and_the_search_reads_them_back(tmp_path):
     """``make calibrate EXECUTOR=slurm``: the runs a step announces, outside any notebook's plan, go out as one array
     (through submitit) and come back as records in the store."""
-    from experiments.tuning import fixed_point
+    from experiments.scale import calibrate
 
     configs = [RunConfig(**{**TINY, "loss": "cross_entropy", "loss_options": {}, "epochs": 1, "milestones": (),
                             "seed": seed}) for seed in (11, 12)]
     options, slurm_options = _options(tmp_path, "calibration")
     store = ResultsStore(options.store)
-    ahead = fixed_point.executor_ahead(store, lambda runs, progress: slurm.train(runs, options, progress,
-                                                                                   slurm_options, profile="smoke"))
+    ahead = calibrate.executor_ahead(store, lambda runs, progress: slurm.train(runs, options, progress, slurm_options,
+                                                                                 profile="smoke", outside_plan=True))
     ahead(configs)
     assert all(store.finished(config.key()) for config in configs)
     written = sorted(path.stem for path in (tmp_path / "calibration" / "slurm" / "configs").glob("*.json"))

@@ -154,7 +154,7 @@ def _cell_configs(profile: Profile, setup: str, knobs: dict, targets, rates: dic
     return {cell: ce_config(profile, setup, target, knobs, rates, seed) for cell, target in first.items()}
 
 
-def configs(profile: Profile, setup: str, knobs: dict, targets, rates: dict | None = None) -> list:
+def ce_configs(profile: Profile, setup: str, knobs: dict, targets, rates: dict | None = None) -> list:
     """The CE runs :func:`measure_seeds` trains at ``knobs`` for ``targets``: one per target's cell and seed."""
     return [config for seed in getattr(profile, setup).seeds
             for config in _cell_configs(profile, setup, knobs, targets, rates, seed).values()]
@@ -224,7 +224,7 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
     default: the grid's rate) from ``start`` (default: the stand-in's), then measure the held-out numbers at the chosen
     knobs; ``round_`` is the round of :mod:`experiments.tuning.fixed_point`. ``train(config)`` gives a run's record;
     ``ahead(configs)``, if given, is told the runs of each step of the search before ``train`` is asked for them, so
-    that an executor can train them side by side (:func:`experiments.tuning.fixed_point.executor_ahead`)."""
+    that an executor can train them side by side (:func:`experiments.scale.calibrate.executor_ahead`)."""
     ahead = ahead or (lambda configs: None)
     stand_in = STAND_INS[setup]
     rates = {key: (rates or {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
@@ -245,11 +245,11 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
     def points_ahead(knob_points: list[dict]) -> None:
         searched = [point.knobs for point in points]
         ahead([config for knobs in knob_points if knobs not in searched
-               for config in configs(profile, setup, knobs, free, rates)])
+               for config in ce_configs(profile, setup, knobs, free, rates)])
 
     started = time.time()
     knobs = compass_search(error, start, stand_in.steps, halvings, points_ahead)
-    ahead(configs(profile, setup, knobs, stand_in.targets, rates))
+    ahead(ce_configs(profile, setup, knobs, stand_in.targets, rates))
     values = measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
     return Calibration(dataset=getattr(profile, setup).dataset, knobs=knobs, start=start,
                        targets=tuple(Number(**asdict(t), ours=values[t.label]) for t in stand_in.targets),

@@ -10,8 +10,8 @@ at the chosen rates from the knobs found, and choose again: at most :data:`MAX_R
 run out (the choice goes back and forth), the last calibration and the choice made on it are kept, and a verdict quotes
 CE's numbers at both rates (:func:`experiments.tuning.learning_rates.summary_line`).
 
-``python -m experiments.tuning.fixed_point PROFILE`` (``make calibrate``, run first by ``make paper-figures``) does
-what is left: a setup whose stored calibration and choice are current and agree (or that used its rounds) is not
+``python -m experiments.tuning.fixed_point PROFILE`` (or, with each move's runs side by side, ``make calibrate``:
+:mod:`experiments.scale.calibrate`, run first by ``make paper-figures``) does what is left: a setup whose stored calibration and choice are current and agree (or that used its rounds) is not
 touched; each step is stored (:func:`experiments.spec.tuned.keep`) as soon as it is done, so an interrupted run resumes
 from the last one.
 """
@@ -22,16 +22,11 @@ import json
 import sys
 import warnings
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import pandas as pd
 import torch
 
 from experiments.engine.run_claim import train_once
-from experiments.engine.train import COMPILE_MODES
-from experiments.scale import executors, slurm
-from experiments.scale.plan import PlannedRun
-from experiments.scale.progress import Progress
 from experiments.spec import tuned
 from experiments.spec.profiles import Profile, recalibrated
 from experiments.tuning import calibration, learning_rates, profile_steps
@@ -73,7 +68,7 @@ def next_step(profile: Profile, setup: str) -> Step | None:
 def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flush=True), ahead=None) -> Profile:
     """Take ``setup``'s steps (:func:`next_step`) until none is left, storing each; ``train(config)`` gives a run's
     record, and ``ahead(configs)``, if given, hears the runs of each step of the calibration and of the learning-rate
-    choice first (:func:`executor_ahead`). Returns the profile as stored at the end."""
+    choice first (:func:`experiments.scale.calibrate.executor_ahead`). Returns the profile as stored at the end."""
     profile = _reread(profile)
     while (step := next_step(profile, setup)) is not None:
         dataset = getattr(profile, setup).dataset
@@ -87,6 +82,8 @@ def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flu
         else:
             say(f"{setup}: choosing each loss's learning rate on validation data ({dataset}) ...")
             entry = learning_rates.choose(profile, setup, train, ahead)
+            if ahead is not None:
+                ahead(calibration.ce_configs(profile, setup, {}, calibration.STAND_INS[setup].targets, entry.scales))
             entry = replace(entry, cross_entropy=learning_rates.cross_entropy_numbers(profile, setup, entry.scales,
                                                                                       train))
             tuned.keep(profile.name, setup, entry)
@@ -130,74 +127,27 @@ def table(profile: Profile) -> pd.DataFrame:
                         columns=["data", "round", "CE calibrated at", "CE chose", "state"]).set_index("data")
 
 
-def _executor_options(parser) -> None:
-    parser.add_argument("--executor", choices=("local", "slurm"), default="local",
-                        help="what trains each step's runs side by side: local workers (--jobs, --per-gpu; one worker: "
-                             "the runs train one after another in this process) or a Slurm array a step")
-    parser.add_argument("--jobs", type=int, default=1, help="local: worker processes (default 1)")
-    parser.add_argument("--per-gpu", type=int, help="local, instead of --jobs: that many workers on each visible GPU")
-    parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES,
-                        help="torch.compile mode of the runs' steps")
-    slurm.add_options(parser)
-
-
 def main(argv: list[str] | None = None) -> int:
-    command = profile_steps.parse_command("python -m experiments.tuning.fixed_point", __doc__.split("\n\n")[0], argv,
-                                          _executor_options)
+    command = profile_steps.parse_command("python -m experiments.tuning.fixed_point", __doc__.split("\n\n")[0], argv)
     if command is None:
         return 2
-    profile, store, device, args = command
+    profile, store, device, _ = command
     if not profile.calibrated_setups:
-        print(f"the {profile.name} profile has no stand-in to calibrate "
-              f"({'real data' if not profile.cifar.synthetic else 'it trains too little for its numbers to mean anything'})")
+        print(no_stand_in(profile))
         return 0
-    options = executors.TrainOptions(str(store.root), device, compile_mode=args.compile_mode)
-    try:
-        trainer = _trainer(args, options, profile.name)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     for setup in profile.calibrated_setups:
-        def train(config, setup=setup):
-            return _trained(config, store, device, profile.name, setup, args.compile_mode)
-
-        ahead = executor_ahead(store, trainer) if trainer else None
-        profile = settle(profile, setup, train, ahead=ahead)
+        profile = settle(profile, setup, lambda config, setup=setup: trained(config, store, device, profile.name, setup))
         print(f"{setup}: {status(profile, setup)['state']}", flush=True)
     return 0
 
 
-def _trainer(args, options: executors.TrainOptions, profile: str):
-    """How the command's executor trains a step's runs, ``trainer(runs, progress)``; None for one local worker (the
-    search then trains them itself, one after another)."""
-    if args.executor == "slurm":
-        if problem := slurm.refusal(args) or ("--sbatch-only: the search needs each step's runs trained before its "
-                                              "next step" if args.sbatch_only else None):
-            raise ValueError(problem)
-        slurm_options = replace(slurm.SlurmOptions.from_args(args),
-                                folder=args.slurm_folder or str(Path(options.store) / "slurm" / "calibration"))
-        return lambda runs, progress: slurm.train(runs, options, progress, slurm_options, profile=profile)
-    if len(executors.slots(args.jobs, args.per_gpu, options.device)) == 1:
-        return None
-    return lambda runs, progress: executors.local(runs, options, progress, jobs=args.jobs, per_gpu=args.per_gpu)
+def no_stand_in(profile: Profile) -> str:
+    """Why ``profile`` has nothing to calibrate."""
+    return (f"the {profile.name} profile has no stand-in to calibrate "
+            f"({'real data' if not profile.cifar.synthetic else 'it trains too little for its numbers to mean anything'})")
 
 
-def executor_ahead(store, trainer):
-    """What :func:`experiments.tuning.calibration.calibrate` and :func:`experiments.tuning.learning_rates.choose` tell a
-    step's runs to: those the store lacks train side by side through ``trainer(runs, progress)`` (the local executor's
-    workers, or a Slurm array), and the search then reads them back. A run that fails there is trained again by the
-    search itself, which then fails with its error."""
-
-    def ahead(configs) -> None:
-        todo = list({config.key(): config for config in configs if store.finished(config.key()) is None}.values())
-        if todo:  # even one: on a cluster's login node the search itself must not train
-            runs = [PlannedRun(config, ("calibration",), None, None) for config in todo]
-            trainer(runs, Progress(runs, store=store))
-
-    return ahead
-
-
-def _trained(config, store, device: str, profile: str, setup: str, compile_mode: str | None = None) -> dict:
+def trained(config, store, device: str, profile: str, setup: str, compile_mode: str | None = None) -> dict:
     """A calibration run's record: read back, or trained on ``device``; a clear stop where that device is missing."""
     if device.startswith("cuda") and not torch.cuda.is_available() and store.finished(config.key()) is None:
         raise SystemExit(f"error: calibrating the {profile} profile's {setup} stand-in trains on {device}, but torch "

@@ -1,0 +1,114 @@
+"""The stand-ins' calibration (:mod:`experiments.tuning.fixed_point`) with each move of its search trained side by side:
+
+    python -m experiments.scale.calibrate PROFILE --jobs 2                      # make calibrate EXECUTOR=local JOBS=2
+    python -m experiments.scale.calibrate gpu --device cuda --per-gpu 1          # every GPU of this node
+    python -m experiments.scale.calibrate gpu --device cuda --executor slurm --gpus-per-task 1 --partition gpu
+
+The search tells the runs of each move (every neighbour of its knobs, at every seed) and of the learning-rate choice
+to :func:`executor_ahead` before it asks for any; those the store lacks train through the ``local`` executor's workers
+or as one Slurm array, and the search reads them back. With one local worker the search trains them itself, one after
+another, as ``python -m experiments.tuning.fixed_point`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from experiments.engine.store import ResultsStore
+from experiments.engine.train import COMPILE_MODES
+from experiments.scale import executors, slurm
+from experiments.scale.plan import PlannedRun
+from experiments.scale.progress import Progress
+from experiments.tuning import fixed_point, profile_steps
+
+#: What trains a move's runs: ``trainer(runs, progress)``.
+Trainer = Callable[[list[PlannedRun], Progress], None]
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--executor", choices=("local", "slurm"), default="local",
+                        help="local (default): worker processes on this machine (--jobs, --per-gpu; with one, the "
+                             "search trains its runs itself); slurm: one array a move")
+    parser.add_argument("--jobs", type=int, default=1, help="local: worker processes (default 1)")
+    parser.add_argument("--per-gpu", type=int, help="local, instead of --jobs: that many workers on each visible GPU")
+    parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES, help="torch.compile mode of the step")
+    slurm.add_options(parser)
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = profile_steps.parse_command("python -m experiments.scale.calibrate", __doc__.split("\n\n")[0], argv,
+                                          _options)
+    if command is None:
+        return 2
+    profile, store, device, args = command
+    if not profile.calibrated_setups:
+        print(fixed_point.no_stand_in(profile))
+        return 0
+    options = executors.TrainOptions(str(store.root), device, compile_mode=args.compile_mode)
+    try:
+        trainer = _trainer(args, options, profile.name)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    ahead = executor_ahead(store, trainer) if trainer else None
+    for setup in profile.calibrated_setups:
+        profile = fixed_point.settle(profile, setup, lambda config, setup=setup: fixed_point.trained(
+            config, store, device, profile.name, setup, args.compile_mode), ahead=ahead)
+        print(f"{setup}: {fixed_point.status(profile, setup)['state']}", flush=True)
+    return 0
+
+
+def _trainer(args: argparse.Namespace, options: executors.TrainOptions, profile: str) -> Trainer | None:
+    """How the command's executor trains a move's runs; None for one local worker (the search trains them itself)."""
+    if args.executor == "slurm":
+        if args.sbatch_only:
+            raise ValueError("--sbatch-only: the search needs each move's runs trained before its next move")
+        if problem := slurm.refusal(args):
+            raise ValueError(problem)
+        slurm_options = replace(slurm.SlurmOptions.from_args(args),
+                                folder=args.slurm_folder or str(Path(options.store) / "slurm" / "calibration"))
+        return lambda runs, progress: slurm.train(runs, options, progress, slurm_options, profile=profile,
+                                                  outside_plan=True)
+    if len(executors.slots(args.jobs, args.per_gpu, options.device)) == 1:
+        return None
+    return lambda runs, progress: executors.local(runs, options, progress, jobs=args.jobs, per_gpu=args.per_gpu)
+
+
+def executor_ahead(store: ResultsStore, trainer: Trainer):
+    """What :func:`experiments.tuning.calibration.calibrate` and :func:`experiments.tuning.learning_rates.choose` tell
+    a move's runs to: each training the store lacks (siblings once) goes to ``trainer``, even one alone (on a
+    cluster's login node the search must not train). A run that failed there stops the calibration, naming its log;
+    one whose loss became NaN is left to the search, which expects it (the learning-rate choice)."""
+
+    def ahead(configs) -> None:
+        todo = {}
+        for config in configs:
+            if store.finished(config.key()) is None:
+                todo.setdefault(config.training_key(), config)
+        if not todo:
+            return
+        runs = [PlannedRun.outside_plan(config) for config in todo.values()]
+        progress = Progress(runs, store=store)
+        trainer(runs, progress)
+        failed = {key: log for key, log in progress.failed.items() if not _diverged(log)}
+        if failed:
+            raise SystemExit(f"error: {len(failed)} of the calibration's runs failed: "
+                             + "; ".join(f"{key} (log: {log})" for key, log in failed.items()))
+
+    return ahead
+
+
+def _diverged(log: str) -> bool:
+    """Whether a failed run's log ends in the engine's divergence (its loss became NaN)."""
+    try:
+        return "FloatingPointError" in Path(log).read_text(errors="replace")
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The calibration with each move's runs trained side by side (experiments.scale.calibrate): a move's missing
+trainings go to the executor once each, the search reads them back, a failed run stops it naming its log while a
+diverged one is left to the search, and bad options are refused."""
+
+import pytest
+
+from experiments.engine.config import RunConfig
+from experiments.engine.store import ResultsStore
+from experiments.scale import calibrate, executors
+from experiments.tests.test_experiments import TINY
+from experiments.tuning import fixed_point
+
+CE = {**TINY, "loss": "cross_entropy", "loss_options": {}, "epochs": 1, "milestones": ()}
+
+
+def test_a_moves_missing_runs_train_in_worker_processes_once_each_and_are_read_back(tmp_path):
+    """Two local workers train what the store lacks (each writes its run's log), a lone run too (on a login node the
+    search must not train), a sibling (another selection metric) with its training; the search then reads each run
+    back, the same record."""
+    store = ResultsStore(tmp_path)
+    configs = [RunConfig(**{**CE, "seed": seed}) for seed in (1, 2, 3)]
+    sibling = configs[0].replace(selection_metric="top1")
+    sent = []
+
+    def trainer(runs, progress):
+        sent.append([run.key for run in runs])
+        executors.local(runs, executors.TrainOptions(str(store.root)), progress, jobs=2)
+
+    ahead = calibrate.executor_ahead(store, trainer)
+    ahead([configs[0], sibling, configs[1], configs[1]])
+    ahead(configs)
+    assert sent == [[configs[0].key(), configs[1].key()], [configs[2].key()]]
+    records = [store.finished(config.key()) for config in (*configs, sibling)]
+    assert all(records) and all((tmp_path / "logs" / f"{config.key()}.log").exists() for config in configs)
+    assert [fixed_point.trained(config, store, "cpu", "quick", "cifar") for config in configs] == records[:3]
+
+
+def test_a_run_that_failed_in_the_executor_stops_the_calibration_and_a_diverged_one_does_not(tmp_path):
+    store, config = ResultsStore(tmp_path), RunConfig(**{**CE, "seed": 1})
+    log = tmp_path / "run.log"
+
+    def failing(runs, progress):
+        for run in runs:
+            progress.start(run)
+            progress.fail(run, str(log))
+
+    log.write_text("Traceback ...\nMissingDataError: no such dataset\n")
+    with pytest.raises(SystemExit, match=rf"error: 1 of the calibration's runs failed: {config.key()} \(log: {log}\)"):
+        calibrate.executor_ahead(store, failing)([config])
+    log.write_text("Traceback ...\nFloatingPointError: the training loss became NaN in epoch 1\n")
+    calibrate.executor_ahead(store, failing)([config])  # the search trains it again and meets the NaN itself
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (["quick", "--jobs", "0"], "(--jobs) should be a positive number of worker processes, got 0"),
+    (["quick", "--executor", "slurm", "--sbatch-only"], "--sbatch-only: the search needs each move's runs trained"),
+    (["quick", "--executor", "slurm", "--device", "cuda"], "--gpus-per-task 0 with --device cuda"),
+])
+def test_bad_options_are_refused(arguments, message, capsys):
+    assert calibrate.main(arguments) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_calibrated_profile_is_left_as_it_is_whatever_the_executor(capsys):
+    """The quick profile's committed calibration is current: two workers find nothing to train."""
+    assert calibrate.main(["quick", "--jobs", "2"]) == 0
+    assert "cifar: " in capsys.readouterr().out
