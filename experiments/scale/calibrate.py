@@ -36,7 +36,7 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="local: worker processes (default 1)")
     parser.add_argument("--per-gpu", type=int, help="local, instead of --jobs: that many workers on each visible GPU")
     parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES, help="torch.compile mode of the step")
-    slurm.add_options(parser)
+    slurm.add_options(parser, folder="STORE/slurm/calibration", sbatch_only=False)  # each move needs the last's runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,8 +65,6 @@ def main(argv: list[str] | None = None) -> int:
 def _trainer(args: argparse.Namespace, options: executors.TrainOptions, profile: str) -> Trainer | None:
     """How the command's executor trains a move's runs; None for one local worker (the search trains them itself)."""
     if args.executor == "slurm":
-        if args.sbatch_only:
-            raise ValueError("--sbatch-only: the search needs each move's runs trained before its next move")
         if problem := slurm.refusal(args):
             raise ValueError(problem)
         slurm_options = replace(slurm.SlurmOptions.from_args(args),

@@ -49,7 +49,9 @@ class SlurmOptions:
                    args.array_parallelism, args.poll, args.sbatch_only)
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
+def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm", sbatch_only: bool = True) -> None:
+    """The Slurm executor's options; ``folder``: the default of ``--slurm-folder`` as help shows it; ``sbatch_only``:
+    whether writing the scripts alone (``--sbatch-only``) is offered."""
     group = parser.add_argument_group("slurm executor")
     group.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
     group.add_argument("--gpus-per-task", type=int, default=0,
@@ -60,9 +62,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                        help="time limit per task in minutes; a task out of time is requeued and resumes (default 60)")
     group.add_argument("--array-parallelism", type=int, default=64, help="tasks of an array running at once (default 64)")
     group.add_argument("--poll", type=float, default=10.0, help="seconds between two looks at the queue (default 10)")
-    group.add_argument("--slurm-folder", help="scripts and task logs (default: STORE/slurm)")
-    group.add_argument("--sbatch-only", action="store_true",
-                       help="write the plain sbatch scripts and submit nothing (run them with sbatch yourself)")
+    group.add_argument("--slurm-folder", help=f"scripts and task logs (default: {folder})")
+    if sbatch_only:
+        group.add_argument("--sbatch-only", action="store_true",
+                           help="write the plain sbatch scripts and submit nothing (run them with sbatch yourself)")
+    else:
+        parser.set_defaults(sbatch_only=False)
 
 
 def refusal(args: argparse.Namespace) -> str | None:

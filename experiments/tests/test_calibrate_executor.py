@@ -53,7 +53,6 @@ def test_a_run_that_failed_in_the_executor_stops_the_calibration_and_a_diverged_
 
 @pytest.mark.parametrize("arguments,message", [
     (["quick", "--jobs", "0"], "(--jobs) should be a positive number of worker processes, got 0"),
-    (["quick", "--executor", "slurm", "--sbatch-only"], "--sbatch-only: the search needs each move's runs trained"),
     (["quick", "--executor", "slurm", "--device", "cuda"], "--gpus-per-task 0 with --device cuda"),
 ])
 def test_bad_options_are_refused(arguments, message, capsys):
@@ -65,3 +64,10 @@ def test_a_calibrated_profile_is_left_as_it_is_whatever_the_executor(capsys):
     """The quick profile's committed calibration is current: two workers find nothing to train."""
     assert calibrate.main(["quick", "--jobs", "2"]) == 0
     assert "cifar: " in capsys.readouterr().out
+
+
+def test_the_slurm_options_say_where_the_calibrations_scripts_go_and_offer_no_sbatch_only(capsys):
+    with pytest.raises(SystemExit):
+        calibrate.main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps its lines
+    assert "(default: STORE/slurm/calibration)" in shown and "--sbatch-only" not in shown

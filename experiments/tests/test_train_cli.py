@@ -118,3 +118,18 @@ def test_run_one_trains_a_run_outside_the_plan_from_the_configs_the_slurm_execut
     assert ResultsStore(tmp_path / "store").finished(config.key()) is not None
     assert main(["run-one", "0" * 16, "--profile", "smoke", "--configs", str(tmp_path / "configs")]) == 2
     assert f"and {tmp_path / 'configs'} holds no {'0' * 16}.json" in capsys.readouterr().err
+
+
+def test_run_one_refuses_a_config_file_that_is_not_its_keys_stand_in_run(tmp_path, capsys):
+    import json
+
+    from experiments.engine.config import RunConfig
+    from experiments.tests.test_experiments import TINY
+
+    config = RunConfig(**{**TINY, "epochs": 1, "milestones": ()})
+    (tmp_path / f"{'1' * 16}.json").write_text(json.dumps(config.to_dict()))  # another run's config under this key
+    (tmp_path / f"{'2' * 16}.json").write_text("{not json")
+    for key, message in (("1" * 16, f"should hold stand-in run {'1' * 16}, holds {config.key()}"),
+                         ("2" * 16, "error: bad config")):
+        assert main(["run-one", key, "--profile", "smoke", "--configs", str(tmp_path)]) == 2
+        assert message in capsys.readouterr().err

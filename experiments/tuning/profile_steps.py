@@ -1,6 +1,6 @@
 """The command line of the steps run once per profile before its notebooks (:mod:`experiments.tuning.fixed_point`) and
-of the probes run beside them: ``PROFILE [--store DIR] [--device D]``, and each command's own options. What the steps choose is read and written by
-:mod:`experiments.spec.tuned`."""
+of the probes run beside them: ``PROFILE [--store DIR] [--device D]``, and each command's own options. What the steps
+choose is read and written by :mod:`experiments.spec.tuned`."""
 
 from __future__ import annotations
 
