@@ -37,7 +37,7 @@ from experiments.scale import executors, slurm
 from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import (Rates, completeness_then_hours, counted_text, estimate, invocations,
                                     read_measurements, runs_measured_by, setting_text)
-from experiments.scale.plan import PlannedRun, plan, stacks, state, table
+from experiments.scale.plan import PlannedRun, plan, stacks, table
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import PROFILES, get_profile
 
@@ -134,7 +134,8 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
         return (f"--gpus should be a positive number of GPUs, got {args.gpus}"
                 if args.gpus is not None and args.gpus < 1 else None)
     if args.threads < 0:
-        return f"--threads should be 0 (the default) or a positive number of torch CPU threads per run, got {args.threads}"
+        return (f"--threads should be 0 (the default) or a positive number of torch CPU threads per run, got "
+                f"{args.threads}")
     if args.command == "run-one":
         return None
     if args.executor == "local":
@@ -144,9 +145,9 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
             return str(error)
     if args.executor == "slurm" and (problem := slurm.refusal(args)):
         return problem
-    finished = ResultsStore(store)
+    held = ResultsStore(store)
     if args.data_root is None and (real := [run for run in runs if run.data_subdir is not None
-                                            and not finished.record_path(run.key).exists()]):
+                                            and not held.record_path(run.key).exists()]):
         return (f"{len(real)} runs of the {args.profile} profile still to train are on real datasets: pass their root "
                 "(--data-root, make DATA=)")
     return None
@@ -223,10 +224,11 @@ def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOp
 
 
 def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.TrainOptions) -> int:
-    todo = [run for run in runs if state(run, ResultsStore(options.store))[0] != "finished"]
+    store = ResultsStore(options.store)
+    todo = [run for run in runs if not store.record_path(run.key).exists()]  # plan.state's "finished", no load
     print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train "
           f"({args.executor} executor)", file=sys.stderr)
-    progress, started = Progress(todo, store=ResultsStore(options.store)), time.time()
+    progress, started = Progress(todo, store=store), time.time()
     on_gpus = (args.executor == "local" and args.per_gpu) or options.device.startswith("cuda")
     sharing = gpu_sharing("cuda" if on_gpus else "")  # how the GPUs were shared, as training begins
     with progress.watching():

@@ -11,9 +11,9 @@ run out (the choice goes back and forth), the last calibration and the choice ma
 CE's numbers at both rates (:func:`experiments.tuning.learning_rates.summary_line`).
 
 ``python -m experiments.tuning.fixed_point PROFILE`` (or, with each move's runs side by side, ``make calibrate``:
-:mod:`experiments.scale.calibrate`, run first by ``make paper-figures``) does what is left: a setup whose stored calibration and choice are current and agree (or that used its rounds) is not
-touched; each step is stored (:func:`experiments.spec.tuned.keep`) as soon as it is done, so an interrupted run resumes
-from the last one.
+:mod:`experiments.scale.calibrate`, run first by ``make paper-figures``) does what is left: a setup whose stored
+calibration and choice are current and agree (or that used its rounds) is not touched; each step is stored
+(:func:`experiments.spec.tuned.keep`) as soon as it is done, so an interrupted run resumes from the last one.
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         print(no_stand_in(profile))
         return 0
     for setup in profile.calibrated_setups:
-        profile = settle(profile, setup, lambda config, setup=setup: trained(config, store, device, profile.name, setup))
+        profile = settle(profile, setup,
+                         lambda config, setup=setup: trained(config, store, device, profile.name, setup))
         print(f"{setup}: {status(profile, setup)['state']}", flush=True)
     return 0
 
