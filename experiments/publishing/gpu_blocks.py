@@ -9,8 +9,8 @@ from pathlib import Path
 
 from experiments.analysis import kernel_targets, timings
 from experiments.paths import BENCHMARK_RESULTS
-from experiments.scale.hours import (Estimate, Rates, completeness_then_hours, counted_text, fastest, invocations,
-                                    setting_text)
+from experiments.scale.hours import (Estimate, Rates, completeness_then_hours, counted_text, estimate_moves, fastest,
+                                    invocations, setting_text)
 from experiments.publishing.result_rows import (SMOOTH_HEADLINE, by_measurement, headline_rows, read_rows, split_by,
                                                 stamp_text)
 
@@ -139,6 +139,47 @@ def _gpu_cifar_runs() -> tuple:
     return tuple(plan(GPU, ("cifar",)))
 
 
+@functools.cache
+def _gpu_cifar_calibration() -> tuple:
+    """The runs of the shortest calibration of the ``gpu`` profile's CIFAR-100 stand-in beyond its tables' runs, move
+    by move (:func:`experiments.scale.plan.calibration_moves`)."""
+    from experiments.scale.plan import calibration_moves
+    from experiments.spec.profiles import GPU
+
+    return tuple(tuple(move) for move in calibration_moves(GPU, "cifar"))
+
+
+def _calibration_text(*estimated: tuple[Estimate, list[dict]]) -> str:
+    """What calibrating the CIFAR-100 stand-in first adds at least (:func:`experiments.scale.hours.estimate_moves`),
+    for each of ``estimated`` (the notebooks' estimate on one GPU, then on several, each with its invocation's rows),
+    with its ``PER_GPU`` and its rows' rates; nothing where a move's rate was not measured."""
+    moves = [list(move) for move in _gpu_cifar_calibration()]
+    found = [estimate_moves(moves, Rates.from_rows(rows), per_gpu=each.per_gpu, gpus=each.gpus)
+             for each, rows in estimated]
+    if None in found:
+        return ""
+    return (f"; calibrating its stand-in first (`make calibrate`: at least {sum(len(move) for move in moves)} runs "
+            f"beyond the tables' in {len(moves)} moves, each waiting for the last) adds at least "
+            + " and ".join(f"{each.hours:.1f} h on {'one' if each.gpus == 1 else each.gpus}" for each in found)
+            + " with the same `PER_GPU`")
+
+
+def calibration_work() -> str:
+    """What calibrating each of the ``gpu`` profile's stand-ins trains at least beyond its tables' runs
+    (:func:`experiments.scale.plan.calibration_moves`): runs, moves and training images against the tables'."""
+    from experiments.scale.plan import calibration_moves, plan
+    from experiments.spec.profiles import GPU
+
+    lines = []
+    for setup in GPU.calibrated_setups:
+        moves, tables = calibration_moves(GPU, setup), plan(GPU, (setup,))
+        images = sum(run.train_images for move in moves for run in move)
+        lines.append(f"- `{getattr(GPU, setup).dataset}`: at least {sum(map(len, moves))} runs in {len(moves)} moves, "
+                     f"{images:,} training images, x{images / sum(run.train_images for run in tables):.2f} those of "
+                     f"its tables' {len(tables)} runs")
+    return "\n".join(lines)
+
+
 def _gpu_cifar_images() -> str:
     """How many runs and images: "119 runs, N training images, N validated, N tested at most"."""
     runs = _gpu_cifar_runs()
@@ -190,9 +231,9 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
                      f"{_hours_text(*_fastest(rows), one['device_name'])}; targets "
                      f"{timings.ONE_GPU_HOURS_TARGET:g} h and {timings.EIGHT_GPUS_HOURS_TARGET:g} h; `concurrency.csv`: "
                      f"{stamp_text(one)})")
-    for device_name, (one, one_row), (eight, eight_row) in _fastest_current(path):
+    for device_name, (one, one_rows), (eight, eight_rows) in _fastest_current(path):
         lines.append(f"- **Fastest with today's engine on the {device_name}:** "
-                     f"{_hours_text(one, eight, device_name, (one_row, eight_row))})")
+                     f"{_hours_text(one, eight, device_name, (one_rows[0], eight_rows[0]))})")
     return "\n".join(lines)
 
 
@@ -208,13 +249,13 @@ def _ratios(rows: list[dict]) -> str:
                       *[f"stacked into one model {', '.join(stacked)}"] * bool(stacked)])
 
 
-def _fastest_current(path: Path, current: bool = True) -> list[tuple[str, tuple[Estimate, dict],
-                                                                          tuple[Estimate, dict]]]:
+def _fastest_current(path: Path, current: bool = True) -> list[tuple[str, tuple[Estimate, list[dict]],
+                                                                          tuple[Estimate, list[dict]]]]:
     """Per GPU model, among the invocations measured with today's engine (with ``current`` False: with an earlier one)
     on the ``gpu`` profile's CIFAR-100 model and batch (:func:`experiments.scale.hours.invocations`; of each, its
     rows made with that engine), the best estimate of its CIFAR-100 notebooks' hours on one GPU
     and, apart, on eight (:func:`experiments.scale.hours.completeness_then_hours`: the most complete, then the
-    fastest): the GPU's name, and each estimate with the first row of its invocation."""
+    fastest): the GPU's name, and each estimate with its invocation's rows."""
     measured = [[row for row in invocation if timings.made_with_todays_engine(row) == current]
                 for invocation in invocations(read_rows(path), _gpu_cifar_runs())]
     by_gpu: dict[str, list] = {}
@@ -222,7 +263,7 @@ def _fastest_current(path: Path, current: bool = True) -> list[tuple[str, tuple[
         by_gpu.setdefault(invocation[0]["device_name"], []).append(invocation)
     found = []
     for device_name, same_gpu in by_gpu.items():
-        estimates = [(_fastest(invocation), invocation[0]) for invocation in same_gpu]
+        estimates = [(_fastest(invocation), invocation) for invocation in same_gpu]
         best = [min(((pair[gpus], row) for pair, row in estimates), key=lambda each: completeness_then_hours(each[0]))
                 for gpus in (0, 1)]
         found.append((device_name, *best))
@@ -234,9 +275,10 @@ def gpu_hours(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     would take at the fastest setting measured with today's engine on each GPU model (:func:`concurrency` has every
     measurement); without such a measurement, the fastest setting an earlier engine measured, said to be stale."""
     def hours(fastest_found: list) -> str:
-        return "; in ".join(f"{_hours_text(one, eight, name, (one_row, eight_row))}; "
-                            f"{'; '.join(dict.fromkeys(stamp_text(row) for row in (one_row, eight_row)))})"
-                            for name, (one, one_row), (eight, eight_row) in fastest_found)
+        return "; in ".join(f"{_hours_text(one, eight, name, (one_rows[0], eight_rows[0]))}; "
+                            f"{'; '.join(dict.fromkeys(stamp_text(rows[0]) for rows in (one_rows, eight_rows)))})"
+                            + _calibration_text((one, one_rows), (eight, eight_rows))
+                            for name, (one, one_rows), (eight, eight_rows) in fastest_found)
 
     other_counts = "on N GPUs at each measured setting: `python -m experiments plan gpu --gpus N`"
     if current := _fastest_current(path):

@@ -29,7 +29,7 @@ from experiments.spec.paper import CLAIMS
 from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, CALIBRATION_SEEDS, CROWDED_CLASSES, FIGURES,
                                LABEL_NOISE_FIT, PROJECT_ROOT)
 from experiments.provenance import short_commit
-from experiments.publishing.gpu_blocks import concurrency, gpu_hours, gpu_results, profile_time
+from experiments.publishing.gpu_blocks import calibration_work, concurrency, gpu_hours, gpu_results, profile_time
 from experiments.publishing.result_rows import (DEFAULT_PROFILE, NOISED_HEADLINE, SMOOTH_HEADLINE, headline_rows,
                                                 read_rows, short_stamp_text, stamp_text)
 from experiments.publishing.time_blocks import (compile_time, cpu_step, executors_time, figures_time, main_job_time,
@@ -303,6 +303,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "cpu-step": cpu_step,
     "concurrency": concurrency,
     "gpu-hours": gpu_hours,
+    "calibration-work": calibration_work,
 }
 
 #: A block's markers; its name is lower case, digits and hyphens.

@@ -35,11 +35,12 @@ from experiments.paths import BENCHMARK_RESULTS, FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
 from experiments.scale import executors, slurm
 from experiments.scale.gpu_sharing import gpu_sharing
-from experiments.scale.hours import (Rates, completeness_then_hours, counted_text, estimate, invocations,
-                                    read_measurements, runs_measured_by, setting_text)
-from experiments.scale.plan import PlannedRun, plan, stacks, table
+from experiments.scale.hours import (Rates, completeness_then_hours, counted_text, estimate, estimate_moves,
+                                    invocations, read_measurements, runs_measured_by, setting_text)
+from experiments.scale.plan import PlannedRun, calibration_moves, plan, stacks, table
 from experiments.scale.progress import Progress
-from experiments.spec.profiles import PROFILES, get_profile
+from experiments.spec.profiles import PROFILES, Profile, get_profile
+from experiments.tuning.calibration import current_entry
 
 COMMANDS = ("plan", "train", "run-one")
 EXECUTORS = ("inline", "local", "slurm")
@@ -108,7 +109,7 @@ def main(argv: list[str]) -> int:
     if args.command == "plan":
         groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
         print(table(runs, ResultsStore(store), groups))
-        return _print_hours(runs, args.gpus, args.rates) if args.gpus is not None else 0
+        return _print_hours(runs, args.gpus, args.rates, _calibrations_to_make(profile)) if args.gpus is not None else 0
     options = executors.TrainOptions(store, args.device, args.data_root, args.workers, args.compile_mode, args.threads,
                                      stack)
     try:
@@ -153,11 +154,20 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     return None
 
 
-def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path) -> int:
+def _calibrations_to_make(profile: Profile) -> dict[str, list[list[PlannedRun]]]:
+    """The runs of each stand-in's shortest calibration beyond the tables' (:func:`calibration_moves`), for the
+    stand-ins whose stored calibration is not current: what ``make calibrate`` trains first."""
+    return {setup: calibration_moves(profile, setup) for setup in profile.calibrated_setups
+            if current_entry(profile, setup) is None}
+
+
+def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path,
+                 calibrations: dict[str, list[list[PlannedRun]]]) -> int:
     """The estimated hours on ``gpus`` GPUs of each setting measured in ``rates_csv`` on CUDA with the model and batch
     of some of ``runs`` (:mod:`experiments.scale.hours`), by the measurements made with today's engine (else by the
     earlier ones, said to be stale): the most complete estimates first, then the fastest, then the settings that
-    cannot be estimated."""
+    cannot be estimated; then, for each of ``calibrations`` (a stand-in's runs by move) whose runs a measurement
+    stands for, the least its calibration adds at each ``PER_GPU``."""
     try:
         measured = invocations(read_measurements(rates_csv), runs)
     except (OSError, ValueError) as error:
@@ -188,7 +198,29 @@ def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path) -> int:
         print(f"  {setting_text(found).strip('`'):20s} {found.hours:7.1f} h  {where}; {counted_text(found)}")
     for line in not_estimated:
         print(line)
+    _print_calibration_hours(calibrations, current or measured, gpus)
     return 0
+
+
+def _print_calibration_hours(calibrations: dict[str, list[list[PlannedRun]]], measured: list[list[dict]],
+                             gpus: int) -> None:
+    """For each stand-in of ``calibrations`` and each invocation of ``measured`` that stands for all its runs, the
+    hours of its shortest calibration at each ``PER_GPU`` measured with lone runs (:func:`estimate_moves`)."""
+    lines = []
+    for setup, moves in calibrations.items():
+        for invocation in measured:
+            first, rates = invocation[0], Rates.from_rows(invocation)
+            if sum(map(len, moves)) != len(runs_measured_by([run for move in moves for run in move], first)):
+                continue
+            for per_gpu in sorted(processes for processes, stack in rates.train if stack == 1):
+                if (found := estimate_moves(moves, rates, per_gpu=per_gpu, gpus=gpus)) is not None:
+                    lines.append(f"  {setup:12s} PER_GPU={per_gpu:<3d} {found.hours:7.1f} h  {sum(map(len, moves))} "
+                                 f"runs in {len(moves)} moves; {first['device_name']}, {first['date']}; "
+                                 f"{counted_text(found)}")
+    if lines:
+        print("\nand first, calibrating the stand-ins (make calibrate), at least (no move of a search improving on its "
+              "start; each move's runs wait for the last's):")
+        print("\n".join(lines))
 
 
 def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOptions, configs: Path | None) -> int:

@@ -203,6 +203,18 @@ def estimate(runs: list[PlannedRun], rates: Rates, *, per_gpu: int, stack: int, 
     return Estimate(per_gpu, stack, gpus, seconds / 3600, tuple(part for part in PARTS if part in left_out))
 
 
+def estimate_moves(moves: list[list[PlannedRun]], rates: Rates, *, per_gpu: int, gpus: int) -> Estimate | None:
+    """The hours of runs trained move by move, each move's runs side by side once the last move's are done, as
+    ``make calibrate`` trains its search (:func:`experiments.scale.plan.calibration_moves`; one run to a group): the
+    sum of each move's :func:`estimate`; None where a move's rate was not measured."""
+    found = [estimate(move, rates, per_gpu=per_gpu, stack=1, gpus=gpus) for move in moves]
+    if None in found:
+        return None
+    left_out = {part for each in found for part in each.left_out}
+    return Estimate(per_gpu, 1, gpus, sum(each.hours for each in found),
+                    tuple(part for part in PARTS if part in left_out))
+
+
 def fastest(runs: list[PlannedRun], rates: Rates, gpus: int) -> Estimate | None:
     """Of the measured settings, each taken as ``PER_GPU`` and ``STACK`` on ``gpus`` GPUs, the one whose estimate
     leaves the fewest parts out, and of those the fastest."""

@@ -8,7 +8,7 @@ and what the results store holds of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import data_prep
@@ -16,7 +16,8 @@ from experiments.analysis.workload import run_images, stand_in_size
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore
 from experiments.spec.grids import NOTEBOOK_GRIDS
-from experiments.spec.profiles import SETUPS, Profile
+from experiments.spec.profiles import SETUPS, Profile, Setup
+from experiments.tuning.calibration import shortest_search
 
 #: Notebooks whose result is the runs' own timing (Fig. 3's epoch times): their runs train with nothing beside them.
 TIMED_NOTEBOOKS = ("fig3_epoch_time",)
@@ -71,9 +72,31 @@ def plan(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[PlannedRun]
                 first.setdefault(training, (cell.config, cell.setup))
                 if notebook not in readers.setdefault(training, []):
                     readers[training].append(notebook)
-    return [PlannedRun(config, tuple(readers[training]), None if setup.synthetic else setup.data_subdir,
-                       *(run_images(config, stand_in_size(setup)) if setup.synthetic else (None, None, None)))
-            for training, (config, setup) in first.items()]
+    return [planned_run(config, setup, tuple(readers[training])) for training, (config, setup) in first.items()]
+
+
+def planned_run(config: RunConfig, setup: Setup, notebooks: tuple[str, ...]) -> PlannedRun:
+    """The run of ``config`` on ``setup``'s data, read by ``notebooks``, with its work where its data is a stand-in."""
+    return PlannedRun(config, notebooks, None if setup.synthetic else setup.data_subdir,
+                      *(run_images(config, stand_in_size(setup)) if setup.synthetic else (None, None, None)))
+
+
+def calibration_moves(profile: Profile, setup: str) -> list[list[PlannedRun]]:
+    """The runs of the shortest calibration of ``setup``'s stand-in
+    (:func:`experiments.tuning.calibration.shortest_search`) that are not the tables' own at the knobs it chooses,
+    move by move, each training once: the least ``make calibrate`` trains beyond the tables, from an empty store."""
+    searched, knobs = shortest_search(profile, setup)
+    calibrated = replace(profile, **{setup: replace(getattr(profile, setup), difficulty=knobs)})
+    seen = {run.config.training_key() for run in plan(calibrated, (setup,))}
+    moves = []
+    for configs in searched:
+        move = []
+        for config in configs:
+            if config.training_key() not in seen:
+                seen.add(config.training_key())
+                move.append(planned_run(config, getattr(profile, setup), ("calibration",)))
+        moves.append(move)
+    return [move for move in moves if move]
 
 
 def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:

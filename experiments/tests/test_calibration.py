@@ -14,7 +14,7 @@ from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import run
 from experiments.spec import profiles, tuned
-from experiments.spec.profiles import QUICK, SMOKE
+from experiments.spec.profiles import GPU, QUICK, SMOKE
 from experiments.spec.tuned import Calibration, Number, Point
 from experiments.tuning import calibration
 
@@ -96,6 +96,20 @@ def test_each_step_of_the_search_announces_its_runs_before_training_any_and_the_
     assert len(batches[0]) == runs_per_point  # the start
     assert max(len(batch) for batch in batches[1:-1]) == 2 * knobs * runs_per_point  # a move: every neighbour at once
     assert set(trained) == announced  # nothing announced in vain
+
+
+def test_the_shortest_search_is_what_a_search_announces_when_no_move_improves_on_its_start():
+    """Every run alike (no knob matters): the search announces the start, one move a step size and the held-out
+    numbers' runs, which ``shortest_search`` lists move by move, choosing the start."""
+    announced = []
+    entry = calibration.calibrate(GPU, "cifar", lambda config: {"test": {"top": {"1": 0.5, "5": 0.8}}},
+                                  ahead=lambda configs: announced.append([config.key() for config in configs]))
+    moves, knobs = calibration.shortest_search(GPU, "cifar")
+    assert [[config.key() for config in move] for move in moves] == [move for move in announced if move]
+    assert knobs == entry.knobs == calibration.STAND_INS["cifar"].start
+    runs_per_point, knobs_searched = len(GPU.cifar.seeds) * 2, len(knobs)  # CE at p = 0 and p = 0.4, every seed
+    assert [len(move) for move in moves] == [runs_per_point] + [2 * knobs_searched * runs_per_point] * 3 + [
+        3 * len(GPU.cifar.seeds)]  # at the chosen knobs every cell: the fitted ones again, and p = 0.2 held out
 
 
 def test_each_point_fits_the_mean_of_every_seeds_ce_runs_as_the_tables_show_it():

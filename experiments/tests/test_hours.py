@@ -6,7 +6,8 @@ expected time below is worked out by hand."""
 import pytest
 
 from experiments.engine.config import RunConfig
-from experiments.scale.hours import Estimate, Part, Rates, counted_text, estimate, fastest, makespan, setting_text
+from experiments.scale.hours import (Estimate, Part, Rates, counted_text, estimate, estimate_moves, fastest,
+                                    makespan, setting_text)
 from experiments.scale.plan import PlannedRun
 from experiments.tests.test_scale import TINY
 
@@ -106,3 +107,14 @@ def test_a_group_with_nothing_to_do_leaves_its_worker_free_for_the_next():
     work = [Part(10.0, None, stack=1)]  # ten seconds of compilation
     assert makespan([[], work, work, work], per_gpu=2, gpus=1) == pytest.approx(20.0)
     assert makespan([[], [], work], per_gpu=2, gpus=1) == pytest.approx(10.0)
+
+
+def test_runs_trained_move_by_move_wait_for_the_last_moves_runs_and_train_alone():
+    """The calibration's moves: on two GPUs, two moves of one lone run each take two runs' time, where the two runs
+    side by side would take one; a stack's rate is never used, and a move without a measured rate gives none."""
+    moves = [[RUNS[0]], [RUNS[1], RUNS[2]]]
+    found = estimate_moves(moves, RATES, per_gpu=1, gpus=2)
+    assert found == Estimate(1, 1, 2, pytest.approx(2 * LONE / HOUR), ())
+    assert estimate(RUNS[:3], RATES, per_gpu=1, stack=1, gpus=2).hours == pytest.approx(2 * LONE / HOUR)
+    assert estimate_moves([RUNS[:1]], RATES, per_gpu=1, gpus=1).hours == pytest.approx(LONE / HOUR)
+    assert estimate_moves(moves, Rates({(1, 2): 150.0}, {}, {}), per_gpu=1, gpus=1) is None

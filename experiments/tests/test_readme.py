@@ -422,6 +422,7 @@ def tiny_plan(monkeypatch):
     runs = (*(planned(seed, 3_600_000, 360_000, 40_000, **paper) for seed in range(4)),
             planned(4, 360_000, 0, 0, notebook="fig3_epoch_time", **paper))
     monkeypatch.setattr(gpu_blocks, "_gpu_cifar_runs", lambda: runs)
+    monkeypatch.setattr(gpu_blocks, "_gpu_cifar_calibration", lambda: (runs[:1], runs[1:3]))  # two moves
     return runs
 
 
@@ -477,8 +478,13 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
              f"`PER_GPU=1 STACK=1`, `reduce-overhead` under MPS {TRAINING_ONLY}")
     last = gpu_blocks.concurrency(tmp_path / "concurrency.csv").splitlines()[-1]
     assert last == f"- **Fastest with today's engine on the test-gpu:** {hours})"
-    assert gpu_blocks.gpu_hours(tmp_path / "concurrency.csv").startswith(  # the README's line, from the same rows
-        f"*The `gpu` profile's CIFAR-100 notebooks would take {hours}; test-gpu (cuda), torch 9.9")
+    line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # the README's line, from the same rows
+    assert line.startswith(f"*The `gpu` profile's CIFAR-100 notebooks would take {hours}; test-gpu (cuda), torch 9.9")
+    # and the calibration's moves at each estimate's PER_GPU: on one GPU 3.6e6 images at 4,000 images/s, then two runs
+    # at 3,600 each (900 + 1000 s); on 8, one run at 4,000 images/s, then two on two GPUs (900 + 900 s)
+    assert ("commit aaaaaaaaaa); calibrating its stand-in first (`make calibrate`: at least 3 runs beyond the tables' "
+            "in 2 moves, each waiting for the last) adds at least 0.5 h on one and 0.5 h on 8 with the same "
+            "`PER_GPU` (`concurrency.csv`") in line
     other_gpu = [{**row, "device_name": "other-gpu"} for row in _concurrency_rows("a" * 40, timings.engine_code())]
     _csv(tmp_path / "concurrency.csv", [*graphs, *other_gpu])
     line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # one line in the README whatever the GPU models
@@ -488,7 +494,8 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
     # 4 x 360.04 s, then 36.0 s: 0.41 h
     assert line.startswith("*The `gpu` profile's training time is not measured with today's engine (with an earlier "
                            "one, its CIFAR-100 notebooks would have taken 0.4 h on one test-gpu")
-    assert "commit bbbbbbbbbb); stale): run `bash benchmarks/gpu_session.sh" in line
+    assert "commit bbbbbbbbbb); calibrating its stand-in first" in line
+    assert "with the same `PER_GPU`; stale): run `bash benchmarks/gpu_session.sh" in line
     _csv(tmp_path / "concurrency.csv", not_the_profiles)
     assert gpu_blocks.gpu_hours(tmp_path / "concurrency.csv").startswith(
         "*The `gpu` profile's training time is not measured with today's engine: run")

@@ -400,6 +400,20 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
                                  f"  PER_GPU=2 STACK=1        2.8 h  {where}; {counted}",
                                  f"  PER_GPU=1 STACK=2        3.6 h  {where}; {counted}",
                                  f"  PER_GPU=1 STACK=1        4.3 h  {where}; {counted}"]
+    monkeypatch.setattr(cli, "_calibrations_to_make", lambda profile: {"cifar": [runs[:1], runs[1:3]]})
+    assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # a stand-in's calibration: move after move of lone runs, at each PER_GPU measured with them: one worker
+    # 3710 s, then 2 x 3710 s; two workers: 3712 s (the warm-up of two workers' setting, 12 s), then both runs at
+    # once at 80 images/s each (12 + 4500 + 100 + 25 s)
+    start = lines.index("and first, calibrating the stand-ins (make calibrate), at least (no move of a search "
+                        "improving on its start; each move's runs wait for the last's):")
+    measured = "test-gpu, 2026-01-01T00:00:00; " + counted
+    assert lines[start + 1:] == [f"  cifar        PER_GPU=1       3.1 h  3 runs in 2 moves; {measured}",
+                                 f"  cifar        PER_GPU=2       2.3 h  3 runs in 2 moves; {measured}"]
+    monkeypatch.setattr(cli, "_calibrations_to_make", lambda profile: {"cifar": [runs[5:]]})  # another batch
+    assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
+    assert "calibrating" not in capsys.readouterr().out
     (tmp_path / "rates.csv").write_text(header + "\n".join([*ignored, *rows[2:]]) + "\n")  # no lone run's rate
     assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
     assert capsys.readouterr().out.splitlines()[-2:] == [

@@ -229,9 +229,7 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
     stand_in = STAND_INS[setup]
     rates = {key: (rates or {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
     start = dict(start or stand_in.start)
-    fitted = [t for t in stand_in.targets if t.fitted]
-    # held-out numbers read from the fitted numbers' own runs cost nothing: kept at every point (for why_unmatched)
-    free = [t for t in stand_in.targets if t.fitted or t.cell in {f.cell for f in fitted}]
+    fitted, free = searched_targets(stand_in)
     points = []
 
     def error(knobs: dict) -> float:
@@ -257,6 +255,27 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
                        round=round_, setup_fingerprint=getattr(profile, setup).fingerprint(),
                        search_fingerprint=stand_in.fingerprint(), commit=git_commit(),
                        seconds=round(time.time() - started, 1))
+
+
+def searched_targets(stand_in: StandIn) -> tuple[list[Target], list[Target]]:
+    """The targets a search fits, and those it measures at every point: the fitted ones and the held-out ones read
+    from the fitted numbers' own runs, which cost nothing (kept for :func:`why_unmatched`)."""
+    fitted = [t for t in stand_in.targets if t.fitted]
+    return fitted, [t for t in stand_in.targets if t.fitted or t.cell in {f.cell for f in fitted}]
+
+
+def shortest_search(profile: Profile, setup: str, halvings: int = 2) -> tuple[list[list], dict]:
+    """The CE runs :func:`calibrate` hands to ``ahead``, move by move, at the grid's learning rate, when no move
+    improves on the stand-in's start and the steps only halve: the least a search of ``setup``'s stand-in trains
+    (1 + 2 x knobs x (``halvings`` + 1) points, then the held-out numbers' runs), each move's runs waiting for the
+    last's; and the knobs it chooses, the start. A run may come again in a later move (a knob stopped at its bound):
+    it trains once."""
+    stand_in = STAND_INS[setup]
+    _, free = searched_targets(stand_in)
+    moves: list[list[dict]] = []
+    knobs = compass_search(lambda knobs: 0.0, dict(stand_in.start), stand_in.steps, halvings, moves.append)
+    return ([[config for point in move for config in ce_configs(profile, setup, point, free)] for move in moves]
+            + [ce_configs(profile, setup, knobs, stand_in.targets)], knobs)
 
 
 def is_current(entry: Calibration | None, profile: Profile, setup: str) -> bool:
