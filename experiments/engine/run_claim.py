@@ -137,16 +137,23 @@ def train_once(config, store, *, wait: bool = True, poll: float = 2.0, **options
     """``config``'s record: read back from ``store``, or trained by :func:`experiments.engine.train.run` (``options``)
     while this process holds the claim on its training. When a live process holds it, wait for its record (or return
     None at once with ``wait=False``); when that process dies, its claim goes stale and this one resumes the run from
-    its checkpoint."""
+    its checkpoint. A training whose loss became NaN raises the engine's ``FloatingPointError``, kept in the store
+    (:meth:`ResultsStore.save_divergence`), so that every later reader raises the same one without training."""
     key = config.training_key()
     if options.get("compile_mode") is not None:
         share_compilations()
     while True:
         if (record := store.finished(config.key())) is not None:
             return record
+        if (message := store.divergence(key)) is not None:
+            raise FloatingPointError(message)
         if try_claim(store.root, key):
             with held(store.root, key):
-                return run(config, store, **options)
+                try:
+                    return run(config, store, **options)
+                except FloatingPointError as error:
+                    store.save_divergence(key, str(error))
+                    raise
         if not wait:
             return None
         time.sleep(poll)
@@ -155,7 +162,9 @@ def train_once(config, store, *, wait: bool = True, poll: float = 2.0, **options
 def train_stacked_once(configs, store, *, wait: bool = True, poll: float = 2.0, **options) -> list[dict | None]:
     """The records of ``configs``: the unfinished runs whose claims this process takes train stacked into one model
     (:func:`experiments.engine.train.run_stacked`, ``options``); those a live process holds are waited for as
-    :func:`train_once` waits (and resumed alone if it dies), or with ``wait=False`` left as None."""
+    :func:`train_once` waits (and resumed alone if it dies), or with ``wait=False`` left as None. When runs of the
+    stack became NaN, the others go on alone from the epoch they saved, and so do those, each meeting its own NaN
+    again (:func:`train_once` keeps it); the first such ``FloatingPointError`` is raised once the others are done."""
     if options.get("compile_mode") is not None:
         share_compilations()
     with ExitStack() as claims:
@@ -164,10 +173,22 @@ def train_stacked_once(configs, store, *, wait: bool = True, poll: float = 2.0, 
             if config.training_key() in trainings:  # a sibling of a run already here: one training
                 continue
             trainings.add(config.training_key())
-            if store.finished(config.key()) is None and try_claim(store.root, config.training_key()):
+            if (store.finished(config.key()) is None and store.divergence(config.training_key()) is None
+                    and try_claim(store.root, config.training_key())):
                 claims.enter_context(held(store.root, config.training_key()))
                 mine.append(config)
         if mine:
-            run_stacked(mine, store, **options)
+            try:
+                run_stacked(mine, store, **options)
+            except FloatingPointError:  # which runs is for each to find alone, below
+                pass
     options.pop("stop_after_epochs", None)  # the runs left to others are waited for, not trained a part of
-    return [train_once(config, store, wait=wait, poll=poll, **options) for config in configs]
+    records, diverged = [], []
+    for config in configs:
+        try:
+            records.append(train_once(config, store, wait=wait, poll=poll, **options))
+        except FloatingPointError as error:
+            diverged.append(error)
+    if diverged:
+        raise diverged[0]
+    return records

@@ -135,8 +135,8 @@ def unusable_store(root: str | Path) -> str | None:
 
 
 class ResultsStore:
-    """``root/runs/<key>.json`` (finished runs) and ``root/checkpoints/<key>.pt`` and ``<key>.previous.pt`` (the last
-    two epochs of unfinished ones)."""
+    """``root/runs/<key>.json`` (finished runs), ``root/checkpoints/<key>.pt`` and ``<key>.previous.pt`` (the last
+    two epochs of unfinished ones), and ``root/diverged/<training key>.json`` (trainings whose loss became NaN)."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -163,6 +163,31 @@ class ResultsStore:
         atomic_write(self.record_path(key), lambda tmp: tmp.write_text(text))
         self.checkpoint_path(key).unlink(missing_ok=True)
         self.previous_checkpoint_path(key).unlink(missing_ok=True)
+
+    def divergence_path(self, training_key: str) -> Path:
+        return self.root / "diverged" / f"{training_key}.json"
+
+    def save_divergence(self, training_key: str, message: str) -> None:
+        """That the training ``training_key`` became NaN, with the engine's ``message``: an outcome, as a record is,
+        so that no reader trains it again (its checkpoint at the last good epoch is kept)."""
+        text = json.dumps({"training_key": training_key, "error": message}, indent=1)
+        atomic_write(self.divergence_path(training_key), lambda tmp: tmp.write_text(text))
+
+    def divergence(self, training_key: str) -> str | None:
+        """The engine's message for the training ``training_key`` that became NaN, or None (also for a damaged file,
+        which is set aside: the run is trained again)."""
+        path = self.divergence_path(training_key)
+        if not path.exists():
+            return None
+        try:
+            outcome = json.loads(path.read_text())
+            _check_fields("the divergence", outcome, {"training_key": str, "error": str})
+            if outcome["training_key"] != training_key:
+                raise DamagedFileError(f"it is training {outcome['training_key']!r}'s, not {training_key!r}'s")
+            return outcome["error"]
+        except (OSError, ValueError) as error:
+            _set_aside(path, error, "the run will be trained again")
+            return None
 
     def save_checkpoint(self, key: str, state: dict) -> None:
         """The epoch's checkpoint (``state``: the :data:`CHECKPOINT_PARTS` but ``key``); the one it replaces is kept as

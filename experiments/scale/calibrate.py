@@ -80,32 +80,24 @@ def executor_ahead(store: ResultsStore, trainer: Trainer):
     """What :func:`experiments.tuning.calibration.calibrate` and :func:`experiments.tuning.learning_rates.choose` tell
     a move's runs to: each training the store lacks (siblings once) goes to ``trainer``, even one alone (on a
     cluster's login node the search must not train). A run that failed there stops the calibration, naming its log;
-    one whose loss became NaN is left to the search, which expects it (the learning-rate choice)."""
+    one whose loss became NaN is kept so in the store, where the search reads it (the learning-rate choice expects
+    some)."""
 
     def ahead(configs) -> None:
         todo = {}
         for config in configs:
-            if store.finished(config.key()) is None:
+            if store.finished(config.key()) is None and store.divergence(config.training_key()) is None:
                 todo.setdefault(config.training_key(), config)
         if not todo:
             return
         runs = [PlannedRun.outside_plan(config) for config in todo.values()]
         progress = Progress(runs, store=store)
         trainer(runs, progress)
-        failed = {key: log for key, log in progress.failed.items() if not _diverged(log)}
-        if failed:
-            raise SystemExit(f"error: {len(failed)} of the calibration's runs failed: "
-                             + "; ".join(f"{key} (log: {log})" for key, log in failed.items()))
+        if progress.failed:
+            raise SystemExit(f"error: {len(progress.failed)} of the calibration's runs failed: "
+                             + "; ".join(f"{key} (log: {log})" for key, log in progress.failed.items()))
 
     return ahead
-
-
-def _diverged(log: str) -> bool:
-    """Whether a failed run's log ends in the engine's divergence (its loss became NaN)."""
-    try:
-        return "FloatingPointError" in Path(log).read_text(errors="replace")
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

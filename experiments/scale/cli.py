@@ -37,7 +37,7 @@ from experiments.scale import executors, slurm
 from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import (Rates, completeness_then_hours, counted_text, estimate, estimate_moves,
                                     invocations, read_measurements, runs_measured_by, setting_text)
-from experiments.scale.plan import PlannedRun, calibration_moves, plan, stacks, table
+from experiments.scale.plan import PlannedRun, calibration_moves, done, plan, stacks, table
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import PROFILES, Profile, get_profile
 from experiments.tuning.calibration import current_entry
@@ -148,7 +148,7 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
         return problem
     held = ResultsStore(store)
     if args.data_root is None and (real := [run for run in runs if run.data_subdir is not None
-                                            and not held.record_path(run.key).exists()]):
+                                            and not done(run, held)]):
         return (f"{len(real)} runs of the {args.profile} profile still to train are on real datasets: pass their root "
                 "(--data-root, make DATA=)")
     return None
@@ -257,9 +257,11 @@ def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOp
 
 def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.TrainOptions) -> int:
     store = ResultsStore(options.store)
-    todo = [run for run in runs if not store.record_path(run.key).exists()]  # plan.state's "finished", no load
-    print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train "
-          f"({args.executor} executor)", file=sys.stderr)
+    todo = [run for run in runs if not done(run, store)]
+    diverged = sum(store.divergence_path(run.config.training_key()).exists() for run in runs)
+    print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo) - diverged} already finished"
+          f"{f', {diverged} diverged' if diverged else ''}, {len(todo)} to train ({args.executor} executor)",
+          file=sys.stderr)
     progress, started = Progress(todo, store=store), time.time()
     on_gpus = (args.executor == "local" and args.per_gpu) or options.device.startswith("cuda")
     sharing = gpu_sharing("cuda" if on_gpus else "")  # how the GPUs were shared, as training begins

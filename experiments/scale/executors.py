@@ -89,12 +89,14 @@ def inline(runs: list[PlannedRun], options: TrainOptions, progress: Progress) ->
 
 
 def _report(group: list[PlannedRun], options: TrainOptions, progress: Progress, log: str) -> None:
-    """After a group failed: its runs that finished all the same (a stack at another epoch) as finished, the others
-    as failed with the group's log."""
+    """After a group failed: its runs that finished all the same (a stack at another epoch) as finished, those whose
+    loss became NaN (kept in the store) as diverged, the others as failed, each with the group's log."""
     store = ResultsStore(options.store)
     for run in group:
         if store.finished(run.key) is not None:
             progress.finish(run)
+        elif store.divergence(run.config.training_key()) is not None:
+            progress.diverge(run, log)
         else:
             progress.fail(run, log)
 

@@ -21,7 +21,7 @@ from experiments.tuning.calibration import shortest_search
 
 #: Notebooks whose result is the runs' own timing (Fig. 3's epoch times): their runs train with nothing beside them.
 TIMED_NOTEBOOKS = ("fig3_epoch_time",)
-STATES = ("finished", "partial", "missing")
+STATES = ("finished", "diverged", "partial", "missing")
 
 
 @dataclass(frozen=True)
@@ -100,11 +100,21 @@ def calibration_moves(profile: Profile, setup: str) -> list[list[PlannedRun]]:
 
 
 def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
-    """``("finished" | "partial" | "missing", epochs done)`` from the store's record and checkpoint of ``run``."""
+    """``("finished" | "diverged" | "partial" | "missing", epochs done)`` from the store's record, divergence and
+    checkpoint of ``run`` (a diverged run's epochs: those before its loss became NaN)."""
     if store.record_path(run.key).exists():
         return "finished", run.config.epochs
     checkpoint = store.load_checkpoint(run.key)
-    return ("partial", checkpoint["state"]["epoch"]) if checkpoint is not None else ("missing", 0)
+    epochs = checkpoint["state"]["epoch"] if checkpoint is not None else 0
+    if store.divergence_path(run.config.training_key()).exists():
+        return "diverged", epochs
+    return ("partial", epochs) if checkpoint is not None else ("missing", 0)
+
+
+def done(run: PlannedRun, store: ResultsStore) -> bool:
+    """Whether ``run`` needs no more training: finished, or diverged (its NaN is kept as its outcome); from the
+    files' names alone, nothing loaded."""
+    return store.record_path(run.key).exists() or store.divergence_path(run.config.training_key()).exists()
 
 
 def stacks(runs: list[PlannedRun], size: int, store: ResultsStore | None) -> list[list[PlannedRun]]:

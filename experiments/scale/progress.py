@@ -1,5 +1,5 @@
-"""One progress display over a whole profile's training: done, running, failed, left, images per second and the time
-left, on one line rewritten in place on a terminal and a line per finished run elsewhere (a log, a CI job). Given the
+"""One progress display over a whole profile's training: done, running, failed, diverged, left, images per second and
+the time left, on one line rewritten in place on a terminal and a line per finished run elsewhere (a log, a CI job). Given the
 store, it also counts the epochs that running runs have checkpointed (:meth:`Progress.observe`, every
 :data:`OBSERVE_EVERY` seconds while :meth:`Progress.watching`), so that hours-long runs show their rate before the first
 one ends."""
@@ -34,6 +34,7 @@ class Progress:
         self.running: dict[str, float] = {}  # key -> start time
         self.finished: set[str] = set()
         self.failed: dict[str, str] = {}  # key -> its log
+        self.diverged: dict[str, str] = {}  # key -> its log: its loss became NaN, an outcome kept in the store
         self.started = self.logged = time.monotonic()
         self.tty = stream.isatty()
         self.lock = threading.Lock()  # the executor's thread and :meth:`watching`'s
@@ -64,6 +65,13 @@ class Progress:
             self.running.pop(run.key, None)
             self.failed[run.key] = log
             self._show(f"FAILED {run.key} ({', '.join(run.notebooks)}): see {log}")
+
+    def diverge(self, run: PlannedRun, log: str) -> None:
+        """``run`` ended in the engine's divergence: not a failure, an outcome the notebooks show."""
+        with self.lock:
+            self.running.pop(run.key, None)
+            self.diverged[run.key] = log
+            self._show(f"diverged {run.key} ({', '.join(run.notebooks)}): its loss became NaN, see {log}")
 
     def observe(self) -> None:
         """Count the epochs the running runs have checkpointed since this call began (never fewer than counted before:
@@ -102,11 +110,12 @@ class Progress:
         elapsed = time.monotonic() - self.started
         rate = sum(self.trained.values()) / elapsed if elapsed > 0 else 0.0
         images_left = sum((run.train_images or 0) - self.kept[key] - self.trained.get(key, 0)
-                          for key, run in self.runs.items() if key not in self.failed and key not in self.finished)
-        left = self.total - self.done - len(self.failed) - len(self.running)
+                          for key, run in self.runs.items() if key not in {*self.failed, *self.diverged, *self.finished})
+        left = self.total - self.done - len(self.failed) - len(self.diverged) - len(self.running)
         eta = f", about {_duration(images_left / rate)} left" if rate > 0 and images_left > 0 else ""
+        diverged = f"{len(self.diverged)} diverged, " if self.diverged else ""
         return (f"[{_duration(elapsed)}] {self.done}/{self.total} done, {len(self.running)} running, "
-                f"{len(self.failed)} failed, {left} left; {rate:,.0f} images/s{eta}")
+                f"{len(self.failed)} failed, {diverged}{left} left; {rate:,.0f} images/s{eta}")
 
     def _show(self, event: str | None = None) -> None:
         if self.tty:
@@ -119,10 +128,12 @@ class Progress:
         self.stream.flush()
 
     def summary(self) -> str:
-        """The last line: what finished, and each failed run with its log."""
-        lines = [f"{self.done} of {self.total} runs finished, {len(self.failed)} failed "
+        """The last line: what finished, and each failed and diverged run with its log."""
+        diverged = f", {len(self.diverged)} diverged (their loss became NaN: kept as such)" if self.diverged else ""
+        lines = [f"{self.done} of {self.total} runs finished, {len(self.failed)} failed{diverged} "
                  f"in {_duration(time.monotonic() - self.started)}"]
         lines += [f"  failed: {key} (log: {log})" for key, log in self.failed.items()]
+        lines += [f"  diverged: {key} (log: {log})" for key, log in self.diverged.items()]
         return ("\n" if self.tty else "") + "\n".join(lines)
 
 

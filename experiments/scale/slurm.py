@@ -194,8 +194,8 @@ def queued(job_ids: set[str]) -> dict[str, str] | None:
 
 
 def follow(jobs: list, options: TrainOptions, progress: Progress, poll: float) -> None:
-    """Report each task as it runs and ends: finished when its run's record is in the store, failed when it left the
-    queue without one (its log: the task's stderr)."""
+    """Report each task as it runs and ends: finished when its run's record is in the store, diverged when the store
+    keeps its loss's NaN, failed when it left the queue with neither (its log: the task's stderr)."""
     store, waiting = ResultsStore(options.store), {run.key: (run, job) for run, job in jobs}
     array_ids = {job.job_id.split("_")[0] for _, job in jobs}
     while waiting:
@@ -205,6 +205,8 @@ def follow(jobs: list, options: TrainOptions, progress: Progress, poll: float) -
         for key, (run, job) in list(waiting.items()):
             if store.record_path(run.key).exists():
                 progress.finish(run)
+            elif store.divergence_path(run.config.training_key()).exists():
+                progress.diverge(run, str(job.paths.stderr))
             elif job.job_id not in states:
                 progress.fail(run, str(job.paths.stderr))
             else:

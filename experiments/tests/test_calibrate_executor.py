@@ -1,6 +1,6 @@
 """The calibration with each move's runs trained side by side (experiments.scale.calibrate): a move's missing
 trainings go to the executor once each, the search reads them back, a failed run stops it naming its log while a
-diverged one is left to the search, and bad options are refused."""
+diverged one is read back as diverged, and bad options are refused."""
 
 import pytest
 
@@ -36,19 +36,30 @@ def test_a_moves_missing_runs_train_in_worker_processes_once_each_and_are_read_b
 
 
 def test_a_run_that_failed_in_the_executor_stops_the_calibration_and_a_diverged_one_does_not(tmp_path):
+    """A diverged run is not sent again: the search reads its NaN from the store (on a login node too)."""
     store, config = ResultsStore(tmp_path), RunConfig(**{**CE, "seed": 1})
-    log = tmp_path / "run.log"
+    log, sent = tmp_path / "run.log", []
 
     def failing(runs, progress):
         for run in runs:
             progress.start(run)
             progress.fail(run, str(log))
 
-    log.write_text("Traceback ...\nMissingDataError: no such dataset\n")
     with pytest.raises(SystemExit, match=rf"error: 1 of the calibration's runs failed: {config.key()} \(log: {log}\)"):
         calibrate.executor_ahead(store, failing)([config])
-    log.write_text("Traceback ...\nFloatingPointError: the training loss became NaN in epoch 1\n")
-    calibrate.executor_ahead(store, failing)([config])  # the search trains it again and meets the NaN itself
+
+    def diverging(runs, progress):
+        for run in runs:
+            sent.append(run.key)
+            progress.start(run)
+            store.save_divergence(run.config.training_key(), "the training loss became NaN in epoch 1")
+            progress.diverge(run, str(log))
+
+    calibrate.executor_ahead(store, diverging)([config])
+    calibrate.executor_ahead(store, diverging)([config])
+    assert sent == [config.key()]
+    with pytest.raises(FloatingPointError, match="became NaN in epoch 1"):  # as on a login node: nothing trains
+        fixed_point.trained(config, store, "cuda", "quick", "cifar")
 
 
 @pytest.mark.parametrize("arguments,message", [

@@ -72,12 +72,15 @@ def test_a_diverged_run_is_a_row_not_a_failed_notebook(tmp_path, monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_a_cuda_notebook_without_a_gpu_reads_finished_runs_and_refuses_to_train_a_missing_one(tmp_path):
     """On a cluster's login node after the executor: the runs are in the store, the GPU is not; the notebook reads
-    them, and names a missing run instead of training it on the wrong device."""
-    cells = grids.table3(SMOKE)[:2]
+    them (a diverged one as a diverged row), and names a missing run instead of training it on the wrong device."""
+    cells = grids.table3(SMOKE)[:3]
     store = ResultsStore(tmp_path / "store")
     run(cells[0].config, store)
+    store.save_divergence(cells[2].config.training_key(), "the training loss became NaN in epoch 1")
     ctx = harness.start("table3_samples", "smoke", device="cuda", store=store.root, figures=tmp_path / "figures")
     assert ctx.record(cells[0].config)["key"] == cells[0].config.key() and ctx.runs["from_store"] == 1
+    frame = ctx.run(cells[2:], progress=False)
+    assert list(frame["status"]) == ["diverged"] and ctx.runs["from_store"] == 2
     with pytest.raises(ValueError, match=f"run {cells[1].config.key()} is not in the store .*torch sees no CUDA device "
                                          "here: train the profile's runs where there is one"):
         ctx.record(cells[1].config)

@@ -184,6 +184,31 @@ def test_train_writes_the_executors_manifest_beside_the_notebooks(tmp_path, monk
     assert "1 of 1 runs finished, 0 failed" in capsys.readouterr().err
 
 
+def test_a_run_whose_loss_becomes_nan_is_diverged_not_failed_and_is_not_trained_again(tmp_path, monkeypatch, capsys):
+    """A NaN is an outcome, as the notebooks show it: ``train`` exits 0 naming the run diverged with its log, the plan
+    says so, and the next ``train`` leaves it (and the notebooks read it back without training)."""
+    from experiments.engine import train
+    from experiments.tests.test_stacked_runs import _nan_for
+
+    runs = [_planned(1), _planned(2, loss="smooth_hinge", loss_options={"k": 5, "tau": 1.0})]
+    monkeypatch.setattr(cli, "plan", lambda profile: runs)
+    monkeypatch.setattr(train, "build_loss", _nan_for("smooth_hinge"))
+    store, arguments = ResultsStore(tmp_path), ["train", "smoke", "--store", str(tmp_path), "--threads", "1"]
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(arguments) == 0
+        err = capsys.readouterr().err
+        assert "1 of 2 runs finished, 0 failed, 1 diverged (their loss became NaN: kept as such)" in err
+        assert f"  diverged: {runs[1].key} (log: {tmp_path / 'logs' / runs[1].key}.log)" in err
+        assert state(runs[1], store) == ("diverged", 0)  # NaN from its second step: no epoch kept
+        assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
+        assert capsys.readouterr().out.splitlines()[-1].startswith("2 runs: 1 finished, 1 diverged, 0 partial, 0 missing")
+        assert cli.main(arguments) == 0
+        assert "2 runs, 1 already finished, 1 diverged, 0 to train" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_claim_is_kept_by_a_live_holder_and_taken_over_from_a_dead_or_silent_one(tmp_path):
     key = "0123456789abcdef"
     path = run_claim.claim_path(tmp_path, key)

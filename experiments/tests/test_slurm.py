@@ -140,16 +140,29 @@ def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
 
 def test_a_calibration_steps_runs_train_as_an_array_and_the_search_reads_them_back(tmp_path):
     """``make calibrate EXECUTOR=slurm``: the runs a step announces, outside any notebook's plan, go out as one array
-    (through submitit) and come back as records in the store."""
+    (through submitit) and come back as records in the store, or as a divergence (a learning rate far too large),
+    which does not stop the search; the plain sbatch script written beside gives the same through ``run-one
+    --configs``."""
     from experiments.scale import calibrate
 
-    configs = [RunConfig(**{**TINY, "loss": "cross_entropy", "loss_options": {}, "epochs": 1, "milestones": (),
-                            "seed": seed}) for seed in (11, 12)]
+    ce = {**TINY, "loss": "cross_entropy", "loss_options": {}, "epochs": 1, "milestones": ()}
+    configs = [RunConfig(**{**ce, "seed": seed}) for seed in (11, 12)]
+    diverging = RunConfig(**{**ce, "seed": 13, "lr": 1e30})
     options, slurm_options = _options(tmp_path, "calibration")
     store = ResultsStore(options.store)
     ahead = calibrate.executor_ahead(store, lambda runs, progress: slurm.train(runs, options, progress, slurm_options,
                                                                                  profile="smoke", outside_plan=True))
-    ahead(configs)
+    ahead([*configs, diverging])
     assert all(store.finished(config.key()) for config in configs)
+    assert store.divergence(diverging.training_key()) == "the training loss became NaN in epoch 1"
     written = sorted(path.stem for path in (tmp_path / "calibration" / "slurm" / "configs").glob("*.json"))
-    assert written == sorted(config.key() for config in configs)  # what the plain sbatch script would read
+    assert written == sorted(config.key() for config in (*configs, diverging))  # what the plain sbatch script reads
+    through_submitit = {config.key(): computed(store.finished(config.key())) for config in configs}
+    for folder in ("runs", "diverged"):  # the store emptied of outcomes: the plain script trains them again
+        (store.root / folder).rename(tmp_path / f"submitit_{folder}")
+    submitted = subprocess.run(["sbatch", "--parsable", str(tmp_path / "calibration" / "slurm" / "runs.sbatch")],
+                               capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    _wait_for(submitted.stdout.strip().split(";")[0])
+    assert {key: computed(store.finished(key)) for key in through_submitit} == through_submitit
+    assert store.divergence(diverging.training_key()) == "the training loss became NaN in epoch 1"

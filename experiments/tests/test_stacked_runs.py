@@ -163,7 +163,7 @@ def test_a_run_another_process_holds_is_left_to_it_and_the_rest_trains(tmp_path,
 
 def test_a_failed_group_counts_the_runs_it_finished_as_finished(tmp_path, monkeypatch):
     """A group whose runs were at two epochs trains as two stacks: the first finished, the second diverged. The
-    executor names the diverged run failed and the other finished."""
+    executor names the diverged run diverged (not failed) and the other finished."""
     planned = [PlannedRun(config, ("test",), None, 0) for config in RUNS]
     run(RUNS[0], ResultsStore(tmp_path), stop_after_epochs=1)
     monkeypatch.setattr(executors, "stacks", lambda runs, size, store: [runs])  # one group whatever their epochs
@@ -174,8 +174,24 @@ def test_a_failed_group_counts_the_runs_it_finished_as_finished(tmp_path, monkey
         executors.inline(planned, executors.TrainOptions(str(tmp_path), threads=1, stack=2), progress)
     finally:
         torch.set_num_threads(threads)
-    assert progress.done == 1 and list(progress.failed) == [RUNS[1].key()]
-    assert "became NaN" in Path(progress.failed[RUNS[1].key()]).read_text()
+    assert progress.done == 1 and list(progress.diverged) == [RUNS[1].key()] and not progress.failed
+    assert "became NaN" in Path(progress.diverged[RUNS[1].key()]).read_text()
+
+
+def test_a_stack_whose_run_becomes_nan_finishes_the_others_and_keeps_the_nan_for_every_later_reader(tmp_path,
+                                                                                                     monkeypatch):
+    """The survivor trains on alone to its record; the diverged run meets its NaN alone too, which the store keeps:
+    asked again, with a loss that would now train, it raises the same error without training."""
+    store = ResultsStore(tmp_path)
+    monkeypatch.setattr(train, "build_loss", _nan_for("smooth_hinge"))
+    with pytest.raises(FloatingPointError, match="the training loss became NaN in epoch 1") as raised:
+        run_claim.train_stacked_once(RUNS, store)
+    assert store.finished(RUNS[0].key()) is not None and store.finished(RUNS[1].key()) is None
+    assert store.divergence(RUNS[1].training_key()) == str(raised.value)
+    monkeypatch.undo()
+    monkeypatch.setattr(run_claim, "run", lambda *args, **kwargs: pytest.fail("a diverged run was trained again"))
+    with pytest.raises(FloatingPointError, match=f"^{str(raised.value)}$"):
+        run_claim.train_once(RUNS[1], store)
 
 
 def test_a_stack_is_evaluated_in_one_pass_as_each_run_alone_at_its_own_ks(monkeypatch):

@@ -253,3 +253,22 @@ def test_a_crafted_pickle_is_refused_by_every_reader_of_the_store(tmp_path):
     with pytest.warns(DamagedStoreWarning, match="starts again from its first epoch"):
         assert store.load_checkpoint(config.key()) is None
     assert not marker.exists()
+
+
+def test_a_divergence_is_kept_under_its_training_and_a_damaged_one_is_set_aside(tmp_path):
+    """A training whose loss became NaN is an outcome the store keeps (its message, under its training key); a file
+    that is not one (cut, another training's, a folder) is set aside with a warning, and the run trained again."""
+    store, key = ResultsStore(tmp_path), RunConfig(**TINY).training_key()
+    assert store.divergence(key) is None
+    store.save_divergence(key, "the training loss became NaN in epoch 2")
+    assert store.divergence(key) == "the training loss became NaN in epoch 2"
+    path = store.divergence_path(key)
+    damages = {"cut": lambda: _cut(path),
+               "another training's": lambda: path.write_text(json.dumps({"training_key": "other", "error": "x"})),
+               "a folder": lambda: (path.unlink(), path.mkdir())}
+    for name, damage in damages.items():
+        store.save_divergence(key, "the training loss became NaN in epoch 2")
+        damage()
+        with pytest.warns(DamagedStoreWarning, match="the run will be trained again"):
+            assert store.divergence(key) is None, name
+        assert not path.exists()

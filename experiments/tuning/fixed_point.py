@@ -150,7 +150,8 @@ def no_stand_in(profile: Profile) -> str:
 
 def trained(config, store, device: str, profile: str, setup: str, compile_mode: str | None = None) -> dict:
     """A calibration run's record: read back, or trained on ``device``; a clear stop where that device is missing."""
-    if device.startswith("cuda") and not torch.cuda.is_available() and store.finished(config.key()) is None:
+    if (device.startswith("cuda") and not torch.cuda.is_available() and store.finished(config.key()) is None
+            and store.divergence(config.training_key()) is None):
         raise SystemExit(f"error: calibrating the {profile} profile's {setup} stand-in trains on {device}, but torch "
                          f"sees no CUDA device here: run `make calibrate PROFILE={profile} DEVICE=cuda` on a machine "
                          "with a GPU (on a cluster: inside srun or salloc), then this again")
