@@ -55,10 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     ahead = executor_ahead(store, trainer) if trainer else None
-    for setup in profile.calibrated_setups:
-        profile = fixed_point.settle(profile, setup, lambda config, setup=setup: fixed_point.trained(
-            config, store, device, profile.name, setup, args.compile_mode), ahead=ahead)
-        print(f"{setup}: {fixed_point.status(profile, setup)['state']}", flush=True)
+    try:
+        for setup in profile.calibrated_setups:
+            profile = fixed_point.settle(profile, setup, lambda config, setup=setup: fixed_point.trained(
+                config, store, device, profile.name, setup, args.compile_mode), ahead=ahead)
+            print(f"{setup}: {fixed_point.status(profile, setup)['state']}", flush=True)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store.root}, and each "
+              "finished step of the calibration in experiments/calibrated/; the same command resumes", file=sys.stderr)
+        return 130
     return 0
 
 

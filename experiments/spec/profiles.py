@@ -160,7 +160,7 @@ def untuned(profile: Profile, setup: str) -> Profile:
     return replace(profile, **{setup: replace(getattr(profile, setup), lr_scales={})})
 
 
-_RETUNE = "run `python -m experiments.tuning.fixed_point {}`"
+_RETUNE = "run `make calibrate PROFILE={}`"
 
 
 def _stored(read, profile_name: str, consequence: str) -> dict | None:

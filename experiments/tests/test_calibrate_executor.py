@@ -82,3 +82,16 @@ def test_the_slurm_options_say_where_the_calibrations_scripts_go_and_offer_no_sb
         calibrate.main(["--help"])
     shown = " ".join(capsys.readouterr().out.split())  # argparse wraps its lines
     assert "(default: STORE/slurm/calibration)" in shown and "--sbatch-only" not in shown
+
+
+def test_ctrl_c_stops_the_calibration_with_one_message_and_status_130(tmp_path, monkeypatch, capsys):
+    """An interrupted calibration keeps what it finished (the store's runs, the steps stored) and says so, with no
+    traceback; the same command resumes."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fixed_point, "settle", interrupted)
+    assert calibrate.main(["gpu", "--store", str(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {tmp_path}")
+    assert err.rstrip().endswith("the same command resumes") and "Traceback" not in err

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from experiments.scale import calibrate
 from experiments.spec import profiles, tuned
 from experiments.spec.profiles import QUICK
 from experiments.tuning import calibration, fixed_point, learning_rates
@@ -147,5 +148,5 @@ def test_calibrating_on_cuda_without_a_gpu_stops_with_what_to_do(tmp_path):
     with pytest.raises(SystemExit, match=r"error: calibrating the gpu profile's cifar stand-in trains on cuda, but "
                                          r"torch sees no CUDA device here: run `make calibrate PROFILE=gpu DEVICE=cuda` "
                                          r"on a machine with a GPU \(on a cluster: inside srun or salloc\)"):
-        fixed_point.main(["gpu", "--device", "cuda", "--store", str(tmp_path)])
+        calibrate.main(["gpu", "--device", "cuda", "--store", str(tmp_path)])
 

@@ -10,8 +10,8 @@ at the chosen rates from the knobs found, and choose again: at most :data:`MAX_R
 run out (the choice goes back and forth), the last calibration and the choice made on it are kept, and a verdict quotes
 CE's numbers at both rates (:func:`experiments.tuning.learning_rates.summary_line`).
 
-``python -m experiments.tuning.fixed_point PROFILE`` (or, with each move's runs side by side, ``make calibrate``:
-:mod:`experiments.scale.calibrate`, run first by ``make paper-figures``) does what is left: a setup whose stored
+``make calibrate`` (:mod:`experiments.scale.calibrate`, run first by ``make paper-figures``; each move's runs side by
+side with ``EXECUTOR=local`` or ``slurm``) does what is left: a setup whose stored
 calibration and choice are current and agree (or that used its rounds) is not touched; each step is stored
 (:func:`experiments.spec.tuned.keep`) as soon as it is done, so an interrupted run resumes from the last one.
 """
@@ -19,7 +19,6 @@ calibration and choice are current and agree (or that used its rounds) is not to
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 from dataclasses import dataclass, field, replace
 
@@ -29,7 +28,7 @@ import torch
 from experiments.engine.run_claim import train_once
 from experiments.spec import tuned
 from experiments.spec.profiles import Profile, recalibrated
-from experiments.tuning import calibration, learning_rates, profile_steps
+from experiments.tuning import calibration, learning_rates
 
 MAX_ROUNDS = 3  #: calibrations of a setup at most: the grid's rate, then CE's choices
 
@@ -127,21 +126,6 @@ def table(profile: Profile) -> pd.DataFrame:
                         columns=["data", "round", "CE calibrated at", "CE chose", "state"]).set_index("data")
 
 
-def main(argv: list[str] | None = None) -> int:
-    command = profile_steps.parse_command("python -m experiments.tuning.fixed_point", __doc__.split("\n\n")[0], argv)
-    if command is None:
-        return 2
-    profile, store, device, _ = command
-    if not profile.calibrated_setups:
-        print(no_stand_in(profile))
-        return 0
-    for setup in profile.calibrated_setups:
-        profile = settle(profile, setup,
-                         lambda config, setup=setup: trained(config, store, device, profile.name, setup))
-        print(f"{setup}: {status(profile, setup)['state']}", flush=True)
-    return 0
-
-
 def no_stand_in(profile: Profile) -> str:
     """Why ``profile`` has nothing to calibrate."""
     return (f"the {profile.name} profile has no stand-in to calibrate "
@@ -156,7 +140,3 @@ def trained(config, store, device: str, profile: str, setup: str, compile_mode: 
                          f"sees no CUDA device here: run `make calibrate PROFILE={profile} DEVICE=cuda` on a machine "
                          "with a GPU (on a cluster: inside srun or salloc), then this again")
     return train_once(config, store, device=device, compile_mode=compile_mode)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
