@@ -100,7 +100,8 @@ class ImageModel:
             x = templates[block] * (0.7 + 0.6 * torch.rand(n, 1, 1, 1, generator=generator))
             x = x + clutter * clutter_patterns[torch.randint(0, n_groups, (n,), generator=generator)]
             shifts = torch.randint(-max_shift, max_shift + 1, (n, 2), generator=generator)
-            x = torch.stack([torch.roll(img, (int(dy), int(dx)), dims=(1, 2)) for img, (dy, dx) in zip(x, shifts)])
+            if size > 1:  # a 1-pixel image (the sizes alone: experiments.analysis.workload) is its own shift
+                x = torch.stack([torch.roll(img, (int(dy), int(dx)), dims=(1, 2)) for img, (dy, dx) in zip(x, shifts)])
             x = x + pixel_noise * torch.randn(x.shape, generator=generator)
             images[start:start + n] = (128 + 42 * x).round().clamp(0, 255).to(torch.uint8)
         return images
