@@ -9,8 +9,8 @@ from pathlib import Path
 
 from experiments.analysis import kernel_targets, timings
 from experiments.paths import BENCHMARK_RESULTS
-from experiments.scale.hours import (Estimate, Rates, completeness_then_hours, counted_text, estimate_moves, fastest,
-                                    invocations, setting_text)
+from experiments.scale.hours import (Estimate, Rates, calibration_first_then, completeness_then_hours, counted_text,
+                                    fastest, invocations, setting_text)
 from experiments.publishing.result_rows import (SMOOTH_HEADLINE, by_measurement, headline_rows, read_rows, split_by,
                                                 stamp_text)
 
@@ -140,43 +140,54 @@ def _gpu_cifar_runs() -> tuple:
 
 
 @functools.cache
-def _gpu_cifar_calibration() -> tuple:
-    """The runs of the shortest calibration of the ``gpu`` profile's CIFAR-100 stand-in beyond its tables' runs, move
-    by move (:func:`experiments.scale.plan.calibration_moves`)."""
-    from experiments.scale.plan import calibration_moves
+def _gpu_cifar_calibration():
+    """What ``make calibrate`` trains first for the ``gpu`` profile's CIFAR-100 stand-in
+    (:class:`experiments.scale.plan.CalibrationFirst`), or None when its stored calibration is current."""
+    from experiments.scale.plan import calibrations_to_make
     from experiments.spec.profiles import GPU
 
-    return tuple(tuple(move) for move in calibration_moves(GPU, "cifar"))
+    return calibrations_to_make(GPU).get("cifar")
 
 
 def _calibration_text(*estimated: tuple[Estimate, list[dict]]) -> str:
-    """What calibrating the CIFAR-100 stand-in first adds at least (:func:`experiments.scale.hours.estimate_moves`),
-    for each of ``estimated`` (the notebooks' estimate on one GPU, then on several, each with its invocation's rows),
-    with its ``PER_GPU`` and its rows' rates; nothing where a move's rate was not measured."""
-    moves = [list(move) for move in _gpu_cifar_calibration()]
-    found = [estimate_moves(moves, Rates.from_rows(rows), per_gpu=each.per_gpu, gpus=each.gpus)
-             for each, rows in estimated]
+    """The least hours of the CIFAR-100 notebooks with their stand-in's calibration first
+    (:func:`experiments.scale.hours.calibration_first_then`), for each of ``estimated`` (the notebooks' estimate on
+    one GPU, then on several, each with its invocation's rows); that the calibration is current, if it is; nothing
+    where a rate was not measured."""
+    first = _gpu_cifar_calibration()
+    if first is None:
+        return "; its stand-in's calibration is committed: nothing to train before them"
+    found = [calibration_first_then(each, first, Rates.from_rows(rows)) for each, rows in estimated]
     if None in found:
         return ""
-    return (f"; calibrating its stand-in first (`make calibrate`: at least {sum(len(move) for move in moves)} runs "
-            f"beyond the tables' in {len(moves)} moves, each waiting for the last) adds at least "
-            + " and ".join(f"{each.hours:.1f} h on {'one' if each.gpus == 1 else each.gpus}" for each in found)
-            + " with the same `PER_GPU`")
+    shared = first.shared(list(_gpu_cifar_runs()))
+    return (f"; with the calibration of its stand-in first (`make calibrate`: at least {len(first.runs)} runs in "
+            f"{len(first.moves)} moves, each waiting for the last, {shared} of them the notebooks' own), at least "
+            + " and ".join(f"{each.hours:.1f} h on {'one' if each.gpus == 1 else each.gpus}" for each in found))
 
 
 def calibration_work() -> str:
-    """What calibrating each of the ``gpu`` profile's stand-ins trains at least beyond its tables' runs
-    (:func:`experiments.scale.plan.calibration_moves`): runs, moves and training images against the tables'."""
-    from experiments.scale.plan import calibration_moves, plan
+    """Whether each of the ``gpu`` profile's stand-ins is calibrated, and if not what ``make calibrate`` trains at
+    least before its notebooks (:func:`experiments.scale.plan.calibrations_to_make`): moves, runs, and the training
+    images of those that are not the notebooks' own against the notebooks'."""
+    from experiments.scale.plan import calibrations_to_make, plan
     from experiments.spec.profiles import GPU
 
-    lines = []
+    to_make, lines = calibrations_to_make(GPU), []
     for setup in GPU.calibrated_setups:
-        moves, tables = calibration_moves(GPU, setup), plan(GPU, (setup,))
-        images = sum(run.train_images for move in moves for run in move)
-        lines.append(f"- `{getattr(GPU, setup).dataset}`: at least {sum(map(len, moves))} runs in {len(moves)} moves, "
-                     f"{images:,} training images, x{images / sum(run.train_images for run in tables):.2f} those of "
-                     f"its tables' {len(tables)} runs")
+        dataset = getattr(GPU, setup).dataset
+        if (first := to_make.get(setup)) is None:
+            lines.append(f"- `{dataset}`: calibrated (`experiments/calibrated/gpu.json`): nothing to train first")
+            continue
+        notebooks = plan(GPU, (setup,))
+        shared = first.shared(notebooks)
+        notebooks_images = sum(run.train_images for run in notebooks)
+        shared_images = notebooks_images - sum(run.train_images for run in first.notebooks_left)
+        images = sum(run.train_images for run in first.runs) - shared_images
+        lines.append(f"- `{dataset}`: not calibrated; at least {len(first.runs)} runs in {len(first.moves)} moves, "
+                     f"{shared} of them the notebooks' own; the {len(first.runs) - shared} others "
+                     f"{images:,} training images, x{images / notebooks_images:.2f} those "
+                     f"of its notebooks' {len(notebooks)} runs")
     return "\n".join(lines)
 
 

@@ -7,7 +7,7 @@
 The search tells the runs of each move (every neighbour of its knobs, at every seed) and of the learning-rate choice
 to :func:`executor_ahead` before it asks for any; those the store lacks train through the ``local`` executor's workers
 or as one Slurm array, and the search reads them back. With one local worker the search trains them itself, one after
-another, as ``python -m experiments.tuning.fixed_point`` does.
+another.
 """
 
 from __future__ import annotations
@@ -62,8 +62,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{setup}: {fixed_point.status(profile, setup)['state']}", flush=True)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store.root}, and each "
-              "finished step of the calibration in experiments/calibrated/; the same command resumes", file=sys.stderr)
+              "finished step of the calibration in experiments/calibrated/; the same command resumes"
+              + (slurm.still_queued(profile.name) if args.executor == "slurm" else ""),
+              file=sys.stderr)
         return 130
+    except FloatingPointError as error:  # a CE run of the search: no stand-in is fitted from a NaN
+        print(f"error: a cross-entropy run of the calibration diverged ({error}); its NaN is kept in {store.root}/"
+              "diverged/ (delete the file to train it again): change the stand-in's start or steps "
+              "(experiments/tuning/calibration.py)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -37,10 +37,9 @@ from experiments.scale import executors, slurm
 from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import (Rates, completeness_then_hours, counted_text, estimate, estimate_moves,
                                     invocations, read_measurements, runs_measured_by, setting_text)
-from experiments.scale.plan import PlannedRun, calibration_moves, done, plan, stacks, table
+from experiments.scale.plan import CalibrationFirst, PlannedRun, calibrations_to_make, done, plan, stacks, table
 from experiments.scale.progress import Progress
-from experiments.spec.profiles import PROFILES, Profile, get_profile
-from experiments.tuning.calibration import current_entry
+from experiments.spec.profiles import PROFILES, get_profile
 
 COMMANDS = ("plan", "train", "run-one")
 EXECUTORS = ("inline", "local", "slurm")
@@ -109,7 +108,7 @@ def main(argv: list[str]) -> int:
     if args.command == "plan":
         groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
         print(table(runs, ResultsStore(store), groups))
-        return _print_hours(runs, args.gpus, args.rates, _calibrations_to_make(profile)) if args.gpus is not None else 0
+        return _print_hours(runs, args.gpus, args.rates, calibrations_to_make(profile)) if args.gpus is not None else 0
     options = executors.TrainOptions(store, args.device, args.data_root, args.workers, args.compile_mode, args.threads,
                                      stack)
     try:
@@ -120,8 +119,9 @@ def main(argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        queued = slurm.still_queued(profile.name) if getattr(args, "executor", None) == "slurm" else ""
         print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store}; the same command "
-              "resumes", file=sys.stderr)
+              f"resumes{queued}", file=sys.stderr)
         return 130
 
 
@@ -154,20 +154,12 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     return None
 
 
-def _calibrations_to_make(profile: Profile) -> dict[str, list[list[PlannedRun]]]:
-    """The runs of each stand-in's shortest calibration beyond the tables' (:func:`calibration_moves`), for the
-    stand-ins whose stored calibration is not current: what ``make calibrate`` trains first."""
-    return {setup: calibration_moves(profile, setup) for setup in profile.calibrated_setups
-            if current_entry(profile, setup) is None}
-
-
-def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path,
-                 calibrations: dict[str, list[list[PlannedRun]]]) -> int:
+def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path, calibrations: dict[str, CalibrationFirst]) -> int:
     """The estimated hours on ``gpus`` GPUs of each setting measured in ``rates_csv`` on CUDA with the model and batch
     of some of ``runs`` (:mod:`experiments.scale.hours`), by the measurements made with today's engine (else by the
     earlier ones, said to be stale): the most complete estimates first, then the fastest, then the settings that
-    cannot be estimated; then, for each of ``calibrations`` (a stand-in's runs by move) whose runs a measurement
-    stands for, the least its calibration adds at each ``PER_GPU``."""
+    cannot be estimated; then the least hours of each stand-in's calibration in ``calibrations``
+    (:func:`_print_calibration_hours`)."""
     try:
         measured = invocations(read_measurements(rates_csv), runs)
     except (OSError, ValueError) as error:
@@ -202,24 +194,32 @@ def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path,
     return 0
 
 
-def _print_calibration_hours(calibrations: dict[str, list[list[PlannedRun]]], measured: list[list[dict]],
+def _print_calibration_hours(calibrations: dict[str, CalibrationFirst], measured: list[list[dict]],
                              gpus: int) -> None:
-    """For each stand-in of ``calibrations`` and each invocation of ``measured`` that stands for all its runs, the
-    hours of its shortest calibration at each ``PER_GPU`` measured with lone runs (:func:`estimate_moves`)."""
+    """For each stand-in of ``calibrations``, the hours of its shortest calibration alone (:func:`estimate_moves`)
+    at each ``PER_GPU`` measured with lone runs, by each invocation of ``measured`` that stands for all its runs; or
+    that none does."""
     lines = []
-    for setup, moves in calibrations.items():
+    for setup, first in calibrations.items():
+        estimated = False
         for invocation in measured:
-            first, rates = invocation[0], Rates.from_rows(invocation)
-            if sum(map(len, moves)) != len(runs_measured_by([run for move in moves for run in move], first)):
+            row, rates = invocation[0], Rates.from_rows(invocation)
+            if len(first.runs) != len(runs_measured_by(first.runs, row)):
                 continue
             for per_gpu in sorted(processes for processes, stack in rates.train if stack == 1):
-                if (found := estimate_moves(moves, rates, per_gpu=per_gpu, gpus=gpus)) is not None:
-                    lines.append(f"  {setup:12s} PER_GPU={per_gpu:<3d} {found.hours:7.1f} h  {sum(map(len, moves))} "
-                                 f"runs in {len(moves)} moves; {first['device_name']}, {first['date']}; "
-                                 f"{counted_text(found)}")
+                if (found := estimate_moves(first.moves, rates, per_gpu=per_gpu, gpus=gpus)) is not None:
+                    estimated = True
+                    lines.append(f"  {setup:12s} PER_GPU={per_gpu:<3d} {found.hours:7.1f} h  {len(first.runs)} runs in "
+                                 f"{len(first.moves)} moves; {row['device_name']}, "
+                                 f"{sharing_text(row).replace('`', '')}, {row['date']}; {counted_text(found)}")
+        if not estimated:
+            config = first.runs[0].config
+            lines.append(f"  {setup:12s} not estimated: no measurement of its model and batch ({config.model}, batch "
+                         f"{config.batch_size})")
     if lines:
-        print("\nand first, calibrating the stand-ins (make calibrate), at least (no move of a search improving on its "
-              "start; each move's runs wait for the last's):")
+        print("\nand first, calibrating the stand-ins (make calibrate) takes at least (no move of a search improving "
+              "on its start; each move's runs wait for the last's; the notebooks' runs among them are not trained "
+              "again):")
         print("\n".join(lines))
 
 
@@ -250,15 +250,26 @@ def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOp
         print(f"error: the runs {group[0].key} and {mismatch[0].key()} cannot train stacked into one model: they "
               f"differ in {mismatch[1]}", file=sys.stderr)
         return 2
-    for run, record in zip(group, executors.train_group(group, options)):
-        print(f"{run.key}: finished, selected epoch {record['selected_epoch']}")
-    return 0
+    try:
+        executors.train_group(group, options)
+    except FloatingPointError:  # an outcome, kept in the store: said below, run by run
+        pass
+    store, unfinished = ResultsStore(options.store), 0
+    for run in group:
+        if (record := store.finished(run.key)) is not None:
+            print(f"{run.key}: finished, selected epoch {record['selected_epoch']}")
+        elif (message := store.divergence(run.config.training_key())) is not None:
+            print(f"{run.key}: diverged: {message} (kept in the store as its outcome)")
+        else:
+            print(f"{run.key}: not finished", file=sys.stderr)
+            unfinished += 1
+    return min(unfinished, 100)
 
 
 def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.TrainOptions) -> int:
     store = ResultsStore(options.store)
     todo = [run for run in runs if not done(run, store)]
-    diverged = sum(store.divergence_path(run.config.training_key()).exists() for run in runs)
+    diverged = sum(store.divergence(run.config.training_key()) is not None for run in runs)
     print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo) - diverged} already finished"
           f"{f', {diverged} diverged' if diverged else ''}, {len(todo)} to train ({args.executor} executor)",
           file=sys.stderr)
@@ -294,7 +305,8 @@ def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, p
     manifest = {"executor": args.executor, "workers": len(devices) or None, "profile": args.profile,
                 "commit": git_commit(), "device": devices[0] if devices else options.device,
                 "seconds": round(seconds, 1),
-                "runs": {"trained": progress.done, "from_store": already, "failed": len(progress.failed)},
+                "runs": {"trained": progress.done, "from_store": already, "failed": len(progress.failed),
+                         "diverged": len(progress.diverged)},
                 "stack": options.stack, "threads": threads, "cpus": os.cpu_count(),
                 "machine": device_name(devices[0]) if devices else None,
                 "gpu_sharing": (sharing or None) if devices else None}

@@ -29,7 +29,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.scale.plan import PlannedRun, stacks
+from experiments.scale.plan import CalibrationFirst, PlannedRun, stacks
 
 #: The parts of a group's time, in the order the texts name them.
 PARTS = ("compilation", "validation", "testing")
@@ -205,13 +205,27 @@ def estimate(runs: list[PlannedRun], rates: Rates, *, per_gpu: int, stack: int, 
 
 def estimate_moves(moves: list[list[PlannedRun]], rates: Rates, *, per_gpu: int, gpus: int) -> Estimate | None:
     """The hours of runs trained move by move, each move's runs side by side once the last move's are done, as
-    ``make calibrate`` trains its search (:func:`experiments.scale.plan.calibration_moves`; one run to a group): the
-    sum of each move's :func:`estimate`; None where a move's rate was not measured."""
+    ``make calibrate`` trains its search (one run to a group): the sum of each move's :func:`estimate`; None where a
+    move's rate was not measured."""
     found = [estimate(move, rates, per_gpu=per_gpu, stack=1, gpus=gpus) for move in moves]
     if None in found:
         return None
     left_out = {part for each in found for part in each.left_out}
     return Estimate(per_gpu, 1, gpus, sum(each.hours for each in found),
+                    tuple(part for part in PARTS if part in left_out))
+
+
+def calibration_first_then(notebooks: Estimate, first: CalibrationFirst, rates: Rates) -> Estimate | None:
+    """The hours of ``first``'s calibration (its runs alone, move after move), then of the notebooks' runs it left,
+    at the setting of ``notebooks`` (their estimate from an empty store): at least, since it is the shortest search;
+    None where a part's rate was not measured."""
+    moves = estimate_moves(first.moves, rates, per_gpu=notebooks.per_gpu, gpus=notebooks.gpus)
+    left = estimate(first.notebooks_left, rates, per_gpu=notebooks.per_gpu, stack=notebooks.stack,
+                    gpus=notebooks.gpus)
+    if moves is None or left is None:
+        return None
+    left_out = set(moves.left_out) | set(left.left_out)
+    return Estimate(notebooks.per_gpu, notebooks.stack, notebooks.gpus, moves.hours + left.hours,
                     tuple(part for part in PARTS if part in left_out))
 
 

@@ -17,7 +17,7 @@ from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore
 from experiments.spec.grids import NOTEBOOK_GRIDS
 from experiments.spec.profiles import SETUPS, Profile, Setup
-from experiments.tuning.calibration import shortest_search
+from experiments.tuning.calibration import current_entry, shortest_search
 
 #: Notebooks whose result is the runs' own timing (Fig. 3's epoch times): their runs train with nothing beside them.
 TIMED_NOTEBOOKS = ("fig3_epoch_time",)
@@ -81,14 +81,29 @@ def planned_run(config: RunConfig, setup: Setup, notebooks: tuple[str, ...]) -> 
                       *(run_images(config, stand_in_size(setup)) if setup.synthetic else (None, None, None)))
 
 
-def calibration_moves(profile: Profile, setup: str) -> list[list[PlannedRun]]:
-    """The runs of the shortest calibration of ``setup``'s stand-in
-    (:func:`experiments.tuning.calibration.shortest_search`) that are not the tables' own at the knobs it chooses,
-    move by move, each training once: the least ``make calibrate`` trains beyond the tables, from an empty store."""
+@dataclass(frozen=True)
+class CalibrationFirst:
+    """What ``make calibrate`` trains at least for a stand-in before its notebooks, from an empty store: the runs of
+    its shortest search (:func:`experiments.tuning.calibration.shortest_search`) move by move, each once, a move's
+    runs waiting for the last's; and the notebooks' runs at the knobs it chooses that it leaves to train after it."""
+
+    setup: str
+    moves: list[list[PlannedRun]]
+    notebooks_left: list[PlannedRun]
+
+    @property
+    def runs(self) -> list[PlannedRun]:
+        return [run for move in self.moves for run in move]
+
+    def shared(self, notebooks: list[PlannedRun]) -> int:
+        """How many of its runs are among ``notebooks``' (the setup's plan: left plus trained by the search)."""
+        return len(notebooks) - len(self.notebooks_left)
+
+
+def calibration_first(profile: Profile, setup: str) -> CalibrationFirst:
+    """:class:`CalibrationFirst` for ``setup``'s stand-in (a run two moves ask for trains once, in the first)."""
     searched, knobs = shortest_search(profile, setup)
-    calibrated = replace(profile, **{setup: replace(getattr(profile, setup), difficulty=knobs)})
-    seen = {run.config.training_key() for run in plan(calibrated, (setup,))}
-    moves = []
+    seen, moves = set(), []
     for configs in searched:
         move = []
         for config in configs:
@@ -96,7 +111,16 @@ def calibration_moves(profile: Profile, setup: str) -> list[list[PlannedRun]]:
                 seen.add(config.training_key())
                 move.append(planned_run(config, getattr(profile, setup), ("calibration",)))
         moves.append(move)
-    return [move for move in moves if move]
+    calibrated = replace(profile, **{setup: replace(getattr(profile, setup), difficulty=knobs)})
+    left = [run for run in plan(calibrated, (setup,)) if run.config.training_key() not in seen]
+    return CalibrationFirst(setup, [move for move in moves if move], left)
+
+
+def calibrations_to_make(profile: Profile) -> dict[str, CalibrationFirst]:
+    """:func:`calibration_first` of each stand-in whose stored calibration is not current: what ``make calibrate``
+    trains first (nothing for a current one)."""
+    return {setup: calibration_first(profile, setup) for setup in profile.calibrated_setups
+            if current_entry(profile, setup) is None}
 
 
 def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
@@ -106,15 +130,15 @@ def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
         return "finished", run.config.epochs
     checkpoint = store.load_checkpoint(run.key)
     epochs = checkpoint["state"]["epoch"] if checkpoint is not None else 0
-    if store.divergence_path(run.config.training_key()).exists():
+    if store.divergence(run.config.training_key()) is not None:
         return "diverged", epochs
     return ("partial", epochs) if checkpoint is not None else ("missing", 0)
 
 
 def done(run: PlannedRun, store: ResultsStore) -> bool:
-    """Whether ``run`` needs no more training: finished, or diverged (its NaN is kept as its outcome); from the
-    files' names alone, nothing loaded."""
-    return store.record_path(run.key).exists() or store.divergence_path(run.config.training_key()).exists()
+    """Whether ``run`` needs no more training: finished (its record's file is there: not read), or diverged (its NaN
+    is kept as its outcome; a damaged file saying so is set aside)."""
+    return store.record_path(run.key).exists() or store.divergence(run.config.training_key()) is not None
 
 
 def stacks(runs: list[PlannedRun], size: int, store: ResultsStore | None) -> list[list[PlannedRun]]:

@@ -1,6 +1,6 @@
 """One progress display over a whole profile's training: done, running, failed, diverged, left, images per second and
-the time left, on one line rewritten in place on a terminal and a line per finished run elsewhere (a log, a CI job). Given the
-store, it also counts the epochs that running runs have checkpointed (:meth:`Progress.observe`, every
+the time left, on one line rewritten in place on a terminal and a line per finished run elsewhere (a log, a CI job).
+Given the store, it also counts the epochs that running runs have checkpointed (:meth:`Progress.observe`, every
 :data:`OBSERVE_EVERY` seconds while :meth:`Progress.watching`), so that hours-long runs show their rate before the first
 one ends."""
 
@@ -110,7 +110,8 @@ class Progress:
         elapsed = time.monotonic() - self.started
         rate = sum(self.trained.values()) / elapsed if elapsed > 0 else 0.0
         images_left = sum((run.train_images or 0) - self.kept[key] - self.trained.get(key, 0)
-                          for key, run in self.runs.items() if key not in {*self.failed, *self.diverged, *self.finished})
+                          for key, run in self.runs.items()
+                          if key not in {*self.failed, *self.diverged, *self.finished})
         left = self.total - self.done - len(self.failed) - len(self.diverged) - len(self.running)
         eta = f", about {_duration(images_left / rate)} left" if rate > 0 and images_left > 0 else ""
         diverged = f"{len(self.diverged)} diverged, " if self.diverged else ""

@@ -183,6 +183,12 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     follow(jobs, options, progress, slurm.poll)
 
 
+def still_queued(profile: str) -> str:
+    """What an interrupted follower says of the arrays it submitted for ``profile``: they go on without it."""
+    return (f"; the Slurm tasks already submitted go on (`squeue --me` lists them; `scancel --name topk-{profile}-runs` "
+            f"and `scancel --name topk-{profile}-alone` stop them)")
+
+
 def queued(job_ids: set[str]) -> dict[str, str] | None:
     """The state of every task of ``job_ids`` still in Slurm's queue (``<job>_<task>`` -> PENDING, RUNNING, ...);
     None when ``squeue`` could not answer (the controller busy or restarting)."""
@@ -205,7 +211,7 @@ def follow(jobs: list, options: TrainOptions, progress: Progress, poll: float) -
         for key, (run, job) in list(waiting.items()):
             if store.record_path(run.key).exists():
                 progress.finish(run)
-            elif store.divergence_path(run.config.training_key()).exists():
+            elif store.divergence(run.config.training_key()) is not None:
                 progress.diverge(run, str(job.paths.stderr))
             elif job.job_id not in states:
                 progress.fail(run, str(job.paths.stderr))

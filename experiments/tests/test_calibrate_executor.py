@@ -95,3 +95,17 @@ def test_ctrl_c_stops_the_calibration_with_one_message_and_status_130(tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {tmp_path}")
     assert err.rstrip().endswith("the same command resumes") and "Traceback" not in err
+    assert calibrate.main(["gpu", "--store", str(tmp_path), "--executor", "slurm"]) == 130  # its arrays go on
+    assert "`scancel --name topk-gpu-runs`" in capsys.readouterr().err
+
+
+def test_a_calibration_run_that_diverged_stops_the_search_with_one_line(tmp_path, monkeypatch, capsys):
+    def diverged(*args, **kwargs):
+        raise FloatingPointError("the training loss became NaN in epoch 3")
+
+    monkeypatch.setattr(fixed_point, "settle", diverged)
+    assert calibrate.main(["gpu", "--store", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        "error: a cross-entropy run of the calibration diverged (the training loss became NaN in epoch 3); its NaN is "
+        f"kept in {tmp_path}/diverged/ (delete the file to train it again): change the stand-in's start or steps "
+        "(experiments/tuning/calibration.py)\n")

@@ -6,9 +6,9 @@ expected time below is worked out by hand."""
 import pytest
 
 from experiments.engine.config import RunConfig
-from experiments.scale.hours import (Estimate, Part, Rates, counted_text, estimate, estimate_moves, fastest,
-                                    makespan, setting_text)
-from experiments.scale.plan import PlannedRun
+from experiments.scale.hours import (Estimate, Part, Rates, calibration_first_then, counted_text, estimate,
+                                    estimate_moves, fastest, makespan, setting_text)
+from experiments.scale.plan import CalibrationFirst, PlannedRun
 from experiments.tests.test_scale import TINY
 
 HOUR = 3600.0
@@ -118,3 +118,15 @@ def test_runs_trained_move_by_move_wait_for_the_last_moves_runs_and_train_alone(
     assert estimate(RUNS[:3], RATES, per_gpu=1, stack=1, gpus=2).hours == pytest.approx(2 * LONE / HOUR)
     assert estimate_moves([RUNS[:1]], RATES, per_gpu=1, gpus=1).hours == pytest.approx(LONE / HOUR)
     assert estimate_moves(moves, Rates({(1, 2): 150.0}, {}, {}), per_gpu=1, gpus=1) is None
+
+
+def test_a_calibration_first_then_the_notebooks_runs_it_left():
+    """The calibration's moves (lone runs), then the notebooks' runs it did not train, at the notebooks' setting: on
+    one GPU, RUNS[0] then RUNS[1] alone, then RUNS[2] and RUNS[3] (their learning rates differ: no stack), then
+    RUNS[4], which trains alone."""
+    notebooks = estimate(RUNS, RATES, per_gpu=1, stack=2, gpus=1)
+    first = CalibrationFirst("cifar", [[RUNS[0]], [RUNS[1]]], RUNS[2:])
+    found = calibration_first_then(notebooks, first, RATES)
+    assert found == Estimate(1, 2, 1, pytest.approx((2 * LONE + 2 * LONE + ALONE) / HOUR), ())
+    assert found.hours > notebooks.hours  # [0, 1] no longer stacked: the calibration trains them alone
+    assert calibration_first_then(notebooks, first, Rates({(1, 2): 150.0}, {}, {})) is None

@@ -14,6 +14,7 @@ import torch
 from experiments.probes import crowding, label_noise_capacity
 from experiments.publishing import gpu_blocks, readme, result_rows, time_blocks
 from experiments.spec import grids
+from experiments.spec.profiles import GPU
 from experiments.spec.profiles import get_profile
 from experiments.paths import FIGURES, PROJECT_ROOT
 
@@ -422,7 +423,12 @@ def tiny_plan(monkeypatch):
     runs = (*(planned(seed, 3_600_000, 360_000, 40_000, **paper) for seed in range(4)),
             planned(4, 360_000, 0, 0, notebook="fig3_epoch_time", **paper))
     monkeypatch.setattr(gpu_blocks, "_gpu_cifar_runs", lambda: runs)
-    monkeypatch.setattr(gpu_blocks, "_gpu_cifar_calibration", lambda: (runs[:1], runs[1:3]))  # two moves
+    from experiments.scale.plan import CalibrationFirst
+
+    # a calibration of two moves that trains three of the notebooks' runs
+    monkeypatch.setattr(gpu_blocks, "_gpu_cifar_calibration", lambda: CalibrationFirst("cifar", [list(runs[:1]),
+                                                                                                 list(runs[1:3])],
+                                                                                       list(runs[3:])))
     return runs
 
 
@@ -456,7 +462,8 @@ def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_fastest_set
         "compilation, validation and testing counted; targets")
 
 
-def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_modes(tmp_path, tiny_plan):
+def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_modes(tmp_path, tiny_plan,
+                                                                                      monkeypatch):
     """Invocations with other compile modes (and MPS) are compared: the fastest current one is named, a stale one is
     not."""
     from experiments.analysis import timings
@@ -480,11 +487,12 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
     assert last == f"- **Fastest with today's engine on the test-gpu:** {hours})"
     line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # the README's line, from the same rows
     assert line.startswith(f"*The `gpu` profile's CIFAR-100 notebooks would take {hours}; test-gpu (cuda), torch 9.9")
-    # and the calibration's moves at each estimate's PER_GPU: on one GPU 3.6e6 images at 4,000 images/s, then two runs
-    # at 3,600 each (900 + 1000 s); on 8, one run at 4,000 images/s, then two on two GPUs (900 + 900 s)
-    assert ("commit aaaaaaaaaa); calibrating its stand-in first (`make calibrate`: at least 3 runs beyond the tables' "
-            "in 2 moves, each waiting for the last) adds at least 0.5 h on one and 0.5 h on 8 with the same "
-            "`PER_GPU` (`concurrency.csv`") in line
+    # with the calibration first at each estimate's setting: on one GPU 3.6e6 images at 4,000 images/s, then two runs
+    # at 3,600 each, then the notebooks' run left alone on the pool and the lone run (900 + 1000 + 900 + 90 s); on 8,
+    # 900 s a move, then 900 + 90 s
+    assert ("commit aaaaaaaaaa); with the calibration of its stand-in first (`make calibrate`: at least 3 runs in 2 "
+            "moves, each waiting for the last, 3 of them the notebooks' own), at least 0.8 h on one and 0.8 h on 8 "
+            "(`concurrency.csv`") in line
     other_gpu = [{**row, "device_name": "other-gpu"} for row in _concurrency_rows("a" * 40, timings.engine_code())]
     _csv(tmp_path / "concurrency.csv", [*graphs, *other_gpu])
     line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # one line in the README whatever the GPU models
@@ -494,11 +502,15 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
     # 4 x 360.04 s, then 36.0 s: 0.41 h
     assert line.startswith("*The `gpu` profile's training time is not measured with today's engine (with an earlier "
                            "one, its CIFAR-100 notebooks would have taken 0.4 h on one test-gpu")
-    assert "commit bbbbbbbbbb); calibrating its stand-in first" in line
-    assert "with the same `PER_GPU`; stale): run `bash benchmarks/gpu_session.sh" in line
+    assert "commit bbbbbbbbbb); with the calibration of its stand-in first" in line
+    assert " on 8; stale): run `bash benchmarks/gpu_session.sh" in line
     _csv(tmp_path / "concurrency.csv", not_the_profiles)
     assert gpu_blocks.gpu_hours(tmp_path / "concurrency.csv").startswith(
         "*The `gpu` profile's training time is not measured with today's engine: run")
+    _csv(tmp_path / "concurrency.csv", graphs)
+    monkeypatch.setattr(gpu_blocks, "_gpu_cifar_calibration", lambda: None)  # once its calibration is committed
+    assert "); its stand-in's calibration is committed: nothing to train before them (`concurrency.csv`" in \
+        gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")
 
 
 def test_the_fastest_estimate_counts_the_most_parts_then_the_fewest_hours(tmp_path, tiny_plan):
@@ -565,3 +577,17 @@ def test_fig3_epochs_name_the_baseline_measured_again_last(tmp_path):
     assert lines[-3].endswith("(reduce-overhead), cross_entropy: 5.35 s")
     assert lines[-2].endswith("smooth_hinge (K = 5): 4.95 s")
     assert lines[-1].endswith("cross_entropy (measured again last): 4.50 s")
+
+
+def test_the_calibration_work_block_says_which_stand_ins_are_calibrated_and_what_the_others_train(monkeypatch):
+    """Each stand-in of the ``gpu`` profile: calibrated (nothing to train), or its shortest calibration's moves and
+    runs, and the training images of those that are not the notebooks' own against the notebooks'."""
+    from experiments.scale import plan as planning
+
+    to_make = planning.calibrations_to_make(GPU)
+    monkeypatch.setattr(planning, "calibrations_to_make", lambda profile: {"cifar": to_make["cifar"]})
+    lines = gpu_blocks.calibration_work().splitlines()
+    assert lines[0] == ("- `cifar100_like`: not calibrated; at least 156 runs in 5 moves, 12 of them the notebooks' "
+                        "own; the 144 others 1,943,654,400 training images, x1.94 those of its notebooks' 119 runs")
+    assert lines[1] == "- `plantnet_like`: calibrated (`experiments/calibrated/gpu.json`): nothing to train first"
+    assert len(lines) == len(GPU.calibrated_setups)

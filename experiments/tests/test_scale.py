@@ -18,7 +18,7 @@ from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore, computed
 from experiments.engine.train import run, run_stacked
 from experiments.scale import cli, executors
-from experiments.scale.plan import PlannedRun, plan, stacks, state
+from experiments.scale.plan import CalibrationFirst, PlannedRun, plan, stacks, state
 from experiments.scale.progress import Progress
 from experiments.analysis.workload import profile_work, stand_in_size
 from experiments.spec.grids import NOTEBOOK_GRIDS
@@ -55,6 +55,26 @@ def test_a_setups_plan_is_its_runs_of_the_whole_plan_with_the_images_the_workloa
         sum(work.train_images for work in notebooks), sum(work.eval_images for work in notebooks))
     size = stand_in_size(profile.cifar)  # validation after every epoch, a test pass at most per selection metric
     assert (cifar[0].val_images, cifar[0].test_images) == (cifar[0].config.epochs * size.val, 4 * size.test)
+
+
+def test_a_calibration_first_is_its_shortest_search_each_run_once_and_leaves_the_notebooks_the_rest():
+    """The ``gpu`` profile's CIFAR-100 stand-in: the search's moves (the start, three step sizes, the held-out numbers)
+    with each training once; the notebooks' runs at the knobs it chooses are those it trained plus those it left; a
+    profile whose calibration is current has none to make."""
+    from experiments.scale.plan import calibration_first, calibrations_to_make
+    from experiments.tuning.calibration import shortest_search
+
+    profile = get_profile("gpu")
+    first = calibration_first(profile, "cifar")
+    searched, _ = shortest_search(profile, "cifar")
+    trained = [run.config.training_key() for run in first.runs]
+    assert len(trained) == len(set(trained)) and set(trained) == {c.training_key() for move in searched for c in move}
+    assert [len(move) for move in first.moves] == [8, 48, 48, 48, 4]  # the held-out p = 0.2 runs alone are new
+    notebooks = plan(profile, ("cifar",))
+    assert first.shared(notebooks) == 12  # CE at p = 0, 0.2 and 0.4, every seed, at the chosen knobs
+    assert not {run.config.training_key() for run in first.notebooks_left} & set(trained)
+    assert all(run.train_images for run in first.runs)
+    assert list(calibrations_to_make(get_profile("quick"))) == []  # its calibration is committed and current
 
 
 def test_the_plan_says_what_the_store_holds_of_each_run(tmp_path):
@@ -178,7 +198,8 @@ def test_train_writes_the_executors_manifest_beside_the_notebooks(tmp_path, monk
         torch.set_num_threads(threads)
     manifest = json.loads((figures / "manifests" / "executor.json").read_text())
     assert manifest["executor"] == "inline" and manifest["workers"] == 1 and manifest["threads"] == 1
-    assert manifest["runs"] == {"trained": 1, "from_store": 1, "failed": 0} and manifest["profile"] == "smoke"
+    assert manifest["runs"] == {"trained": 1, "from_store": 1, "failed": 0, "diverged": 0}
+    assert manifest["profile"] == "smoke"
     assert manifest["stack"] == 1 and manifest["gpu_sharing"] is None  # a CPU's
     assert 0 < manifest["seconds"] and manifest["machine"] and manifest["commit"]
     assert "1 of 1 runs finished, 0 failed" in capsys.readouterr().err
@@ -205,6 +226,10 @@ def test_a_run_whose_loss_becomes_nan_is_diverged_not_failed_and_is_not_trained_
         assert capsys.readouterr().out.splitlines()[-1].startswith("2 runs: 1 finished, 1 diverged, 0 partial, 0 missing")
         assert cli.main(arguments) == 0
         assert "2 runs, 1 already finished, 1 diverged, 0 to train" in capsys.readouterr().err
+        (store.root / "diverged").rename(tmp_path / "kept")  # as an array task meets it: no traceback, status 0
+        assert cli.main(["run-one", runs[1].key, "--profile", "smoke", "--store", str(tmp_path)]) == 0
+        assert capsys.readouterr().out == (f"{runs[1].key}: diverged: the training loss became NaN in epoch 1 (kept "
+                                           "in the store as its outcome)\n")
     finally:
         torch.set_num_threads(threads)
 
@@ -398,6 +423,7 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
     runs = [*(planned(seed, 360_000, 80_000, 20_000, **({"lr": 0.2} if seed == 3 else {})) for seed in range(4)),
             planned(4, 72_000, 0, 0, notebook="fig3_epoch_time"),
             planned(5, 360_000, 80_000, 20_000, batch_size=64)]  # another batch: not estimated
+    other_batch = CalibrationFirst("imagenet", [runs[5:]], [])
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
     header = ("device,device_name,engine_code,date,model,compile,batch_size,concurrency,stack,aggregate_images_per_s,"
               "eval_images_per_s,warmup_s\n")
@@ -425,20 +451,22 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
                                  f"  PER_GPU=2 STACK=1        2.8 h  {where}; {counted}",
                                  f"  PER_GPU=1 STACK=2        3.6 h  {where}; {counted}",
                                  f"  PER_GPU=1 STACK=1        4.3 h  {where}; {counted}"]
-    monkeypatch.setattr(cli, "_calibrations_to_make", lambda profile: {"cifar": [runs[:1], runs[1:3]]})
+    first = CalibrationFirst("cifar", [runs[:1], runs[1:3]], runs[3:4])
+    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile: {"cifar": first, "imagenet": other_batch})
     assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
     lines = capsys.readouterr().out.splitlines()
     # a stand-in's calibration: move after move of lone runs, at each PER_GPU measured with them: one worker
     # 3710 s, then 2 x 3710 s; two workers: 3712 s (the warm-up of two workers' setting, 12 s), then both runs at
-    # once at 80 images/s each (12 + 4500 + 100 + 25 s)
-    start = lines.index("and first, calibrating the stand-ins (make calibrate), at least (no move of a search "
-                        "improving on its start; each move's runs wait for the last's):")
-    measured = "test-gpu, 2026-01-01T00:00:00; " + counted
+    # once at 80 images/s each (12 + 4500 + 100 + 25 s); a stand-in of another batch is not estimated
+    start = lines.index("and first, calibrating the stand-ins (make calibrate) takes at least (no move of a search "
+                        "improving on its start; each move's runs wait for the last's; the notebooks' runs among them "
+                        "are not trained again):")
+    measured = "test-gpu, reduce-overhead, 2026-01-01T00:00:00; " + counted
     assert lines[start + 1:] == [f"  cifar        PER_GPU=1       3.1 h  3 runs in 2 moves; {measured}",
-                                 f"  cifar        PER_GPU=2       2.3 h  3 runs in 2 moves; {measured}"]
-    monkeypatch.setattr(cli, "_calibrations_to_make", lambda profile: {"cifar": [runs[5:]]})  # another batch
-    assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
-    assert "calibrating" not in capsys.readouterr().out
+                                 f"  cifar        PER_GPU=2       2.3 h  3 runs in 2 moves; {measured}",
+                                 "  imagenet     not estimated: no measurement of its model and batch (small_cnn, "
+                                 "batch 64)"]
+    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile: {})
     (tmp_path / "rates.csv").write_text(header + "\n".join([*ignored, *rows[2:]]) + "\n")  # no lone run's rate
     assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
     assert capsys.readouterr().out.splitlines()[-2:] == [
