@@ -22,6 +22,7 @@ import json
 import os
 import pickle
 import re
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +51,7 @@ def atomic_write(path: Path, write) -> None:
     """``write(tmp)`` to a temporary file beside ``path``, then renamed onto it: an interrupted write leaves the
     previous file whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # each writer its own
     write(tmp)
     tmp.replace(path)
 

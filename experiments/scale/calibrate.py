@@ -1,19 +1,21 @@
-"""The stand-ins' calibration (:mod:`experiments.tuning.fixed_point`) with each move of its search trained side by side:
+"""Fit each stand-in's difficulty to the paper's cross-entropy numbers (and, where the profile chooses them, the
+learning rates), each move of the search trained side by side; a no-op where the stored calibration is current.
 
     python -m experiments.scale.calibrate PROFILE --jobs 2                      # make calibrate EXECUTOR=local JOBS=2
     python -m experiments.scale.calibrate gpu --device cuda --per-gpu 1          # every GPU of this node
     python -m experiments.scale.calibrate gpu --device cuda --executor slurm --gpus-per-task 1 --partition gpu
 
-The search tells the runs of each move (every neighbour of its knobs, at every seed) and of the learning-rate choice
+The steps are :mod:`experiments.tuning.fixed_point`'s. The search tells the runs of each move (every neighbour of its knobs, at every seed) and of the learning-rate choice
 to :func:`executor_ahead` before it asks for any; those the store lacks train through the ``local`` executor's workers
 or as one Slurm array, and the search reads them back. With one local worker the search trains them itself, one after
-another.
+another. With Slurm the stand-ins' searches go on side by side, each in a thread of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -50,16 +52,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     options = executors.TrainOptions(str(store.root), device, compile_mode=args.compile_mode)
     try:
-        trainer = _trainer(args, options, profile.name)
+        trainers = {setup: _trainer(args, options, profile.name, setup) for setup in profile.calibrated_setups}
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    ahead = executor_ahead(store, trainer) if trainer else None
+    side_by_side = args.executor == "slurm" and len(trainers) > 1
+
+    def settle(setup: str) -> str:
+        """Calibrate ``setup`` as far as it goes; its state."""
+        trainer = trainers[setup]
+        settled = fixed_point.settle(profile, setup, lambda config: fixed_point.trained(
+            config, store, device, profile.name, setup, args.compile_mode),
+            ahead=executor_ahead(store, trainer, live=not side_by_side) if trainer else None)
+        return f"{setup}: {fixed_point.status(settled, setup)['state']}"
+
     try:
-        for setup in profile.calibrated_setups:
-            profile = fixed_point.settle(profile, setup, lambda config, setup=setup: fixed_point.trained(
-                config, store, device, profile.name, setup, args.compile_mode), ahead=ahead)
-            print(f"{setup}: {fixed_point.status(profile, setup)['state']}", flush=True)
+        if side_by_side:  # the stand-ins' searches are independent: their arrays go out at once
+            for line in _each_in_a_thread(settle, profile.calibrated_setups):
+                print(line, flush=True)
+        else:
+            for setup in profile.calibrated_setups:
+                print(settle(setup), flush=True)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store.root}, and each "
               "finished step of the calibration in experiments/calibrated/; the same command resumes"
@@ -74,13 +87,39 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _trainer(args: argparse.Namespace, options: executors.TrainOptions, profile: str) -> Trainer | None:
-    """How the command's executor trains a move's runs; None for one local worker (the search trains them itself)."""
+def _each_in_a_thread(work: Callable[[str], str], setups: tuple[str, ...]) -> list[str]:
+    """``work(setup)`` for every setup at once, each in a thread of its own; their results in the setups' order once
+    all have ended, or the first setup's error (the others were let finish: their steps are stored). The threads are
+    daemons, so Ctrl-C, which reaches this one, ends the command at once."""
+    results: dict[str, str] = {}
+    errors: dict[str, BaseException] = {}
+
+    def run(setup: str) -> None:
+        try:
+            results[setup] = work(setup)
+        except BaseException as error:  # SystemExit of a failed run included: re-raised below
+            errors[setup] = error
+
+    threads = [threading.Thread(target=run, args=(setup,), name=f"calibrate-{setup}", daemon=True) for setup in setups]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        for thread in threads:
+            thread.join(timeout=1.0)
+    for setup in setups:
+        if setup in errors:
+            raise errors[setup]
+    return [results[setup] for setup in setups]
+
+
+def _trainer(args: argparse.Namespace, options: executors.TrainOptions, profile: str, setup: str) -> Trainer | None:
+    """How the command's executor trains a move's runs of ``setup``; None for one local worker (the search trains
+    them itself). Each stand-in's Slurm scripts go to a folder of their own (``.../calibration/SETUP``)."""
     if args.executor == "slurm":
         if problem := slurm.refusal(args):
             raise ValueError(problem)
-        slurm_options = replace(slurm.SlurmOptions.from_args(args),
-                                folder=args.slurm_folder or str(Path(options.store) / "slurm" / "calibration"))
+        folder = Path(args.slurm_folder or Path(options.store) / "slurm" / "calibration") / setup
+        slurm_options = replace(slurm.SlurmOptions.from_args(args), folder=str(folder))
         return lambda runs, progress: slurm.train(runs, options, progress, slurm_options, profile=profile,
                                                   outside_plan=True)
     if len(executors.slots(args.jobs, args.per_gpu, options.device)) == 1:
@@ -88,12 +127,12 @@ def _trainer(args: argparse.Namespace, options: executors.TrainOptions, profile:
     return lambda runs, progress: executors.local(runs, options, progress, jobs=args.jobs, per_gpu=args.per_gpu)
 
 
-def executor_ahead(store: ResultsStore, trainer: Trainer):
+def executor_ahead(store: ResultsStore, trainer: Trainer, *, live: bool = True):
     """What :func:`experiments.tuning.calibration.calibrate` and :func:`experiments.tuning.learning_rates.choose` tell
     a move's runs to: each training the store lacks (siblings once) goes to ``trainer``, even one alone (on a
     cluster's login node the search must not train). A run that failed there stops the calibration, naming its log;
     one whose loss became NaN is kept so in the store, where the search reads it (the learning-rate choice expects
-    some)."""
+    some). ``live``: the progress line is rewritten in place on a terminal (off where several searches share it)."""
 
     def ahead(configs) -> None:
         todo = {}
@@ -103,7 +142,7 @@ def executor_ahead(store: ResultsStore, trainer: Trainer):
         if not todo:
             return
         runs = [PlannedRun.outside_plan(config) for config in todo.values()]
-        progress = Progress(runs, store=store)
+        progress = Progress(runs, store=store, live=live)
         trainer(runs, progress)
         if progress.failed:
             raise SystemExit(f"error: {len(progress.failed)} of the calibration's runs failed: "

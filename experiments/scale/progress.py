@@ -26,7 +26,8 @@ class Progress:
     counted are those trained by this call: a resumed run's checkpointed epochs (read from ``store``, if given) are
     neither trained again nor counted."""
 
-    def __init__(self, runs: list[PlannedRun], *, store: ResultsStore | None = None, stream: TextIO = sys.stderr):
+    def __init__(self, runs: list[PlannedRun], *, store: ResultsStore | None = None, stream: TextIO = sys.stderr,
+                 live: bool = True):
         self.runs, self.store, self.stream = {run.key: run for run in runs}, store, stream
         self.total = len(runs)
         self.kept = {run.key: self._checkpointed(run) for run in runs}  # images of the epochs each run had already
@@ -36,7 +37,7 @@ class Progress:
         self.failed: dict[str, str] = {}  # key -> its log
         self.diverged: dict[str, str] = {}  # key -> its log: its loss became NaN, an outcome kept in the store
         self.started = self.logged = time.monotonic()
-        self.tty = stream.isatty()
+        self.tty = live and stream.isatty()  # one line rewritten in place; else a line per event
         self.lock = threading.Lock()  # the executor's thread and :meth:`watching`'s
 
     @property

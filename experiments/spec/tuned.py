@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -210,11 +211,18 @@ def learning_rates(profile_name: str) -> dict[str, LearningRates]:
     return LearningRates.load(learning_rates_path(profile_name))
 
 
+#: One writer of the files at a time in this process: the stand-ins calibrated side by side keep their entries from
+#: threads of their own (:mod:`experiments.scale.calibrate`).
+_KEEPING = threading.Lock()
+
+
 def keep(profile_name: str, setup: str, entry: Calibration | LearningRates) -> None:
-    """Store ``entry`` as ``setup``'s in its profile's file, the other setups' entries as they were."""
+    """Store ``entry`` as ``setup``'s in its profile's file, the other setups' entries as they were (read and written
+    under :data:`_KEEPING`, so that no thread's entry is lost)."""
     path = _path(type(entry), profile_name)
-    name, stored = _read(type(entry), path)
-    stored[setup] = entry
-    text = json.dumps({"profile": name or profile_name, "setups": {s: e.to_json() for s, e in stored.items()}},
-                      indent=1, sort_keys=True) + "\n"
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+    with _KEEPING:
+        name, stored = _read(type(entry), path)
+        stored[setup] = entry
+        text = json.dumps({"profile": name or profile_name, "setups": {s: e.to_json() for s, e in stored.items()}},
+                          indent=1, sort_keys=True) + "\n"
+        atomic_write(path, lambda tmp: tmp.write_text(text))

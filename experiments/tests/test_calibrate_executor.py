@@ -2,6 +2,9 @@
 trainings go to the executor once each, the search reads them back, a failed run stops it naming its log while a
 diverged one is read back as diverged, and bad options are refused."""
 
+import threading
+import time
+
 import pytest
 
 from experiments.engine.config import RunConfig
@@ -109,3 +112,67 @@ def test_a_calibration_run_that_diverged_stops_the_search_with_one_line(tmp_path
         "error: a cross-entropy run of the calibration diverged (the training loss became NaN in epoch 3); its NaN is "
         f"kept in {tmp_path}/diverged/ (delete the file to train it again): change the stand-in's start or steps "
         "(experiments/tuning/calibration.py)\n")
+
+
+def test_with_slurm_the_stand_ins_calibrate_side_by_side_each_with_its_own_scripts(tmp_path, monkeypatch, capsys):
+    """Their searches are independent: each in a thread of its own at once (a barrier every setup must reach, which one
+    thread after another never would), its arrays' scripts in a folder of its own, their states in the setups'
+    order; one setup's error comes after the others have ended."""
+    from experiments.spec.profiles import GPU
+
+    setups = GPU.calibrated_setups
+    together, seen, folders = threading.Barrier(len(setups), timeout=30), {}, {}
+
+    def settle(profile, setup, train, ahead=None):
+        together.wait()
+        seen[setup] = threading.current_thread().name
+        ahead([RunConfig(**{**CE, "seed": 20 + setups.index(setup)})])  # a move: one array
+        return profile
+
+    def train(runs, options, progress, slurm_options, **kwargs):
+        folders[runs[0].config.seed] = slurm_options.folder
+        for run in runs:
+            progress.start(run)
+            progress.finish(run)
+
+    monkeypatch.setattr(fixed_point, "settle", settle)
+    monkeypatch.setattr(fixed_point, "status", lambda profile, setup: {"state": f"settled {setup}"})
+    monkeypatch.setattr(calibrate.slurm, "train", train)
+    assert calibrate.main(["gpu", "--store", str(tmp_path), "--executor", "slurm"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{setup}: settled {setup}" for setup in setups]
+    assert seen == {setup: f"calibrate-{setup}" for setup in setups}
+    assert folders == {20 + i: str(tmp_path / "slurm" / "calibration" / setup) for i, setup in enumerate(setups)}
+
+    ended = []
+
+    def work(setup):
+        if setup == "cifar":
+            raise SystemExit("error: 1 of the calibration's runs failed")
+        time.sleep(0.2)
+        ended.append(setup)
+        return setup
+
+    with pytest.raises(SystemExit, match="1 of the calibration's runs failed"):
+        calibrate._each_in_a_thread(work, ("cifar", "plantnet"))
+    assert ended == ["plantnet"]
+
+
+def test_stand_ins_keeping_their_entries_at_once_lose_none(tmp_path, monkeypatch):
+    """The file of a profile's calibrations is read and rewritten whole for each entry: setups that keep theirs at the
+    same moment (side by side) must all be in it."""
+    from experiments.spec import tuned
+
+    entries = tuned.calibrations("quick")
+    monkeypatch.setattr(tuned, "CALIBRATED", tmp_path)
+    together = threading.Barrier(len(entries), timeout=30)
+
+    def keep(setup):
+        together.wait()
+        tuned.keep("quick", setup, entries[setup])
+
+    threads = [threading.Thread(target=keep, args=(setup,)) for setup in entries]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert tuned.calibrations("quick") == entries

@@ -19,6 +19,7 @@ calibration and choice are current and agree (or that used its rounds) is not to
 from __future__ import annotations
 
 import json
+import threading
 import warnings
 from dataclasses import dataclass, field, replace
 
@@ -91,9 +92,13 @@ def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flu
     return profile
 
 
+#: ``warnings.catch_warnings`` changes the process's filters: one thread at a time (stand-ins calibrated side by side).
+_REREADING = threading.Lock()
+
+
 def _reread(profile: Profile) -> Profile:
     """:func:`experiments.spec.profiles.recalibrated`, without its warnings about steps this module is about to take."""
-    with warnings.catch_warnings():
+    with _REREADING, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return recalibrated(profile)
 
