@@ -20,6 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import COMPILE_MODES
 from experiments.scale import executors, slurm
@@ -47,15 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     if command is None:
         return 2
     profile, store, device, args = command
+    if problem := _refusal(args, device):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if not profile.calibrated_setups:
         print(fixed_point.no_stand_in(profile))
         return 0
     options = executors.TrainOptions(str(store.root), device, compile_mode=args.compile_mode)
-    try:
-        trainers = {setup: _trainer(args, options, profile.name, setup) for setup in profile.calibrated_setups}
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    trainers = {setup: _trainer(args, options, profile.name, setup) for setup in profile.calibrated_setups}
     side_by_side = args.executor == "slurm" and len(trainers) > 1
 
     def settle(setup: str) -> str:
@@ -112,16 +113,32 @@ def _each_in_a_thread(work: Callable[[str], str], setups: tuple[str, ...]) -> li
     return [results[setup] for setup in setups]
 
 
-def _trainer(args: argparse.Namespace, options: executors.TrainOptions, profile: str, setup: str) -> Trainer | None:
-    """How the command's executor trains a move's runs of ``setup``; None for one local worker (the search trains
-    them itself). Each stand-in's Slurm scripts go to a folder of their own (``.../calibration/SETUP``)."""
+def _refusal(args: argparse.Namespace, device: str) -> str | None:
+    """What is wrong with the executor's options (None: nothing). ``--per-gpu`` where torch sees no GPU (a login node,
+    ``make calibrate DEVICE=cuda``) is not: the search then trains alone, and says where to run it if it has a run to
+    train."""
     if args.executor == "slurm":
-        if problem := slurm.refusal(args):
-            raise ValueError(problem)
+        return slurm.refusal(args)
+    if args.per_gpu is not None and args.per_gpu >= 1 and not torch.cuda.is_available():
+        return None
+    try:
+        executors.slots(args.jobs, args.per_gpu, device)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _trainer(args: argparse.Namespace, options: executors.TrainOptions, profile: str, setup: str) -> Trainer | None:
+    """How the command's executor trains a move's runs of ``setup``; None for one local worker, or none where torch
+    sees no GPU (the search trains them itself). Each stand-in's Slurm scripts go to a folder of their own
+    (``.../calibration/SETUP``)."""
+    if args.executor == "slurm":
         folder = Path(args.slurm_folder or Path(options.store) / "slurm" / "calibration") / setup
         slurm_options = replace(slurm.SlurmOptions.from_args(args), folder=str(folder))
         return lambda runs, progress: slurm.train(runs, options, progress, slurm_options, profile=profile,
                                                   outside_plan=True)
+    if args.per_gpu is not None and args.per_gpu >= 1 and not torch.cuda.is_available():
+        return None  # a login node, say: the search stops with what to do if it has a run to train
     if len(executors.slots(args.jobs, args.per_gpu, options.device)) == 1:
         return None
     return lambda runs, progress: executors.local(runs, options, progress, jobs=args.jobs, per_gpu=args.per_gpu)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -125,6 +126,20 @@ def main(argv: list[str]) -> int:
         return 130
 
 
+def device_refusal(device: str, *, trains_here: bool = True) -> str | None:
+    """What is wrong with ``device`` (cpu, cuda or cuda:N) for runs trained in this process or its workers
+    (``trains_here``; Slurm's tasks train elsewhere), before anything trains; None: nothing."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        return f"--device should be cpu, cuda or cuda:N, got {device!r}"
+    if device.startswith("cuda") and trains_here:
+        if not torch.cuda.is_available():
+            return (f"--device {device}, but torch sees no CUDA device here: train on a machine with a GPU (on a "
+                    "cluster: inside srun or salloc, or --executor slurm from here)")
+        if (torch.device(device).index or 0) >= torch.cuda.device_count():
+            return f"--device {device}, but torch sees {torch.cuda.device_count()} CUDA device(s) here, numbered from 0"
+    return None
+
+
 def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> str | None:
     """What is wrong with the command's options, before anything trains (None: nothing)."""
     if problem := unusable_store(store):
@@ -134,6 +149,11 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     if args.command == "plan":
         return (f"--gpus should be a positive number of GPUs, got {args.gpus}"
                 if args.gpus is not None and args.gpus < 1 else None)
+    if problem := device_refusal(args.device, trains_here=getattr(args, "executor", "inline") != "slurm"):
+        return problem
+    if args.workers is not None and args.workers < 0:
+        return (f"--workers should be 0 (read in the training process) or a positive number of processes, got "
+                f"{args.workers}")
     if args.threads < 0:
         return (f"--threads should be 0 (the default) or a positive number of torch CPU threads per run, got "
                 f"{args.threads}")
@@ -147,10 +167,14 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     if args.executor == "slurm" and (problem := slurm.refusal(args)):
         return problem
     held = ResultsStore(store)
-    if args.data_root is None and (real := [run for run in runs if run.data_subdir is not None
-                                            and not done(run, held)]):
+    real = [run for run in runs if run.data_subdir is not None and not done(run, held)]
+    if real and args.data_root is None:
         return (f"{len(real)} runs of the {args.profile} profile still to train are on real datasets: pass their root "
                 "(--data-root, make DATA=)")
+    for folder, dataset in {run.data_root(args.data_root): run.config.dataset for run in real}.items():
+        if not folder.is_dir():  # a real run's data is only read as it starts: say it now, not once a run
+            return (f"the {dataset} dataset that {sum(run.config.dataset == dataset for run in real)} runs still to "
+                    f"train read is not in {folder}: `python -m data_prep {dataset} --root {folder}` prepares it")
     return None
 
 
@@ -200,22 +224,20 @@ def _print_calibration_hours(calibrations: dict[str, CalibrationFirst], measured
     at each ``PER_GPU`` measured with lone runs, by each invocation of ``measured`` that stands for all its runs; or
     that none does."""
     lines = []
-    for setup, first in calibrations.items():
-        estimated = False
+    for first in calibrations.values():
+        dataset, estimated = first.runs[0].config.dataset, []
         for invocation in measured:
             row, rates = invocation[0], Rates.from_rows(invocation)
             if len(first.runs) != len(runs_measured_by(first.runs, row)):
                 continue
             for per_gpu in sorted(processes for processes, stack in rates.train if stack == 1):
                 if (found := estimate_moves(first.moves, rates, per_gpu=per_gpu, gpus=gpus)) is not None:
-                    estimated = True
-                    lines.append(f"  {setup:12s} PER_GPU={per_gpu:<3d} {found.hours:7.1f} h  {len(first.runs)} runs in "
-                                 f"{len(first.moves)} moves; {row['device_name']}, "
-                                 f"{sharing_text(row).replace('`', '')}, {row['date']}; {counted_text(found)}")
-        if not estimated:
-            config = first.runs[0].config
-            lines.append(f"  {setup:12s} not estimated: no measurement of its model and batch ({config.model}, batch "
-                         f"{config.batch_size})")
+                    estimated.append((found.hours, f"  {dataset:18s} PER_GPU={per_gpu:<3d} {found.hours:7.1f} h  "
+                                      f"{len(first.runs)} runs in {len(first.moves)} moves; {row['device_name']}, "
+                                      f"{sharing_text(row).replace('`', '')}, {row['date']}; {counted_text(found)}"))
+        lines += [line for _, line in sorted(estimated)] or [
+            f"  {dataset:18s} not estimated: no measurement of its model and batch ({first.runs[0].config.model}, "
+            f"batch {first.runs[0].config.batch_size})"]
     if lines:
         print("\nand first, calibrating the stand-ins (make calibrate) takes at least (no move of a search improving "
               "on its start; each move's runs wait for the last's; the notebooks' runs among them are not trained "
@@ -283,7 +305,8 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
             executors.local(todo, options, progress, jobs=args.jobs, per_gpu=args.per_gpu, sharing=sharing)
         else:
             slurm.train(todo, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
-    print(progress.summary(), file=sys.stderr)
+    if not (args.executor == "slurm" and args.sbatch_only):  # nothing trained: the scripts were written
+        print(progress.summary(), file=sys.stderr)
     into_notebooks_store = Path(options.store).resolve() == (RESULTS / args.profile).resolve()
     if (args.figures or into_notebooks_store) and not (args.executor == "slurm" and args.sbatch_only):
         _write_manifest(args, options, progress, len(runs) - len(todo), time.time() - started, sharing)

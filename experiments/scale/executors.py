@@ -249,7 +249,7 @@ def _serve(connection, device: str, options: TrainOptions, threads: int) -> None
     """Train each group sent over ``connection``, with its output in the group's log."""
     torch.set_num_threads(threads)
     if device.startswith("cuda"):
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(torch.device(device).index or 0)  # "cuda" alone: the first visible GPU
     while (group := connection.recv()) is not None:
         path = log_path(options, group)
         path.parent.mkdir(parents=True, exist_ok=True)

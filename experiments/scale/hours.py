@@ -63,11 +63,13 @@ def _model_and_batch(run: PlannedRun) -> tuple[str, str] | None:
 
 def invocations(rows: list[dict], runs: list[PlannedRun]) -> list[list[dict]]:
     """The invocations of ``bench_concurrency`` in ``rows`` (rows sharing a date, in their order) that ran on CUDA
-    with the model and batch size of some of ``runs`` on stand-ins."""
+    with the model and batch size of some of ``runs`` on stand-ins, as ``make`` trains them: not those that let cuDNN
+    time its algorithms first (``--cudnn-benchmark``), which the engine never does."""
     trained = {_model_and_batch(run) for run in runs}
     by_date: dict[str, list[dict]] = {}
     for row in rows:
-        if row["device"] == "cuda" and (row["model"], row["batch_size"]) in trained:
+        if (row["device"] == "cuda" and (row["model"], row["batch_size"]) in trained
+                and row.get("cudnn_benchmark") != "True"):
             by_date.setdefault(row["date"], []).append(row)
     return list(by_date.values())
 

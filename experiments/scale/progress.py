@@ -56,10 +56,11 @@ class Progress:
 
     def finish(self, run: PlannedRun) -> None:
         with self.lock:
-            seconds = time.monotonic() - self.running.pop(run.key, time.monotonic())
+            started = self.running.pop(run.key, None)  # None: found finished, never seen running (a Slurm task)
             self.finished.add(run.key)
             self.trained[run.key] = (run.train_images or 0) - self.kept[run.key]
-            self._show(f"finished {run.key} ({', '.join(run.notebooks)}) in {seconds:.1f} s")
+            took = f" in {time.monotonic() - started:.1f} s" if started is not None else ""
+            self._show(f"finished {run.key} ({', '.join(run.notebooks)}){took}")
 
     def fail(self, run: PlannedRun, log: str) -> None:
         with self.lock:

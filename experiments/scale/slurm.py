@@ -12,6 +12,7 @@ scheduler (``--sbatch-only`` writes them and submits nothing).
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import shlex
 import signal
@@ -76,8 +77,12 @@ def refusal(args: argparse.Namespace) -> str | None:
     for name in ("cpus_per_task", "time_min", "array_parallelism"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} should be a positive number, got {getattr(args, name)}"
-    if args.poll <= 0 or (args.mem_gb is not None and args.mem_gb <= 0):
-        return f"--poll and --mem-gb should be positive, got {args.poll} and {args.mem_gb}"
+    if args.poll <= 0:
+        return f"--poll should be a positive number of seconds, got {args.poll}"
+    if args.mem_gb is not None and args.mem_gb <= 0:
+        return f"--mem-gb should be a positive number of GB, got {args.mem_gb}"
+    if args.slurm_folder and Path(args.slurm_folder).exists() and not Path(args.slurm_folder).is_dir():
+        return f"--slurm-folder {args.slurm_folder} is a file: give a folder (it is made if missing)"
     if args.device not in ("cpu", "cuda"):
         return f"--device should be cpu or cuda for Slurm's tasks (each numbers its own GPUs from 0), got {args.device}"
     if args.gpus_per_task not in (0, 1):
@@ -161,6 +166,11 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     if slurm.sbatch_only:
         print("wrote " + ", ".join(map(str, scripts)) + ": submit each with `sbatch SCRIPT`", file=sys.stderr)
         return
+    if not outside_plan and (earlier := queued_tasks(profile)):  # the calibration's stand-ins share their names
+        print(f"note: {earlier} tasks of an earlier submission for the {profile} profile are still queued; a run they "
+              f"have not started is submitted again, and its second task waits for the first "
+              f"(`scancel --name topk-{profile}-runs` and `--name topk-{profile}-alone` stop the earlier ones)",
+              file=sys.stderr)
     try:
         import submitit
     except ImportError:
@@ -177,10 +187,22 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
                                    **({"slurm_partition": slurm.partition} if slurm.partition else {}),
                                    **({"gpus_per_task": slurm.gpus_per_task} if slurm.gpus_per_task else {}),
                                    **({"mem_gb": slurm.mem_gb} if slurm.mem_gb else {}))
-        jobs += [(run, job) for group, job in zip(tasks, executor.map_array(RunTask(options), tasks)) for run in group]
+        try:
+            submitted = executor.map_array(RunTask(options), tasks)
+        except submitit.core.utils.FailedJobError as error:  # sbatch said no: a partition, a gres, a limit
+            raise SystemExit(f"error: sbatch refused the {name} array: {str(error).strip().splitlines()[-1]}") from None
+        jobs += [(run, job) for group, job in zip(tasks, submitted) for run in group]
     print(f"submitted {len({job.job_id for _, job in jobs})} array tasks (job {', '.join(sorted({job.job_id.split('_')[0] for _, job in jobs}))})",
           file=sys.stderr)
     follow(jobs, options, progress, slurm.poll)
+
+
+def queued_tasks(profile: str) -> int:
+    """How many tasks of this user's arrays for ``profile`` (named ``topk-PROFILE-runs`` or ``-alone``) are still in
+    Slurm's queue; 0 when ``squeue`` cannot answer."""
+    listing = subprocess.run(["squeue", "--noheader", "--array", "--user", getpass.getuser(), "--format=%i",
+                              "--name", f"topk-{profile}-runs,topk-{profile}-alone"], capture_output=True, text=True)
+    return len(listing.stdout.split()) if listing.returncode == 0 else 0
 
 
 def still_queued(profile: str) -> str:

@@ -462,10 +462,10 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
                         "improving on its start; each move's runs wait for the last's; the notebooks' runs among them "
                         "are not trained again):")
     measured = "test-gpu, reduce-overhead, 2026-01-01T00:00:00; " + counted
-    assert lines[start + 1:] == [f"  cifar        PER_GPU=1       3.1 h  3 runs in 2 moves; {measured}",
-                                 f"  cifar        PER_GPU=2       2.3 h  3 runs in 2 moves; {measured}",
-                                 "  imagenet     not estimated: no measurement of its model and batch (small_cnn, "
-                                 "batch 64)"]
+    assert lines[start + 1:] == [f"  cifar100_like      PER_GPU=2       2.3 h  3 runs in 2 moves; {measured}",
+                                 f"  cifar100_like      PER_GPU=1       3.1 h  3 runs in 2 moves; {measured}",
+                                 "  cifar100_like      not estimated: no measurement of its model and batch "
+                                 "(small_cnn, batch 64)"]  # named by dataset: TINY's is cifar100_like too
     monkeypatch.setattr(cli, "calibrations_to_make", lambda profile: {})
     (tmp_path / "rates.csv").write_text(header + "\n".join([*ignored, *rows[2:]]) + "\n")  # no lone run's rate
     assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0

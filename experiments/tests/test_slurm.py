@@ -70,6 +70,14 @@ def test_the_smoke_profiles_missing_runs_as_an_array_give_the_inline_records(tmp
         assert computed(ResultsStore(options.store).finished(run.key)) == computed(inline.finished(run.key))
 
 
+def test_an_array_sbatch_refuses_stops_with_its_reason_in_one_line(tmp_path):
+    runs = plan(get_profile("smoke"))[:1]
+    options, slurm_options = _options(tmp_path, "refused")
+    slurm_options = dataclasses.replace(slurm_options, partition="nosuch")
+    with pytest.raises(SystemExit, match=r"^error: sbatch refused the runs array: .*Invalid partition name"):
+        slurm.train(runs, options, Progress(runs), slurm_options, profile="smoke")
+
+
 def test_the_plain_sbatch_script_runs_the_same_runs_through_run_one(tmp_path):
     runs = plan(get_profile("smoke"))[2:3]
     inline = _inline(runs, tmp_path / "inline")
@@ -125,6 +133,7 @@ def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
     while not store.checkpoint_path(run.key).exists() and time.time() < deadline:
         time.sleep(0.1)
     assert store.finished(run.key) is None, "the task finished before it could be requeued"
+    assert slurm.queued_tasks("test") == 1  # what a second `train` of the same profile would warn of
     job = subprocess.run(["squeue", "--noheader", "--format=%i", "--name=topk-test-runs"], capture_output=True,
                          text=True).stdout.split()
     assert len(job) == 1, job

@@ -46,18 +46,42 @@ REFUSED = [
     (["train", "smoke", "--executor", "slurm", "--time-min", "0", "--sbatch-only"],
      "--time-min should be a positive number, got 0"),
     (["train", "smoke", "--executor", "slurm", "--mem-gb", "-1", "--sbatch-only"],
-     "--poll and --mem-gb should be positive, got 10.0 and -1.0"),
+     "--mem-gb should be a positive number of GB, got -1.0"),
+    (["train", "smoke", "--executor", "slurm", "--slurm-folder", "{file}", "--sbatch-only"],
+     "--slurm-folder {file} is a file: give a folder"),
+    (["train", "smoke", "--device", "tpu"], "--device should be cpu, cuda or cuda:N, got 'tpu'"),
+    (["run-one", SMOKE_KEY, "--profile", "smoke", "--device", "gpu"], "--device should be cpu, cuda or cuda:N, got 'gpu'"),
+    (["{config}", "--store", "{tmp}/one", "--device", "tpu"], "--device should be cpu, cuda or cuda:N, got 'tpu'"),
+    (["train", "smoke", "--workers", "-3"], "--workers should be 0 (read in the training process) or a positive "
+                                           "number of processes, got -3"),
+    (["train", "paper", "--data-root", "{tmp}/none"], "the cifar100 dataset that 119 runs still to train read is not "
+                                                      "in {tmp}/none/cifar100: `python -m data_prep cifar100 --root "
+                                                      "{tmp}/none/cifar100` prepares it"),
 ]
 
 
 @pytest.mark.parametrize("arguments,message", REFUSED)
 def test_bad_options_are_refused_before_anything_trains(arguments, message, a_file, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")  # the default store, were anything to train
-    fill = {"file": a_file, "config": str(PROJECT_ROOT / "experiments" / "example_run.json")}
+    fill = {"file": a_file, "config": str(PROJECT_ROOT / "experiments" / "example_run.json"), "tmp": str(tmp_path)}
     assert main([word.format(**fill) for word in arguments]) == 2
     errors = capsys.readouterr().err
     assert errors.startswith("error: ") and message.format(**fill) in errors and "Traceback" not in errors
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+@pytest.mark.parametrize("arguments", [["train", "smoke", "--device", "cuda"],
+                                       ["run-one", SMOKE_KEY, "--profile", "smoke", "--device", "cuda:1"],
+                                       [str(PROJECT_ROOT / "experiments" / "example_run.json"), "--device", "cuda"]])
+def test_training_on_cuda_where_torch_sees_none_is_refused_but_not_through_slurm(arguments, capsys, tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")
+    assert main([*arguments, "--store", str(tmp_path / "store")]) == 2
+    assert "but torch sees no CUDA device here: train on a machine with a GPU (on a cluster: inside srun or salloc, " \
+           "or --executor slurm from here)" in capsys.readouterr().err
+    assert main(["train", "smoke", "--device", "cuda", "--executor", "slurm", "--gpus-per-task", "1", "--sbatch-only",
+                 "--store", str(tmp_path / "store")]) == 0  # Slurm's tasks train on the cluster's GPUs
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
