@@ -101,6 +101,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps_per_call < 1:
         parser.error(f"--steps-per-call should be a positive number of training steps, got {args.steps_per_call}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}, but torch sees no CUDA device here: measure on a machine with a GPU (on "
+                     "a cluster: inside srun or salloc)")
     if args.threads:
         torch.set_num_threads(args.threads)
     device, profile = torch.device(args.device), get_profile(args.profile)

@@ -197,3 +197,11 @@ def test_cpu_step_benchmark_times_each_variant_against_the_engine_s_step(tmp_pat
             float(engine["ms_per_step"]) / float(row["ms_per_step"]), rel=2e-3, abs=2e-3)
         assert row["profile"] == "smoke" and int(row["batch"]) == 64
     assert rows[-1]["threads"] == "1" and "x1.00 the engine's speed" in run.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_profile_time_on_cuda_without_a_gpu_says_where_to_measure_in_one_line():
+    run = subprocess.run([sys.executable, "-m", "benchmarks.bench_profile_time", "gpu", "--device", "cuda"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "--device cuda, but torch sees no CUDA device here: measure on a machine with a GPU" in run.stderr

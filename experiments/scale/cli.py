@@ -88,7 +88,11 @@ def parser() -> argparse.ArgumentParser:
     _training_options(train)
     slurm.add_options(train)
     one = commands.add_parser("run-one", help="train planned runs, stacked into one model if several (an array "
-                              "task's command)")
+                              "task's command)",
+                              description="Train the runs of PROFILE named by their keys (as `plan` lists them), "
+                              "stacked into one model if several, or read them back from the store; what a Slurm array "
+                              "task runs. Prints each run's outcome: finished, or diverged (its loss became NaN, kept "
+                              "in the store).")
     one.add_argument("keys", nargs="+", metavar="key", help="a run's key, as `plan` lists it")
     one.add_argument("--profile", required=True, choices=PROFILES)
     one.add_argument("--configs", type=Path, help="a folder of run configs (KEY.json) for runs outside the plan, the "
