@@ -161,7 +161,8 @@ def _calibration_text(*estimated: tuple[Estimate, list[dict]]) -> str:
     if None in found:
         return ""
     shared = first.shared(list(_gpu_cifar_runs()))
-    return (f"; with the calibration of its stand-in first (`make calibrate`: at least {len(first.runs)} runs in "
+    return (f"; with the [calibration](docs/reproducing.md#the-calibrations-hours) of its stand-in first "
+            f"(`make calibrate`: at least {len(first.runs)} runs in "
             f"{len(first.moves)} moves, each waiting for the last, {shared} of them the notebooks' own), at least "
             + " and ".join(f"{each.hours:.1f} h on {'one' if each.gpus == 1 else each.gpus}" for each in found))
 

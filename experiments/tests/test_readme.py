@@ -490,9 +490,9 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
     # with the calibration first at each estimate's setting: on one GPU 3.6e6 images at 4,000 images/s, then two runs
     # at 3,600 each, then the notebooks' run left alone on the pool and the lone run (900 + 1000 + 900 + 90 s); on 8,
     # 900 s a move, then 900 + 90 s
-    assert ("commit aaaaaaaaaa); with the calibration of its stand-in first (`make calibrate`: at least 3 runs in 2 "
-            "moves, each waiting for the last, 3 of them the notebooks' own), at least 0.8 h on one and 0.8 h on 8 "
-            "(`concurrency.csv`") in line
+    assert ("commit aaaaaaaaaa); with the [calibration](docs/reproducing.md#the-calibrations-hours) of its stand-in "
+            "first (`make calibrate`: at least 3 runs in 2 moves, each waiting for the last, 3 of them the notebooks' "
+            "own), at least 0.8 h on one and 0.8 h on 8 (`concurrency.csv`") in line
     other_gpu = [{**row, "device_name": "other-gpu"} for row in _concurrency_rows("a" * 40, timings.engine_code())]
     _csv(tmp_path / "concurrency.csv", [*graphs, *other_gpu])
     line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # one line in the README whatever the GPU models
@@ -502,7 +502,7 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
     # 4 x 360.04 s, then 36.0 s: 0.41 h
     assert line.startswith("*The `gpu` profile's training time is not measured with today's engine (with an earlier "
                            "one, its CIFAR-100 notebooks would have taken 0.4 h on one test-gpu")
-    assert "commit bbbbbbbbbb); with the calibration of its stand-in first" in line
+    assert "commit bbbbbbbbbb); with the [calibration](docs/reproducing.md#the-calibrations-hours) of its" in line
     assert " on 8; stale): run `bash benchmarks/gpu_session.sh" in line
     _csv(tmp_path / "concurrency.csv", not_the_profiles)
     assert gpu_blocks.gpu_hours(tmp_path / "concurrency.csv").startswith(
