@@ -315,6 +315,20 @@ def test_cuda_graphs_of_finished_runs_are_freed_in_a_process_that_trains_run_aft
     assert reserved[2] <= 1.25 * reserved[0] + 2 ** 26, [f"{value / 2 ** 20:.0f} MiB" for value in reserved]
 
 
+@CUDA
+def test_local_workers_on_cuda_without_an_index_train_on_the_first_gpu(tmp_path):
+    """``train --executor local --jobs 2 --device cuda``: each worker sets GPU 0 (``torch.cuda.set_device("cuda")``,
+    which torch refuses, crashed every worker once) and its runs finish."""
+    from experiments.scale import executors
+    from experiments.scale.plan import PlannedRun
+    from experiments.scale.progress import Progress
+
+    runs = [PlannedRun(RunConfig(**{**TINY, "seed": seed}), ("test",), None, 0) for seed in (1, 2)]
+    progress = Progress(runs)
+    executors.local(runs, executors.TrainOptions(str(tmp_path), "cuda", threads=1), progress, jobs=2)
+    assert progress.done == 2 and not progress.failed, progress.summary()
+
+
 def test_a_missing_real_dataset_names_the_data_prep_command(tmp_path, capsys):
     config = RunConfig(**{**TINY, "dataset": "cifar100", "dataset_options": {}})
     with pytest.raises(MissingDataError, match="python -m data_prep cifar100 --root PATH"):
