@@ -113,7 +113,10 @@ def main(argv: list[str]) -> int:
     if args.command == "plan":
         groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
         print(table(runs, ResultsStore(store), groups))
-        return _print_hours(runs, args.gpus, args.rates, calibrations_to_make(profile)) if args.gpus is not None else 0
+        calibrations = calibrations_to_make(profile)
+        if calibrations:
+            print(calibration_line(calibrations, runs))
+        return _print_hours(runs, args.gpus, args.rates, calibrations) if args.gpus is not None else 0
     options = executors.TrainOptions(store, args.device, args.data_root, args.workers, args.compile_mode, args.threads,
                                      stack)
     try:
@@ -180,6 +183,18 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
             return (f"the {dataset} dataset that {sum(run.config.dataset == dataset for run in real)} runs still to "
                     f"train read is not in {folder}: `python -m data_prep {dataset} --root {folder}` prepares it")
     return None
+
+
+def calibration_line(calibrations: dict[str, CalibrationFirst], runs: list[PlannedRun]) -> str:
+    """What ``make paper-figures`` trains before ``runs`` (the plan): "and first, make calibrate: at least N runs ..."."""
+    trained = [run for first in calibrations.values() for run in first.runs]
+    datasets = [first.runs[0].config.dataset for first in calibrations.values()]
+    shared = sum(first.shared([run for run in runs if run.config.dataset == dataset])
+                 for first, dataset in zip(calibrations.values(), datasets))
+    return (f"and first, make calibrate: at least {len(trained)} runs of {len(calibrations)} uncalibrated stand-in"
+            f"{'s' * (len(calibrations) > 1)} ({', '.join(datasets)}), {shared} of them the notebooks' own once calibrated, "
+            f"{sum(run.train_images or 0 for run in trained):,} training images in all "
+            "(docs/reproducing.md#the-calibrations-hours)")
 
 
 def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path, calibrations: dict[str, CalibrationFirst]) -> int:

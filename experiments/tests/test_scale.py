@@ -400,6 +400,20 @@ def test_run_one_trains_several_keys_stacked_and_refuses_what_cannot_stack(tmp_p
     assert not (tmp_path / "x").exists()
 
 
+def test_plan_says_what_the_calibration_trains_first_where_a_stand_in_is_not_calibrated(monkeypatch, capsys, tmp_path):
+    runs = [_planned(1), _planned(2)]
+    first = CalibrationFirst("cifar", [[_planned(3)], [_planned(4), runs[1]]], runs[:1])  # trains the second run
+    monkeypatch.setattr(cli, "plan", lambda profile: runs)
+    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile: {"cifar": first})
+    assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "and first, make calibrate: at least 3 runs of 1 uncalibrated stand-in (cifar100_like), 1 of them the "
+        "notebooks' own once calibrated, 0 training images in all (docs/reproducing.md#the-calibrations-hours)")
+    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile: {})  # calibrated: nothing said
+    assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
+    assert "make calibrate" not in capsys.readouterr().out
+
+
 def test_plan_with_a_stack_numbers_each_runs_group(monkeypatch, capsys, tmp_path):
     runs = [_planned(1), _planned(2, lr=0.1), _planned(3), _planned(4)]
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
