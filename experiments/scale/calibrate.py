@@ -14,6 +14,7 @@ another. With Slurm the stand-ins' searches go on side by side, each in a thread
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
 from dataclasses import replace
@@ -56,7 +57,15 @@ def main(argv: list[str] | None = None) -> int:
         print(fixed_point.no_stand_in(profile))
         return 0
     options = executors.TrainOptions(str(store.root), device, compile_mode=args.compile_mode)
-    trainers = {setup: _trainer(args, options, profile.name, setup) for setup in profile.calibrated_setups}
+    pool = executors.WorkerPool.of(options, jobs=args.jobs, per_gpu=args.per_gpu) if _uses_workers(args, device) \
+        else None
+    with pool or contextlib.nullcontext():  # the local executor's workers, kept from move to move
+        trainers = {setup: _trainer(args, options, profile.name, setup, pool) for setup in profile.calibrated_setups}
+        return _calibrate(profile, store, device, args, trainers)
+
+
+def _calibrate(profile, store, device: str, args: argparse.Namespace, trainers: dict[str, Trainer | None]) -> int:
+    """Settle each stand-in with its trainer (side by side under Slurm); the command's exit status."""
     side_by_side = args.executor == "slurm" and len(trainers) > 1
 
     def settle(setup: str) -> str:
@@ -113,13 +122,17 @@ def _each_in_a_thread(work: Callable[[str], str], setups: tuple[str, ...]) -> li
     return [results[setup] for setup in setups]
 
 
+def _no_gpu_for_per_gpu(args: argparse.Namespace) -> bool:
+    """``--per-gpu`` where torch sees no GPU (a login node, ``make calibrate DEVICE=cuda``): not an error, the search
+    then trains alone, and says where to run it if it has a run to train."""
+    return args.per_gpu is not None and args.per_gpu >= 1 and not torch.cuda.is_available()
+
+
 def _refusal(args: argparse.Namespace, device: str) -> str | None:
-    """What is wrong with the executor's options (None: nothing). ``--per-gpu`` where torch sees no GPU (a login node,
-    ``make calibrate DEVICE=cuda``) is not: the search then trains alone, and says where to run it if it has a run to
-    train."""
+    """What is wrong with the executor's options (None: nothing)."""
     if args.executor == "slurm":
         return slurm.refusal(args)
-    if args.per_gpu is not None and args.per_gpu >= 1 and not torch.cuda.is_available():
+    if _no_gpu_for_per_gpu(args):
         return None
     try:
         executors.slots(args.jobs, args.per_gpu, device)
@@ -128,20 +141,23 @@ def _refusal(args: argparse.Namespace, device: str) -> str | None:
     return None
 
 
-def _trainer(args: argparse.Namespace, options: executors.TrainOptions, profile: str, setup: str) -> Trainer | None:
-    """How the command's executor trains a move's runs of ``setup``; None for one local worker, or none where torch
-    sees no GPU (the search trains them itself). Each stand-in's Slurm scripts go to a folder of their own
-    (``.../calibration/SETUP``)."""
+def _uses_workers(args: argparse.Namespace, device: str) -> bool:
+    """Whether the local executor has worker processes to train the moves: more than one, on devices torch sees."""
+    return (args.executor == "local" and not _no_gpu_for_per_gpu(args)
+            and len(executors.slots(args.jobs, args.per_gpu, device)) > 1)
+
+
+def _trainer(args: argparse.Namespace, options: executors.TrainOptions, profile: str, setup: str,
+             pool: executors.WorkerPool | None) -> Trainer | None:
+    """How the command's executor trains a move's runs of ``setup``: as a Slurm array (each stand-in's scripts in a
+    folder of their own, ``.../calibration/SETUP``), or in ``pool``'s workers; None without them (the search trains
+    them itself)."""
     if args.executor == "slurm":
         folder = Path(args.slurm_folder or Path(options.store) / "slurm" / "calibration") / setup
         slurm_options = replace(slurm.SlurmOptions.from_args(args), folder=str(folder))
         return lambda runs, progress: slurm.train(runs, options, progress, slurm_options, profile=profile,
                                                   outside_plan=True)
-    if args.per_gpu is not None and args.per_gpu >= 1 and not torch.cuda.is_available():
-        return None  # a login node, say: the search stops with what to do if it has a run to train
-    if len(executors.slots(args.jobs, args.per_gpu, options.device)) == 1:
-        return None
-    return lambda runs, progress: executors.local(runs, options, progress, jobs=args.jobs, per_gpu=args.per_gpu)
+    return pool.train_runs if pool is not None else None
 
 
 def executor_ahead(store: ResultsStore, trainer: Trainer, *, live: bool = True):

@@ -128,27 +128,47 @@ def local(runs: list[PlannedRun], options: TrainOptions, progress: Progress, *, 
     """Train ``runs`` in worker processes side by side (see :func:`slots`), each with its share of the CPU threads,
     then the runs that must train alone, in this process; with ``sharing`` (how the GPUs are shared,
     :func:`experiments.scale.gpu_sharing.gpu_sharing`), a note where runs side by side on a GPU would gain nothing."""
-    devices = slots(jobs, per_gpu, options.device)
-    threads = options.threads or cpu_threads(len(devices))
-    if per_gpu is None and len(devices) > (cores := default_workers()):
-        print(f"note: {len(devices)} workers on {cores} cores take turns on them, which is slower than one worker a "
-              "core (--jobs)", file=sys.stderr)
-    side_by_side = [run for run in runs if not run.alone]
-    if side_by_side:
-        if note := side_by_side_note(devices, options.compile_mode, sharing):
-            print(note, file=sys.stderr)
-        _Pool(devices, options, threads, progress).train(groups(side_by_side, options))
-    inline([run for run in runs if run.alone], options, progress)
+    pool = WorkerPool.of(options, jobs=jobs, per_gpu=per_gpu)
+    if per_gpu is None and len(pool.devices) > (cores := default_workers()):
+        print(f"note: {len(pool.devices)} workers on {cores} cores take turns on them, which is slower than one worker "
+              "a core (--jobs)", file=sys.stderr)
+    if any(not run.alone for run in runs) and (note := side_by_side_note(pool.devices, options.compile_mode, sharing)):
+        print(note, file=sys.stderr)
+    with pool:
+        pool.train_runs(runs, progress)
 
 
-class _Pool:
-    """Worker processes, each sent one group of runs at a time over its own pipe, so that a dead worker's runs are
-    known."""
+class WorkerPool:
+    """Worker processes, one per device of :func:`slots`, each sent one group of runs at a time over its own pipe, so
+    that a dead worker's runs are known. Started as groups need them and kept from one :meth:`train_runs` to the next
+    (the calibration's moves) until :meth:`close`."""
 
-    def __init__(self, devices: list[str], options: TrainOptions, threads: int, progress: Progress):
-        self.devices, self.options, self.threads, self.progress = devices, options, threads, progress
+    def __init__(self, devices: list[str], options: TrainOptions, threads: int):
+        self.devices, self.options, self.threads = devices, options, threads
+        self.progress: Progress | None = None  # the current call's
         self.context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
         self.workers: dict[int, tuple] = {}  # slot -> (process, connection, the group it trains or None)
+
+    @classmethod
+    def of(cls, options: TrainOptions, *, jobs: int = 1, per_gpu: int | None = None) -> "WorkerPool":
+        """``jobs`` workers on ``options.device``, or ``per_gpu`` on each visible GPU, each with its share of the CPU
+        threads."""
+        devices = slots(jobs, per_gpu, options.device)
+        return cls(devices, options, options.threads or cpu_threads(len(devices)))
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exception) -> None:
+        self.close()
+
+    def train_runs(self, runs: list[PlannedRun], progress: Progress) -> None:
+        """Train ``runs`` in the workers, in groups (:func:`groups`), then the runs that must train alone, in this
+        process."""
+        side_by_side = [run for run in runs if not run.alone]
+        if side_by_side:
+            self.train(groups(side_by_side, self.options), progress)
+        inline([run for run in runs if run.alone], self.options, progress)
 
     def _start(self, slot: int) -> None:
         parent, child = self.context.Pipe()
@@ -159,8 +179,12 @@ class _Pool:
         self.workers[slot] = (process, parent, None)
 
     def _send(self, slot: int, group: list[PlannedRun]) -> None:
-        """Send ``group`` to the slot's worker; one that died since its last group (none of its runs lost) is
-        replaced first."""
+        """Send ``group`` to the slot's worker, started if it is not yet; one that died since its last group (none of
+        its runs lost) is replaced first."""
+        if slot not in self.workers or not self.workers[slot][0].is_alive():
+            if slot in self.workers:
+                self.workers[slot][0].join(timeout=5)
+            self._start(slot)
         process, connection, _ = self.workers[slot]
         try:
             connection.send(group)
@@ -173,10 +197,10 @@ class _Pool:
         for run in group:
             self.progress.start(run)
 
-    def train(self, groups: list[list[PlannedRun]]) -> None:
-        queue = list(reversed(groups))
+    def train(self, groups: list[list[PlannedRun]], progress: Progress) -> None:
+        """Train ``groups``, each sent to the next free worker, reported to ``progress``."""
+        self.progress, queue = progress, list(reversed(groups))
         for slot in range(min(len(self.devices), len(groups))):
-            self._start(slot)
             self._send(slot, queue.pop())
         try:
             while any(group is not None for _, _, group in self.workers.values()):
@@ -186,15 +210,18 @@ class _Pool:
                 if group is not None and process.is_alive():
                     process.terminate()
             raise
-        finally:
-            for process, connection, _ in self.workers.values():
-                try:
-                    connection.send(None)
-                except OSError:
-                    pass
-                process.join(timeout=5)
-                if process.is_alive():
-                    process.terminate()
+
+    def close(self) -> None:
+        """End every worker: asked to, then, after 5 s, terminated."""
+        for process, connection, _ in self.workers.values():
+            try:
+                connection.send(None)
+            except OSError:
+                pass
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+        self.workers.clear()
 
     def _collect(self, queue: list[list[PlannedRun]]) -> None:
         busy = {slot: worker for slot, worker in self.workers.items() if worker[2] is not None}

@@ -108,6 +108,22 @@ def test_local_with_two_workers_gives_the_inline_records_bit_for_bit_and_names_a
         assert computed(one) == computed(other)
 
 
+def test_a_worker_pool_is_kept_from_one_call_to_the_next_and_a_worker_dead_between_them_is_replaced(tmp_path):
+    """The calibration's moves go to one pool: its workers serve call after call; one that died in between is
+    started again, and no run of the next call is lost; closed, it ends every worker."""
+    runs = [_planned(seed) for seed in (1, 2, 3, 4)]
+    with executors.WorkerPool.of(executors.TrainOptions(str(tmp_path), threads=1), jobs=2) as pool:
+        pool.train_runs(runs[:2], Progress(runs[:2]))
+        started = {slot: worker[0] for slot, worker in pool.workers.items()}
+        started[0].kill()
+        started[0].join()
+        progress = Progress(runs[2:])
+        pool.train_runs(runs[2:], progress)
+        assert progress.done == 2 and not progress.failed, progress.summary()
+        assert pool.workers[1][0] is started[1] and pool.workers[0][0] is not started[0]
+    assert not pool.workers and not started[1].is_alive()
+
+
 def test_progress_counts_the_epochs_running_runs_checkpointed_in_this_call_alone(tmp_path, monkeypatch):
     """A run resumed at epoch 1 of 3 and a fresh one: at the start nothing is counted as trained (the resumed epoch
     was trained before); after each running run checkpointed one more epoch, the line shows those two epochs' images
