@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, TypeError) as error:
         print(f"error: bad config {args.config}: {error}", file=sys.stderr)
         return 2
-    if problem := unusable_store(args.store) or cli.device_refusal(args.device):
+    finished = not unusable_store(args.store) and ResultsStore(args.store).finished(config.key()) is not None
+    if problem := unusable_store(args.store) or cli.device_refusal(args.device, trains_here=not finished):
         print(f"error: {problem}", file=sys.stderr)
         return 2
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1

@@ -69,10 +69,14 @@ def _calibrate(profile, store, device: str, args: argparse.Namespace, trainers: 
     side_by_side = args.executor == "slurm" and len(trainers) > 1
 
     def settle(setup: str) -> str:
-        """Calibrate ``setup`` as far as it goes; its state."""
+        """Calibrate ``setup`` as far as it goes; its state. Side by side, each line it says names its stand-in."""
         trainer = trainers[setup]
+
+        def say(text: str) -> None:
+            print("\n".join(f"[{setup}] {line}" if side_by_side else line for line in text.splitlines()), flush=True)
+
         settled = fixed_point.settle(profile, setup, lambda config: fixed_point.trained(
-            config, store, device, profile.name, setup, args.compile_mode),
+            config, store, device, profile.name, setup, args.compile_mode), say=say,
             ahead=executor_ahead(store, trainer, live=not side_by_side) if trainer else None)
         return f"{setup}: {fixed_point.status(settled, setup)['state']}"
 
@@ -107,8 +111,9 @@ def _each_in_a_thread(work: Callable[[str], str], setups: tuple[str, ...]) -> li
     def run(setup: str) -> None:
         try:
             results[setup] = work(setup)
-        except BaseException as error:  # SystemExit of a failed run included: re-raised below
+        except BaseException as error:  # SystemExit of a failed run included: said now, re-raised below
             errors[setup] = error
+            print(f"[{setup}] stopped: {error}; the other stand-ins go on", file=sys.stderr, flush=True)
 
     threads = [threading.Thread(target=run, args=(setup,), name=f"calibrate-{setup}", daemon=True) for setup in setups]
     for thread in threads:

@@ -117,8 +117,8 @@ def main(argv: list[str]) -> int:
         if calibrations:
             print(calibration_line(calibrations, runs))
         return _print_hours(runs, args.gpus, args.rates, calibrations) if args.gpus is not None else 0
-    options = executors.TrainOptions(store, args.device, args.data_root, args.workers, args.compile_mode, args.threads,
-                                     stack)
+    data_root = str(Path(args.data_root).resolve()) if args.data_root else None  # Slurm's tasks start elsewhere
+    options = executors.TrainOptions(store, args.device, data_root, args.workers, args.compile_mode, args.threads, stack)
     try:
         if args.command == "run-one":
             return _run_one(runs, args.keys, options, args.configs)
@@ -156,7 +156,7 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     if args.command == "plan":
         return (f"--gpus should be a positive number of GPUs, got {args.gpus}"
                 if args.gpus is not None and args.gpus < 1 else None)
-    if problem := device_refusal(args.device, trains_here=getattr(args, "executor", "inline") != "slurm"):
+    if problem := device_refusal(args.device, trains_here=False):  # its form
         return problem
     if args.workers is not None and args.workers < 0:
         return (f"--workers should be 0 (read in the training process) or a positive number of processes, got "
@@ -165,21 +165,25 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
         return (f"--threads should be 0 (the default) or a positive number of torch CPU threads per run, got "
                 f"{args.threads}")
     if args.command == "run-one":
-        return None
-    if args.executor == "local":
+        return device_refusal(args.device)
+    held = ResultsStore(store)
+    todo = [run for run in runs if not done(run, held)]
+    here = args.executor != "slurm" and bool(todo)  # nothing to train (a login node after Slurm's tasks): no device
+    if here and (problem := device_refusal(args.device)):
+        return problem
+    if args.executor == "local" and todo:
         try:
             executors.slots(args.jobs, args.per_gpu, args.device)
         except ValueError as error:
             return str(error)
     if args.executor == "slurm" and (problem := slurm.refusal(args)):
         return problem
-    held = ResultsStore(store)
-    real = [run for run in runs if run.data_subdir is not None and not done(run, held)]
+    real = [run for run in todo if run.data_subdir is not None]
     if real and args.data_root is None:
         return (f"{len(real)} runs of the {args.profile} profile still to train are on real datasets: pass their root "
                 "(--data-root, make DATA=)")
-    for folder, dataset in {run.data_root(args.data_root): run.config.dataset for run in real}.items():
-        if not folder.is_dir():  # a real run's data is only read as it starts: say it now, not once a run
+    for folder, dataset in {run.data_root(args.data_root): run.config.dataset for run in real if here}.items():
+        if not folder.is_dir():  # read as a run starts: said now, not once a run (Slurm's nodes may hold it alone)
             return (f"the {dataset} dataset that {sum(run.config.dataset == dataset for run in real)} runs still to "
                     f"train read is not in {folder}: `python -m data_prep {dataset} --root {folder}` prepares it")
     return None
@@ -314,6 +318,8 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo) - diverged} already finished"
           f"{f', {diverged} diverged' if diverged else ''}, {len(todo)} to train ({args.executor} executor)",
           file=sys.stderr)
+    if not todo:  # no device needed, and the manifest of the training that made them is kept
+        return 0
     progress, started = Progress(todo, store=store), time.time()
     on_gpus = (args.executor == "local" and args.per_gpu) or options.device.startswith("cuda")
     sharing = gpu_sharing("cuda" if on_gpus else "")  # how the GPUs were shared, as training begins

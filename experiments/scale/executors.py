@@ -200,15 +200,18 @@ class WorkerPool:
     def train(self, groups: list[list[PlannedRun]], progress: Progress) -> None:
         """Train ``groups``, each sent to the next free worker, reported to ``progress``."""
         self.progress, queue = progress, list(reversed(groups))
-        for slot in range(min(len(self.devices), len(groups))):
-            self._send(slot, queue.pop())
         try:
+            for slot in range(min(len(self.devices), len(groups))):
+                self._send(slot, queue.pop())
             while any(group is not None for _, _, group in self.workers.values()):
                 self._collect(queue)
         except BaseException:  # Ctrl-C, say: the busy workers stop now (their checkpoints are kept), not at their end
-            for process, _, group in self.workers.values():
-                if group is not None and process.is_alive():
+            for slot, (process, connection, group) in list(self.workers.items()):
+                if group is not None:  # gone, with its group: a later call starts the slot afresh
                     process.terminate()
+                    process.join(timeout=5)
+                    connection.close()
+                    del self.workers[slot]
             raise
 
     def close(self) -> None:
@@ -247,10 +250,11 @@ class WorkerPool:
                                  f"next `train` resumes them\n")
                 _report(group, self.options, self.progress, str(path))
                 connection.close()
-                self._start(slot)
+                del self.workers[slot]  # started again by the next group sent to it, if any
             else:
                 continue
-            self.workers[slot] = (*self.workers[slot][:2], None)
+            if slot in self.workers:
+                self.workers[slot] = (*self.workers[slot][:2], None)
             if queue:
                 self._send(slot, queue.pop())
 

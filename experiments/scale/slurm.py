@@ -190,7 +190,8 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
         try:
             submitted = executor.map_array(RunTask(options), tasks)
         except submitit.core.utils.FailedJobError as error:  # sbatch said no: a partition, a gres, a limit
-            raise SystemExit(f"error: sbatch refused the {name} array: {str(error).strip().splitlines()[-1]}") from None
+            why = str(error).strip().splitlines() or ["it gave no reason"]
+            raise SystemExit(f"error: sbatch refused the {name} array: {why[-1]}") from None
         jobs += [(run, job) for group, job in zip(tasks, submitted) for run in group]
     print(f"submitted {len({job.job_id for _, job in jobs})} array tasks (job {', '.join(sorted({job.job_id.split('_')[0] for _, job in jobs}))})",
           file=sys.stderr)
@@ -200,8 +201,11 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
 def queued_tasks(profile: str) -> int:
     """How many tasks of this user's arrays for ``profile`` (named ``topk-PROFILE-runs`` or ``-alone``) are still in
     Slurm's queue; 0 when ``squeue`` cannot answer."""
-    listing = subprocess.run(["squeue", "--noheader", "--array", "--user", getpass.getuser(), "--format=%i",
-                              "--name", f"topk-{profile}-runs,topk-{profile}-alone"], capture_output=True, text=True)
+    try:
+        listing = subprocess.run(["squeue", "--noheader", "--array", "--user", getpass.getuser(), "--format=%i",
+                                  "--name", f"topk-{profile}-runs,topk-{profile}-alone"], capture_output=True, text=True)
+    except OSError:  # no squeue here
+        return 0
     return len(listing.stdout.split()) if listing.returncode == 0 else 0
 
 

@@ -123,8 +123,9 @@ def test_with_slurm_the_stand_ins_calibrate_side_by_side_each_with_its_own_scrip
     setups = GPU.calibrated_setups
     together, seen, folders = threading.Barrier(len(setups), timeout=30), {}, {}
 
-    def settle(profile, setup, train, ahead=None):
+    def settle(profile, setup, train, say, ahead=None):
         together.wait()
+        say(f"searching\n{setup}'s table")
         seen[setup] = threading.current_thread().name
         ahead([RunConfig(**{**CE, "seed": 20 + setups.index(setup)})])  # a move: one array
         return profile
@@ -139,7 +140,10 @@ def test_with_slurm_the_stand_ins_calibrate_side_by_side_each_with_its_own_scrip
     monkeypatch.setattr(fixed_point, "status", lambda profile, setup: {"state": f"settled {setup}"})
     monkeypatch.setattr(calibrate.slurm, "train", train)
     assert calibrate.main(["gpu", "--store", str(tmp_path), "--executor", "slurm"]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"{setup}: settled {setup}" for setup in setups]
+    out = capsys.readouterr().out.splitlines()
+    assert out[-len(setups):] == [f"{setup}: settled {setup}" for setup in setups]
+    assert sorted(out[:-len(setups)]) == sorted(line for setup in setups  # each line names its stand-in
+                                                for line in (f"[{setup}] searching", f"[{setup}] {setup}'s table"))
     assert seen == {setup: f"calibrate-{setup}" for setup in setups}
     assert folders == {20 + i: str(tmp_path / "slurm" / "calibration" / setup) for i, setup in enumerate(setups)}
 
@@ -155,6 +159,8 @@ def test_with_slurm_the_stand_ins_calibrate_side_by_side_each_with_its_own_scrip
     with pytest.raises(SystemExit, match="1 of the calibration's runs failed"):
         calibrate._each_in_a_thread(work, ("cifar", "plantnet"))
     assert ended == ["plantnet"]
+    assert "[cifar] stopped: error: 1 of the calibration's runs failed; the other stand-ins go on" in \
+        capsys.readouterr().err  # said at once, not hours later
 
 
 def test_stand_ins_keeping_their_entries_at_once_lose_none(tmp_path, monkeypatch):

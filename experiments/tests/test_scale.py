@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from experiments.engine import run_claim
@@ -122,6 +123,24 @@ def test_a_worker_pool_is_kept_from_one_call_to_the_next_and_a_worker_dead_betwe
         assert progress.done == 2 and not progress.failed, progress.summary()
         assert pool.workers[1][0] is started[1] and pool.workers[0][0] is not started[0]
     assert not pool.workers and not started[1].is_alive()
+
+
+def test_a_worker_pool_interrupted_mid_call_serves_the_next_call_with_no_stale_group(tmp_path):
+    """An error while a call collects (Ctrl-C, say) stops the busy workers with their groups; the pool's next call
+    reports only its own runs."""
+    class Interrupting(Progress):
+        def start(self, run):
+            super().start(run)
+            raise KeyboardInterrupt
+
+    runs = [_planned(seed) for seed in (1, 2, 3)]
+    with executors.WorkerPool.of(executors.TrainOptions(str(tmp_path), threads=1), jobs=2) as pool:
+        with pytest.raises(KeyboardInterrupt):
+            pool.train_runs(runs[:2], Interrupting(runs[:2]))
+        assert all(group is None for _, _, group in pool.workers.values())
+        progress = Progress(runs[2:])
+        pool.train_runs(runs[2:], progress)
+        assert progress.done == 1 and not progress.failed and set(progress.finished) == {runs[2].key}
 
 
 def test_progress_counts_the_epochs_running_runs_checkpointed_in_this_call_alone(tmp_path, monkeypatch):

@@ -2,6 +2,8 @@
 the value and what was expected (exit 2, no traceback); the Slurm executor writes its scripts without a memory
 request when none is given; ``train`` writes its manifest only for a training into the notebooks' store."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -85,6 +87,38 @@ def test_training_on_cuda_where_torch_sees_none_is_refused_but_not_through_slurm
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_cuda_where_torch_sees_none_is_no_error_when_nothing_is_left_to_train(capsys, tmp_path, monkeypatch):
+    """A login node after Slurm's tasks: every run is in the store, so `train` and a single run read them back."""
+    import json
+
+    from experiments.engine.store import ResultsStore
+    from experiments.engine.train import run
+    from experiments.tests.test_scale import _planned
+
+    planned = _planned(1)
+    monkeypatch.setattr(cli, "plan", lambda profile: [planned])
+    threads = torch.get_num_threads()
+    try:
+        record = run(planned.config, ResultsStore(tmp_path))
+    finally:
+        torch.set_num_threads(threads)
+    for executor in (["--executor", "inline"], ["--executor", "local", "--per-gpu", "1"]):
+        assert main(["train", "smoke", "--device", "cuda", "--store", str(tmp_path), *executor]) == 0
+        assert "0 to train" in capsys.readouterr().err
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(planned.config.to_dict()))
+    assert main([str(config), "--store", str(tmp_path), "--device", "cuda"]) == 0
+    assert json.loads(capsys.readouterr().out)["key"] == record["key"]
+
+
+def test_a_real_datasets_folder_is_not_looked_for_on_the_host_that_submits_to_slurm(capsys, tmp_path):
+    """The data may be on the compute nodes alone; the scripts name the root made absolute."""
+    assert main(["train", "paper", "--executor", "slurm", "--data-root", "data", "--sbatch-only", "--store",
+                 str(tmp_path)]) == 0
+    assert f"--data-root {Path('data').resolve()}" in (tmp_path / "slurm" / "runs.sbatch").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_runs_per_gpu_without_a_gpu_are_refused(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")
     assert main(["train", "smoke", "--executor", "local", "--per-gpu", "2"]) == 2
@@ -110,13 +144,23 @@ def test_sbatch_scripts_without_a_memory_request_leave_it_to_the_partition_and_w
 
 
 def test_train_into_another_store_writes_no_manifest_over_the_notebooks(tmp_path, monkeypatch):
+    """Nor does a `train` with nothing left to train: the manifest of the training that made the runs stays."""
+    from experiments.tests.test_scale import _planned
+
     monkeypatch.setattr(cli, "FIGURES", tmp_path / "figures")
-    monkeypatch.setattr(cli, "plan", lambda profile: [])  # nothing to train: the manifest's rule alone
-    assert main(["train", "smoke", "--store", str(tmp_path / "elsewhere")]) == 0
-    assert not (tmp_path / "figures").exists()
-    monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")
-    assert main(["train", "smoke"]) == 0  # the notebooks' store
-    assert (tmp_path / "figures" / "smoke" / "manifests" / "executor.json").exists()
+    monkeypatch.setattr(cli, "plan", lambda profile: [_planned(1)])
+    threads = torch.get_num_threads()
+    try:
+        assert main(["train", "smoke", "--store", str(tmp_path / "elsewhere"), "--threads", "1"]) == 0
+        assert not (tmp_path / "figures").exists()
+        monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")
+        assert main(["train", "smoke", "--threads", "1"]) == 0  # the notebooks' store
+    finally:
+        torch.set_num_threads(threads)
+    manifest = tmp_path / "figures" / "smoke" / "manifests" / "executor.json"
+    written = manifest.read_text()
+    assert '"trained": 1' in written
+    assert main(["train", "smoke"]) == 0 and manifest.read_text() == written
 
 
 def test_run_one_trains_a_run_outside_the_plan_from_the_configs_the_slurm_executor_writes(tmp_path, capsys):
