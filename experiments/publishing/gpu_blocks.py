@@ -160,10 +160,10 @@ def _calibration_text(*estimated: tuple[Estimate, list[dict]]) -> str:
     found = [calibration_first_then(each, first, Rates.from_rows(rows)) for each, rows in estimated]
     if None in found:
         return ""
-    shared = first.shared(list(_gpu_cifar_runs()))
     return (f"; with the [calibration](docs/reproducing.md#the-calibrations-hours) of its stand-in first "
             f"(`make calibrate`: at least {len(first.runs)} runs in "
-            f"{len(first.moves)} moves, each waiting for the last, {shared} of them the notebooks' own), at least "
+            f"{len(first.moves)} moves, each waiting for the last, {len(first.notebooks_trained)} of them the notebooks' "
+            f"own), at least "
             + " and ".join(f"{each.hours:.1f} h on {'one' if each.gpus == 1 else each.gpus}" for each in found))
 
 
@@ -171,7 +171,7 @@ def calibration_work() -> str:
     """Whether each of the ``gpu`` profile's stand-ins is calibrated, and if not what ``make calibrate`` trains at
     least before its notebooks (:func:`experiments.scale.plan.calibrations_to_make`): moves, runs, and the training
     images of those that are not the notebooks' own against the notebooks'."""
-    from experiments.scale.plan import calibrations_to_make, plan
+    from experiments.scale.plan import calibrations_to_make
     from experiments.spec.profiles import GPU
 
     to_make, lines = calibrations_to_make(GPU), []
@@ -180,11 +180,9 @@ def calibration_work() -> str:
         if (first := to_make.get(setup)) is None:
             lines.append(f"- `{dataset}`: calibrated (`experiments/calibrated/gpu.json`): nothing to train first")
             continue
-        notebooks = plan(GPU, (setup,))
-        shared = first.shared(notebooks)
+        notebooks, shared = first.notebooks_left + first.notebooks_trained, len(first.notebooks_trained)
         notebooks_images = sum(run.train_images for run in notebooks)
-        shared_images = notebooks_images - sum(run.train_images for run in first.notebooks_left)
-        images = sum(run.train_images for run in first.runs) - shared_images
+        images = sum(run.train_images for run in first.runs) - sum(run.train_images for run in first.notebooks_trained)
         lines.append(f"- `{dataset}`: not calibrated; at least {len(first.runs)} runs in {len(first.moves)} moves, "
                      f"{shared} of them the notebooks' own; the {len(first.runs) - shared} others "
                      f"{images:,} training images, x{images / notebooks_images:.2f} those "

@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
         print(table(runs, ResultsStore(store), groups))
         calibrations = calibrations_to_make(profile)
         if calibrations:
-            print(calibration_line(calibrations, runs))
+            print(calibration_line(calibrations))
         return _print_hours(runs, args.gpus, args.rates, calibrations) if args.gpus is not None else 0
     data_root = str(Path(args.data_root).resolve()) if args.data_root else None  # Slurm's tasks start elsewhere
     options = executors.TrainOptions(store, args.device, data_root, args.workers, args.compile_mode, args.threads, stack)
@@ -189,12 +189,11 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     return None
 
 
-def calibration_line(calibrations: dict[str, CalibrationFirst], runs: list[PlannedRun]) -> str:
-    """What ``make paper-figures`` trains before ``runs`` (the plan): "and first, make calibrate: at least N runs ..."."""
+def calibration_line(calibrations: dict[str, CalibrationFirst]) -> str:
+    """What ``make paper-figures`` trains before the plan's runs: "and first, make calibrate: at least N runs ..."."""
     trained = [run for first in calibrations.values() for run in first.runs]
     datasets = [first.runs[0].config.dataset for first in calibrations.values()]
-    shared = sum(first.shared([run for run in runs if run.config.dataset == dataset])
-                 for first, dataset in zip(calibrations.values(), datasets))
+    shared = sum(len(first.notebooks_trained) for first in calibrations.values())
     return (f"and first, make calibrate: at least {len(trained)} runs of {len(calibrations)} uncalibrated stand-in"
             f"{'s' * (len(calibrations) > 1)} ({', '.join(datasets)}), {shared} of them the notebooks' own once calibrated, "
             f"{sum(run.train_images or 0 for run in trained):,} training images in all "
@@ -314,7 +313,7 @@ def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOp
 def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.TrainOptions) -> int:
     store = ResultsStore(options.store)
     todo = [run for run in runs if not done(run, store)]
-    diverged = sum(store.divergence(run.config.training_key()) is not None for run in runs)
+    diverged = sum(not store.record_path(run.key).exists() for run in runs if run not in todo)  # done, no record
     print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo) - diverged} already finished"
           f"{f', {diverged} diverged' if diverged else ''}, {len(todo)} to train ({args.executor} executor)",
           file=sys.stderr)

@@ -85,19 +85,17 @@ def planned_run(config: RunConfig, setup: Setup, notebooks: tuple[str, ...]) -> 
 class CalibrationFirst:
     """What ``make calibrate`` trains at least for a stand-in before its notebooks, from an empty store: the runs of
     its shortest search (:func:`experiments.tuning.calibration.shortest_search`) move by move, each once, a move's
-    runs waiting for the last's; and the notebooks' runs at the knobs it chooses that it leaves to train after it."""
+    runs waiting for the last's; and the notebooks' runs at the knobs it chooses, those it leaves to train after it and
+    those it trains itself."""
 
     setup: str
     moves: list[list[PlannedRun]]
     notebooks_left: list[PlannedRun]
+    notebooks_trained: list[PlannedRun]  #: as the notebooks plan them: among its runs, under another notebook name
 
     @property
     def runs(self) -> list[PlannedRun]:
         return [run for move in self.moves for run in move]
-
-    def shared(self, notebooks: list[PlannedRun]) -> int:
-        """How many of its runs are among ``notebooks``' (the setup's plan: left plus trained by the search)."""
-        return len(notebooks) - len(self.notebooks_left)
 
 
 def calibration_first(profile: Profile, setup: str) -> CalibrationFirst:
@@ -112,8 +110,10 @@ def calibration_first(profile: Profile, setup: str) -> CalibrationFirst:
                 move.append(planned_run(config, getattr(profile, setup), ("calibration",)))
         moves.append(move)
     calibrated = replace(profile, **{setup: replace(getattr(profile, setup), difficulty=knobs)})
-    left = [run for run in plan(calibrated, (setup,)) if run.config.training_key() not in seen]
-    return CalibrationFirst(setup, [move for move in moves if move], left)
+    notebooks = plan(calibrated, (setup,))
+    return CalibrationFirst(setup, [move for move in moves if move],
+                            [run for run in notebooks if run.config.training_key() not in seen],
+                            [run for run in notebooks if run.config.training_key() in seen])
 
 
 def calibrations_to_make(profile: Profile) -> dict[str, CalibrationFirst]:

@@ -125,7 +125,7 @@ def test_a_calibration_first_then_the_notebooks_runs_it_left():
     one GPU, RUNS[0] then RUNS[1] alone, then RUNS[2] and RUNS[3] (their learning rates differ: no stack), then
     RUNS[4], which trains alone."""
     notebooks = estimate(RUNS, RATES, per_gpu=1, stack=2, gpus=1)
-    first = CalibrationFirst("cifar", [[RUNS[0]], [RUNS[1]]], RUNS[2:])
+    first = CalibrationFirst("cifar", [[RUNS[0]], [RUNS[1]]], RUNS[2:], RUNS[:2])
     found = calibration_first_then(notebooks, first, RATES)
     assert found == Estimate(1, 2, 1, pytest.approx((2 * LONE + 2 * LONE + ALONE) / HOUR), ())
     assert found.hours > notebooks.hours  # [0, 1] no longer stacked: the calibration trains them alone

@@ -426,9 +426,8 @@ def tiny_plan(monkeypatch):
     from experiments.scale.plan import CalibrationFirst
 
     # a calibration of two moves that trains three of the notebooks' runs
-    monkeypatch.setattr(gpu_blocks, "_gpu_cifar_calibration", lambda: CalibrationFirst("cifar", [list(runs[:1]),
-                                                                                                 list(runs[1:3])],
-                                                                                       list(runs[3:])))
+    first = CalibrationFirst("cifar", [list(runs[:1]), list(runs[1:3])], list(runs[3:]), list(runs[:3]))
+    monkeypatch.setattr(gpu_blocks, "_gpu_cifar_calibration", lambda: first)
     return runs
 
 

@@ -72,8 +72,10 @@ def test_a_calibration_first_is_its_shortest_search_each_run_once_and_leaves_the
     assert len(trained) == len(set(trained)) and set(trained) == {c.training_key() for move in searched for c in move}
     assert [len(move) for move in first.moves] == [8, 48, 48, 48, 4]  # the held-out p = 0.2 runs alone are new
     notebooks = plan(profile, ("cifar",))
-    assert first.shared(notebooks) == 12  # CE at p = 0, 0.2 and 0.4, every seed, at the chosen knobs
+    assert len(first.notebooks_trained) == 12  # CE at p = 0, 0.2 and 0.4, every seed, at the chosen knobs
+    assert {run.config.training_key() for run in first.notebooks_trained} <= set(trained)
     assert not {run.config.training_key() for run in first.notebooks_left} & set(trained)
+    assert len(first.notebooks_left) + len(first.notebooks_trained) == len(notebooks)
     assert all(run.train_images for run in first.runs)
     assert list(calibrations_to_make(get_profile("quick"))) == []  # its calibration is committed and current
 
@@ -437,7 +439,7 @@ def test_run_one_trains_several_keys_stacked_and_refuses_what_cannot_stack(tmp_p
 
 def test_plan_says_what_the_calibration_trains_first_where_a_stand_in_is_not_calibrated(monkeypatch, capsys, tmp_path):
     runs = [_planned(1), _planned(2)]
-    first = CalibrationFirst("cifar", [[_planned(3)], [_planned(4), runs[1]]], runs[:1])  # trains the second run
+    first = CalibrationFirst("cifar", [[_planned(3)], [_planned(4), runs[1]]], runs[:1], runs[1:])  # trains the 2nd
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
     monkeypatch.setattr(cli, "calibrations_to_make", lambda profile: {"cifar": first})
     assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
@@ -472,7 +474,7 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
     runs = [*(planned(seed, 360_000, 80_000, 20_000, **({"lr": 0.2} if seed == 3 else {})) for seed in range(4)),
             planned(4, 72_000, 0, 0, notebook="fig3_epoch_time"),
             planned(5, 360_000, 80_000, 20_000, batch_size=64)]  # another batch: not estimated
-    other_batch = CalibrationFirst("imagenet", [runs[5:]], [])
+    other_batch = CalibrationFirst("imagenet", [runs[5:]], [], [])
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
     header = ("device,device_name,engine_code,date,model,compile,batch_size,concurrency,stack,aggregate_images_per_s,"
               "eval_images_per_s,warmup_s\n")
@@ -500,7 +502,7 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
                                  f"  PER_GPU=2 STACK=1        2.8 h  {where}; {counted}",
                                  f"  PER_GPU=1 STACK=2        3.6 h  {where}; {counted}",
                                  f"  PER_GPU=1 STACK=1        4.3 h  {where}; {counted}"]
-    first = CalibrationFirst("cifar", [runs[:1], runs[1:3]], runs[3:4])
+    first = CalibrationFirst("cifar", [runs[:1], runs[1:3]], runs[3:4], [])
     monkeypatch.setattr(cli, "calibrations_to_make", lambda profile: {"cifar": first, "imagenet": other_batch})
     assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
     lines = capsys.readouterr().out.splitlines()
