@@ -5,9 +5,9 @@ learning rates), each move of the search trained side by side; a no-op where the
     python -m experiments.scale.calibrate gpu --device cuda --per-gpu 1          # every GPU of this node
     python -m experiments.scale.calibrate gpu --device cuda --executor slurm --gpus-per-task 1 --partition gpu
 
-The steps are :mod:`experiments.tuning.fixed_point`'s. The search tells the runs of each move (every neighbour of its knobs, at every seed) and of the learning-rate choice
-to :func:`executor_ahead` before it asks for any; those the store lacks train through the ``local`` executor's workers
-or as one Slurm array, and the search reads them back. With one local worker the search trains them itself, one after
+The steps are :mod:`experiments.tuning.fixed_point`'s. The search tells the runs of each move (every neighbour of its
+knobs, at every seed) and of the learning-rate choice to :func:`executor_ahead` before it asks for any; those the store
+lacks train through the ``local`` executor's workers or as one Slurm array, and the search reads them back. With one local worker the search trains them itself, one after
 another. With Slurm the stand-ins' searches go on side by side, each in a thread of its own.
 """
 
@@ -137,13 +137,7 @@ def _refusal(args: argparse.Namespace, device: str) -> str | None:
     """What is wrong with the executor's options (None: nothing)."""
     if args.executor == "slurm":
         return slurm.refusal(args)
-    if _no_gpu_for_per_gpu(args):
-        return None
-    try:
-        executors.slots(args.jobs, args.per_gpu, device)
-    except ValueError as error:
-        return str(error)
-    return None
+    return None if _no_gpu_for_per_gpu(args) else executors.slots_refusal(args.jobs, args.per_gpu, device)
 
 
 def _uses_workers(args: argparse.Namespace, device: str) -> bool:

@@ -118,7 +118,8 @@ def main(argv: list[str]) -> int:
             print(calibration_line(calibrations))
         return _print_hours(runs, args.gpus, args.rates, calibrations) if args.gpus is not None else 0
     data_root = str(Path(args.data_root).resolve()) if args.data_root else None  # Slurm's tasks start elsewhere
-    options = executors.TrainOptions(store, args.device, data_root, args.workers, args.compile_mode, args.threads, stack)
+    options = executors.TrainOptions(store, args.device, data_root, args.workers, args.compile_mode, args.threads,
+                                     stack)
     try:
         if args.command == "run-one":
             return _run_one(runs, args.keys, options, args.configs)
@@ -171,11 +172,8 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     here = args.executor != "slurm" and bool(todo)  # nothing to train (a login node after Slurm's tasks): no device
     if here and (problem := device_refusal(args.device)):
         return problem
-    if args.executor == "local" and todo:
-        try:
-            executors.slots(args.jobs, args.per_gpu, args.device)
-        except ValueError as error:
-            return str(error)
+    if args.executor == "local" and todo and (problem := executors.slots_refusal(args.jobs, args.per_gpu, args.device)):
+        return problem
     if args.executor == "slurm" and (problem := slurm.refusal(args)):
         return problem
     real = [run for run in todo if run.data_subdir is not None]
@@ -195,7 +193,8 @@ def calibration_line(calibrations: dict[str, CalibrationFirst]) -> str:
     datasets = [first.runs[0].config.dataset for first in calibrations.values()]
     shared = sum(len(first.notebooks_trained) for first in calibrations.values())
     return (f"and first, make calibrate: at least {len(trained)} runs of {len(calibrations)} uncalibrated stand-in"
-            f"{'s' * (len(calibrations) > 1)} ({', '.join(datasets)}), {shared} of them the notebooks' own once calibrated, "
+            f"{'s' * (len(calibrations) > 1)} ({', '.join(datasets)}), {shared} of them the notebooks' own once "
+            "calibrated, "
             f"{sum(run.train_images or 0 for run in trained):,} training images in all "
             "(docs/reproducing.md#the-calibrations-hours)")
 

@@ -118,6 +118,15 @@ def slots(jobs: int, per_gpu: int | None, device: str) -> list[str]:
     return [device] * jobs
 
 
+def slots_refusal(jobs: int, per_gpu: int | None, device: str) -> str | None:
+    """Why :func:`slots` cannot place the workers (None: it can), for a command's one-line error."""
+    try:
+        slots(jobs, per_gpu, device)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def cpu_threads(workers: int) -> int:
     """The machine's usable cores split between ``workers`` processes (at least one each)."""
     return max(1, default_workers() // workers)

@@ -144,6 +144,11 @@ class Part:
         return (low + (high - low) * (busy - lower) / (upper - lower)) / busy
 
 
+def _in_order(parts: set[str]) -> tuple[str, ...]:
+    """``parts`` (of :data:`PARTS`) in the order the texts name them."""
+    return tuple(part for part in PARTS if part in parts)
+
+
 def group_parts(group: list[PlannedRun], rates: Rates, per_gpu: int) -> tuple[list[Part], set[str]] | None:
     """The parts of the work of ``group`` for a worker, one of ``per_gpu`` on its GPU (as the module says), and the
     parts left out for want of a rate measured with ``per_gpu`` processes; None where no measured setting stands for
@@ -202,7 +207,7 @@ def estimate(runs: list[PlannedRun], rates: Rates, *, per_gpu: int, stack: int, 
     seconds = (makespan([parts for parts, _ in side_by_side], per_gpu, gpus)
                + makespan([parts for parts, _ in alone], 1, 1))
     left_out = set().union(*(parts for _, parts in side_by_side + alone))
-    return Estimate(per_gpu, stack, gpus, seconds / 3600, tuple(part for part in PARTS if part in left_out))
+    return Estimate(per_gpu, stack, gpus, seconds / 3600, _in_order(left_out))
 
 
 def estimate_moves(moves: list[list[PlannedRun]], rates: Rates, *, per_gpu: int, gpus: int) -> Estimate | None:
@@ -214,7 +219,7 @@ def estimate_moves(moves: list[list[PlannedRun]], rates: Rates, *, per_gpu: int,
         return None
     left_out = {part for each in found for part in each.left_out}
     return Estimate(per_gpu, 1, gpus, sum(each.hours for each in found),
-                    tuple(part for part in PARTS if part in left_out))
+                    _in_order(left_out))
 
 
 def calibration_first_then(notebooks: Estimate, first: CalibrationFirst, rates: Rates) -> Estimate | None:
@@ -228,7 +233,7 @@ def calibration_first_then(notebooks: Estimate, first: CalibrationFirst, rates: 
         return None
     left_out = set(moves.left_out) | set(left.left_out)
     return Estimate(notebooks.per_gpu, notebooks.stack, notebooks.gpus, moves.hours + left.hours,
-                    tuple(part for part in PARTS if part in left_out))
+                    _in_order(left_out))
 
 
 def fastest(runs: list[PlannedRun], rates: Rates, gpus: int) -> Estimate | None:
