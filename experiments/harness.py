@@ -108,8 +108,7 @@ class Context:
         """One run's record, trained or read back from the store and counted in the manifest either way (``data_root``:
         the real dataset's folder, None on a synthetic stand-in). It trains under the store's claim: while an executor
         or another notebook trains the same run, this waits for its record instead of training it twice."""
-        cached = (self.store.record_path(config.key()).exists()
-                  or self.store.divergence(config.training_key()) is not None)  # read back: a NaN is an outcome
+        cached = self.store.holds_outcome(config)  # read back, a NaN included
         if not cached and self.no_cuda_here:
             raise ValueError(f"run {config.key()} is not in the store {self.store.root}, and device {self.device!r} "
                              "was asked for to train it, but torch sees no CUDA device here: train the profile's runs "

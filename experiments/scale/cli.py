@@ -38,7 +38,7 @@ from experiments.scale import executors, slurm
 from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import (Rates, completeness_then_hours, counted_text, estimate, estimate_moves,
                                     invocations, read_measurements, runs_measured_by, setting_text)
-from experiments.scale.plan import CalibrationFirst, PlannedRun, calibrations_to_make, done, plan, stacks, table
+from experiments.scale.plan import CalibrationFirst, PlannedRun, calibrations_to_make, plan, stacks, table
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import PROFILES, get_profile
 
@@ -168,7 +168,7 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     if args.command == "run-one":
         return device_refusal(args.device)
     held = ResultsStore(store)
-    todo = [run for run in runs if not done(run, held)]
+    todo = [run for run in runs if not held.holds_outcome(run.config)]
     here = args.executor != "slurm" and bool(todo)  # nothing to train (a login node after Slurm's tasks): no device
     if here and (problem := device_refusal(args.device)):
         return problem
@@ -311,7 +311,7 @@ def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOp
 
 def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.TrainOptions) -> int:
     store = ResultsStore(options.store)
-    todo = [run for run in runs if not done(run, store)]
+    todo = [run for run in runs if not store.holds_outcome(run.config)]
     diverged = sum(not store.record_path(run.key).exists() for run in runs if run not in todo)  # done, no record
     print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo) - diverged} already finished"
           f"{f', {diverged} diverged' if diverged else ''}, {len(todo)} to train ({args.executor} executor)",

@@ -135,12 +135,6 @@ def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
     return ("partial", epochs) if checkpoint is not None else ("missing", 0)
 
 
-def done(run: PlannedRun, store: ResultsStore) -> bool:
-    """Whether ``run`` needs no more training: finished (its record's file is there: not read), or diverged (its NaN
-    is kept as its outcome; a damaged file saying so is set aside)."""
-    return store.record_path(run.key).exists() or store.divergence(run.config.training_key()) is not None
-
-
 def stacks(runs: list[PlannedRun], size: int, store: ResultsStore | None) -> list[list[PlannedRun]]:
     """``runs`` in groups that train stacked into one model (:func:`experiments.engine.train.run_stacked`), at most
     ``size`` to a group, in the plan's order: runs that share a :meth:`RunConfig.stack_signature` and the epochs
