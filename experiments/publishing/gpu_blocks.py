@@ -140,31 +140,39 @@ def _gpu_cifar_runs() -> tuple:
 
 
 @functools.cache
-def _gpu_cifar_calibration():
-    """What ``make calibrate`` trains first for the ``gpu`` profile's CIFAR-100 stand-in
-    (:class:`experiments.scale.plan.CalibrationFirst`), or None when its stored calibration is current."""
+def _gpu_cifar_calibration(searched: int | None):
+    """What ``make calibrate`` trains first for the ``gpu`` profile's CIFAR-100 stand-in, its search averaging
+    ``searched`` seeds (None: every seed; :class:`experiments.scale.plan.CalibrationFirst`), or None when its stored
+    calibration is current."""
     from experiments.scale.plan import calibrations_to_make
     from experiments.spec.profiles import GPU
 
-    return calibrations_to_make(GPU).get("cifar")
+    return calibrations_to_make(GPU, searched).get("cifar")
 
 
 def _calibration_text(*estimated: tuple[Estimate, list[dict]]) -> str:
     """The least hours of the CIFAR-100 notebooks with their stand-in's calibration first
-    (:func:`experiments.scale.hours.calibration_first_then`), for each of ``estimated`` (the notebooks' estimate on
-    one GPU, then on several, each with its invocation's rows); that the calibration is current, if it is; nothing
-    where a rate was not measured."""
-    first = _gpu_cifar_calibration()
+    (:func:`experiments.scale.hours.calibration_first_then`), its search averaging one seed, then every seed, for each
+    of ``estimated`` (the notebooks' estimate on one GPU, then on several, each with its invocation's rows); that the
+    calibration is current, if it is; nothing where a rate was not measured."""
+    from experiments.spec.profiles import GPU
+
+    first, every = _gpu_cifar_calibration(1), _gpu_cifar_calibration(None)
     if first is None:
         return "; its stand-in's calibration is committed: nothing to train before them"
-    found = [calibration_first_then(each, first, Rates.from_rows(rows)) for each, rows in estimated]
-    if None in found:
+    found = [[calibration_first_then(each, search, Rates.from_rows(rows)) for each, rows in estimated]
+             for search in (first, every)]
+    if None in found[0] + found[1]:
         return ""
+
+    def hours(estimates: list[Estimate]) -> str:
+        return " and ".join(f"{each.hours:.1f} h on {'one' if each.gpus == 1 else each.gpus}" for each in estimates)
+
     return (f"; with the [calibration](docs/reproducing.md#the-calibrations-hours) of its stand-in first "
-            f"(`make calibrate`: at least {len(first.runs)} runs in "
-            f"{len(first.moves)} moves, each waiting for the last, {len(first.notebooks_trained)} of them the notebooks' "
-            f"own), at least "
-            + " and ".join(f"{each.hours:.1f} h on {'one' if each.gpus == 1 else each.gpus}" for each in found))
+            f"(`make calibrate`: at least {len(first.runs)} runs in {len(first.moves)} moves, each waiting for the "
+            f"last, {len(first.notebooks_trained)} of them the notebooks' own, where the seeds at the search's start "
+            f"agree so closely that it averages one), at least {hours(found[0])} ({len(every.runs)} runs and "
+            f"{hours(found[1])} where it needs all {len(GPU.cifar.seeds)} seeds)")
 
 
 def calibration_work() -> str:
@@ -174,19 +182,24 @@ def calibration_work() -> str:
     from experiments.scale.plan import calibrations_to_make
     from experiments.spec.profiles import GPU
 
-    to_make, lines = calibrations_to_make(GPU), []
+    fewest, every, lines = calibrations_to_make(GPU), calibrations_to_make(GPU, searched=None), []
     for setup in GPU.calibrated_setups:
         dataset = getattr(GPU, setup).dataset
-        if (first := to_make.get(setup)) is None:
+        if (first := fewest.get(setup)) is None:
             lines.append(f"- `{dataset}`: calibrated (`experiments/calibrated/gpu.json`): nothing to train first")
             continue
         notebooks, shared = first.notebooks_left + first.notebooks_trained, len(first.notebooks_trained)
         notebooks_images = sum(run.train_images for run in notebooks)
-        images = sum(run.train_images for run in first.runs) - sum(run.train_images for run in first.notebooks_trained)
-        lines.append(f"- `{dataset}`: not calibrated; at least {len(first.runs)} runs in {len(first.moves)} moves, "
-                     f"{shared} of them the notebooks' own; the {len(first.runs) - shared} others "
-                     f"{images:,} training images, x{images / notebooks_images:.2f} those "
-                     f"of its notebooks' {len(notebooks)} runs")
+
+        def others(search) -> str:  # the runs that are not the notebooks' own, and their images against the notebooks'
+            images = sum(run.train_images for run in search.runs) - sum(run.train_images
+                                                                         for run in search.notebooks_trained)
+            return (f"the {len(search.runs) - shared} others {images:,} training images, x{images / notebooks_images:.2f}"
+                    f" those of its notebooks' {len(notebooks)} runs")
+
+        lines.append(f"- `{dataset}`: not calibrated; at least {len(first.runs)} runs in {len(first.moves)} moves "
+                     f"searching on one seed, {shared} of them the notebooks' own, {others(first)}; "
+                     f"{len(every[setup].runs)} runs on all {len(getattr(GPU, setup).seeds)} seeds, {others(every[setup])}")
     return "\n".join(lines)
 
 

@@ -113,9 +113,10 @@ def main(argv: list[str]) -> int:
     if args.command == "plan":
         groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
         print(table(runs, ResultsStore(store), groups))
-        calibrations = calibrations_to_make(profile)
-        if calibrations:
-            print(calibration_line(calibrations))
+        fewest = calibrations_to_make(profile)
+        calibrations = (fewest, calibrations_to_make(profile, searched=None) if fewest else {})
+        if fewest:
+            print(calibration_line(*calibrations))
         return _print_hours(runs, args.gpus, args.rates, calibrations) if args.gpus is not None else 0
     data_root = str(Path(args.data_root).resolve()) if args.data_root else None  # Slurm's tasks start elsewhere
     options = executors.TrainOptions(store, args.device, data_root, args.workers, args.compile_mode, args.threads,
@@ -187,19 +188,29 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     return None
 
 
-def calibration_line(calibrations: dict[str, CalibrationFirst]) -> str:
-    """What ``make paper-figures`` trains before the plan's runs: "and first, make calibrate: at least N runs ..."."""
-    trained = [run for first in calibrations.values() for run in first.runs]
-    datasets = [first.runs[0].config.dataset for first in calibrations.values()]
-    shared = sum(len(first.notebooks_trained) for first in calibrations.values())
-    return (f"and first, make calibrate: at least {len(trained)} runs of {len(calibrations)} uncalibrated stand-in"
-            f"{'s' * (len(calibrations) > 1)} ({', '.join(datasets)}), {shared} of them the notebooks' own once "
-            "calibrated, "
-            f"{sum(run.train_images or 0 for run in trained):,} training images in all "
+#: Calibrations searching on one seed (:func:`experiments.tuning.calibration.search_seeds`), then on every seed.
+Calibrations = tuple[dict[str, CalibrationFirst], dict[str, CalibrationFirst]]
+
+
+def calibration_line(fewest: dict[str, CalibrationFirst], every: dict[str, CalibrationFirst]) -> str:
+    """What ``make paper-figures`` trains before the plan's runs, its searches averaging one seed (``fewest``) or
+    every seed (``every``): "and first, make calibrate: at least N runs ..."."""
+    def trained(calibrations: dict[str, CalibrationFirst]) -> list[PlannedRun]:
+        return [run for first in calibrations.values() for run in first.runs]
+
+    def images(calibrations: dict[str, CalibrationFirst]) -> str:
+        return f"{sum(run.train_images or 0 for run in trained(calibrations)):,} training images"
+
+    datasets = [first.runs[0].config.dataset for first in fewest.values()]
+    shared = sum(len(first.notebooks_trained) for first in fewest.values())
+    return (f"and first, make calibrate: at least {len(trained(fewest))} runs of {len(fewest)} uncalibrated stand-in"
+            f"{'s' * (len(fewest) > 1)} ({', '.join(datasets)}), {shared} of them the notebooks' own once calibrated, "
+            f"{images(fewest)} in all, where the seeds at a search's start agree so closely that it averages one; "
+            f"{len(trained(every))} runs and {images(every)} where it needs every seed "
             "(docs/reproducing.md#the-calibrations-hours)")
 
 
-def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path, calibrations: dict[str, CalibrationFirst]) -> int:
+def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path, calibrations: Calibrations) -> int:
     """The estimated hours on ``gpus`` GPUs of each setting measured in ``rates_csv`` on CUDA with the model and batch
     of some of ``runs`` (:mod:`experiments.scale.hours`), by the measurements made with today's engine (else by the
     earlier ones, said to be stale): the most complete estimates first, then the fastest, then the settings that
@@ -239,30 +250,32 @@ def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path, calibration
     return 0
 
 
-def _print_calibration_hours(calibrations: dict[str, CalibrationFirst], measured: list[list[dict]],
-                             gpus: int) -> None:
-    """For each stand-in of ``calibrations``, the hours of its shortest calibration alone (:func:`estimate_moves`)
-    at each ``PER_GPU`` measured with lone runs, by each invocation of ``measured`` that stands for all its runs; or
-    that none does."""
+def _print_calibration_hours(calibrations: Calibrations, measured: list[list[dict]], gpus: int) -> None:
+    """For each stand-in of ``calibrations``, the hours of its shortest calibration alone (:func:`estimate_moves`),
+    its search averaging one seed and every seed, at each ``PER_GPU`` measured with lone runs, by each invocation of
+    ``measured`` that stands for all its runs; or that none does."""
+    fewest, every = calibrations
     lines = []
-    for first in calibrations.values():
+    for setup, first in fewest.items():
         dataset, estimated = first.runs[0].config.dataset, []
         for invocation in measured:
             row, rates = invocation[0], Rates.from_rows(invocation)
-            if len(first.runs) != len(runs_measured_by(first.runs, row)):
+            if len(every[setup].runs) != len(runs_measured_by(every[setup].runs, row)):
                 continue
             for per_gpu in sorted(processes for processes, stack in rates.train if stack == 1):
-                if (found := estimate_moves(first.moves, rates, per_gpu=per_gpu, gpus=gpus)) is not None:
-                    estimated.append((found.hours, f"  {dataset:18s} PER_GPU={per_gpu:<3d} {found.hours:7.1f} h  "
-                                      f"{len(first.runs)} runs in {len(first.moves)} moves; {row['device_name']}, "
-                                      f"{sharing_text(row).replace('`', '')}, {row['date']}; {counted_text(found)}"))
+                found = [estimate_moves(each.moves, rates, per_gpu=per_gpu, gpus=gpus) for each in (first, every[setup])]
+                if None not in found:
+                    estimated.append((found[0].hours, f"  {dataset:18s} PER_GPU={per_gpu:<3d} {found[0].hours:7.1f} h "
+                                      f"({found[1].hours:.1f} h)  {len(first.runs)} runs ({len(every[setup].runs)}) in "
+                                      f"{len(first.moves)} moves; {row['device_name']}, "
+                                      f"{sharing_text(row).replace('`', '')}, {row['date']}; {counted_text(found[0])}"))
         lines += [line for _, line in sorted(estimated)] or [
             f"  {dataset:18s} not estimated: no measurement of its model and batch ({first.runs[0].config.model}, "
             f"batch {first.runs[0].config.batch_size})"]
     if lines:
         print("\nand first, calibrating the stand-ins (make calibrate) takes at least (no move of a search improving "
               "on its start; each move's runs wait for the last's; the notebooks' runs among them are not trained "
-              "again):")
+              "again), each search averaging one seed (every seed, in brackets):")
         print("\n".join(lines))
 
 

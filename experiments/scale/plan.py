@@ -92,17 +92,19 @@ class CalibrationFirst:
     moves: list[list[PlannedRun]]
     notebooks_left: list[PlannedRun]
     notebooks_trained: list[PlannedRun]  #: as the notebooks plan them: among its runs, under another notebook name
+    searched: int | None = 1  #: the seeds its search averages after the start (None: every seed)
 
     @property
     def runs(self) -> list[PlannedRun]:
         return [run for move in self.moves for run in move]
 
 
-def calibration_first(profile: Profile, setup: str) -> CalibrationFirst:
-    """:class:`CalibrationFirst` for ``setup``'s stand-in (a run two moves ask for trains once, in the first)."""
-    searched, knobs = shortest_search(profile, setup)
+def calibration_first(profile: Profile, setup: str, searched: int | None = 1) -> CalibrationFirst:
+    """:class:`CalibrationFirst` for ``setup``'s stand-in, its search averaging ``searched`` seeds (None: every seed;
+    :func:`experiments.tuning.calibration.search_seeds`); a run two moves ask for trains once, in the first."""
+    moves_asked, knobs = shortest_search(profile, setup, searched)
     seen, moves = set(), []
-    for configs in searched:
+    for configs in moves_asked:
         move = []
         for config in configs:
             if config.training_key() not in seen:
@@ -113,13 +115,13 @@ def calibration_first(profile: Profile, setup: str) -> CalibrationFirst:
     notebooks = plan(calibrated, (setup,))
     return CalibrationFirst(setup, [move for move in moves if move],
                             [run for run in notebooks if run.config.training_key() not in seen],
-                            [run for run in notebooks if run.config.training_key() in seen])
+                            [run for run in notebooks if run.config.training_key() in seen], searched)
 
 
-def calibrations_to_make(profile: Profile) -> dict[str, CalibrationFirst]:
-    """:func:`calibration_first` of each stand-in whose stored calibration is not current: what ``make calibrate``
-    trains first (nothing for a current one)."""
-    return {setup: calibration_first(profile, setup) for setup in profile.calibrated_setups
+def calibrations_to_make(profile: Profile, searched: int | None = 1) -> dict[str, CalibrationFirst]:
+    """:func:`calibration_first` of each stand-in whose stored calibration is not current, its search averaging
+    ``searched`` seeds (None: every seed): what ``make calibrate`` trains first (nothing for a current one)."""
+    return {setup: calibration_first(profile, setup, searched) for setup in profile.calibrated_setups
             if current_entry(profile, setup) is None}
 
 

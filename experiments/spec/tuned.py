@@ -54,8 +54,13 @@ class _Entry:
         """The entries of the file ``path``, by setup ({} without a file); ValueError if it cannot be read."""
         return _read(cls, path)[1]
 
+    _new_fields: tuple[str, ...] = ()  #: fields entries stored before them lack: written only where not the default
+
     def to_json(self) -> dict:
-        return asdict(self)
+        """Its JSON, without the :attr:`_new_fields` at their defaults (so an entry read and kept again is unchanged)."""
+        defaults = {f.name: f.default for f in fields(self) if f.name in self._new_fields}
+        return {name: value for name, value in asdict(self).items()
+                if not (name in defaults and value == defaults[name])}
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,8 @@ class Number:
 
 @dataclass(frozen=True)
 class Point:
-    """A point the calibration's search evaluated: the knobs, our numbers there (seeds' mean), the fitted RMS gap."""
+    """A point the calibration's search evaluated: the knobs, our numbers there (the searched seeds' mean), the fitted
+    RMS gap."""
 
     knobs: dict
     values: dict  #: percent, by the number's label
@@ -104,9 +110,12 @@ class Calibration(_Entry):
     search_fingerprint: str = ""  #: :meth:`experiments.tuning.calibration.StandIn.fingerprint`
     commit: str = ""
     seconds: float = 0.0  #: wall time of the search (runs found in the results store cost nothing)
+    searched_seeds: tuple[int, ...] = ()  #: the seeds the points' numbers average (empty: every seed, as stored before)
+    seed_spread: float | None = None  #: points: the seeds' spread at the start, which chose them (None: not measured)
 
     _nested = {"targets": lambda rows: tuple(map(Number.from_json, rows)),
-               "points": lambda rows: tuple(map(Point.from_json, rows))}
+               "points": lambda rows: tuple(map(Point.from_json, rows)), "searched_seeds": tuple}
+    _new_fields = ("searched_seeds", "seed_spread")
 
     def fits(self, setup_fingerprint: str) -> bool:
         """Whether this calibration was made for the setup of ``setup_fingerprint``."""

@@ -91,10 +91,10 @@ def test_each_step_of_the_search_announces_its_runs_before_training_any_and_the_
     entry = calibration.calibrate(QUICK, "cifar", train, ahead=ahead)
     assert entry == replace(calibration.calibrate(QUICK, "cifar", _knob_response), commit=entry.commit,
                             seconds=entry.seconds)
-    runs_per_point = len(QUICK.cifar.seeds) * 2  # CE at p = 0 and p = 0.4: two cells of the fitted numbers
+    assert entry.searched_seeds == QUICK.cifar.seeds[:1]  # every seed alike at the start: the search averages one
     knobs = len(calibration.STAND_INS["cifar"].start)
-    assert len(batches[0]) == runs_per_point  # the start
-    assert max(len(batch) for batch in batches[1:-1]) == 2 * knobs * runs_per_point  # a move: every neighbour at once
+    assert len(batches[0]) == len(QUICK.cifar.seeds) * 2  # the start, every seed: CE at p = 0 and p = 0.4
+    assert max(len(batch) for batch in batches[1:-1]) == 2 * knobs * 2  # a move: every neighbour at once, one seed
     assert set(trained) == announced  # nothing announced in vain
 
 
@@ -107,25 +107,68 @@ def test_the_shortest_search_is_what_a_search_announces_when_no_move_improves_on
     moves, knobs = calibration.shortest_search(GPU, "cifar")
     assert [[config.key() for config in move] for move in moves] == [move for move in announced if move]
     assert knobs == entry.knobs == calibration.STAND_INS["cifar"].start
-    runs_per_point, knobs_searched = len(GPU.cifar.seeds) * 2, len(knobs)  # CE at p = 0 and p = 0.4, every seed
-    assert [len(move) for move in moves] == [runs_per_point] + [2 * knobs_searched * runs_per_point] * 3 + [
-        3 * len(GPU.cifar.seeds)]  # at the chosen knobs every cell: the fitted ones again, and p = 0.2 held out
+    seeds, knobs_searched = len(GPU.cifar.seeds), len(knobs)  # CE at p = 0 and p = 0.4: two cells a seed
+    assert [len(move) for move in moves] == [2 * seeds] + [2 * knobs_searched * 2] * 3 + [
+        3 * seeds]  # at the chosen knobs every cell and seed: the fitted ones again, and p = 0.2 held out
+
+
+def _seed_offset(points: float):
+    """A fake training run: :func:`_knob_response` plus ``points`` times the seed on every number."""
+    def train(config):
+        response = _knob_response(config)
+        response["test"]["top"] = {k: v + points / 100 * config.seed for k, v in response["test"]["top"].items()}
+        return response
+
+    return train
 
 
 def test_each_point_fits_the_mean_of_every_seeds_ce_runs_as_the_tables_show_it():
+    """Seeds 1 point apart (a spread of 1 point: x4 the variance SEARCH_ERROR allows one seed): every point averages
+    every seed."""
     seeds = QUICK.cifar.seeds
-
-    def train(config):  # each seed its own offset: the mean is the knobs' response plus the offsets' mean
-        response = _knob_response(config)
-        response["test"]["top"] = {k: v + 0.01 * config.seed for k, v in response["test"]["top"].items()}
-        return response
-
-    entry = calibration.calibrate(QUICK, "cifar", train, halvings=0)
+    entry = calibration.calibrate(QUICK, "cifar", _seed_offset(1.0), halvings=0)
     shift = sum(seeds) / len(seeds)
     for point in entry.points:
         config = calibration.ce_config(QUICK, "cifar", calibration.STAND_INS["cifar"].targets[0], point.knobs)
         assert point.values["top-1, p = 0"] == pytest.approx(100 * _knob_response(config)["test"]["top"]["1"] + shift)
     assert entry.search_fingerprint == calibration.STAND_INS["cifar"].fingerprint()
+    assert entry.searched_seeds == seeds and entry.seed_spread == pytest.approx(1.0)
+
+
+def test_seeds_that_agree_at_the_start_let_the_search_average_fewer_and_the_chosen_knobs_are_measured_on_every_seed():
+    """Seeds 0.1 point apart: the start trains every seed, the other points the first only; the chosen knobs' numbers
+    are every seed's mean again."""
+    seeds, trained = QUICK.cifar.seeds, []
+
+    def train(config):
+        trained.append(config)
+        return _seed_offset(0.1)(config)
+
+    entry = calibration.calibrate(QUICK, "cifar", train, halvings=0)
+    assert entry.searched_seeds == seeds[:1] and entry.seed_spread == pytest.approx(0.1)
+    target = calibration.STAND_INS["cifar"].targets[0]
+    for point in entry.points:  # the first seed's numbers, the start's too (every point compared alike)
+        config = calibration.ce_config(QUICK, "cifar", target, point.knobs)
+        assert point.values[target.label] == pytest.approx(100 * _knob_response(config)["test"]["top"]["1"])
+    elsewhere = [c for c in trained if {k: c.dataset_options[k] for k in entry.knobs} not in (entry.start, entry.knobs)]
+    assert elsewhere and {c.seed for c in elsewhere} == {seeds[0]}
+    chosen = calibration.ce_config(QUICK, "cifar", target, entry.knobs)
+    mean = 100 * _knob_response(chosen)["test"]["top"]["1"] + 0.1 * sum(seeds) / len(seeds)
+    assert entry.targets[0].ours == pytest.approx(mean)  # every seed at the chosen knobs
+    assert calibration.is_current(entry, QUICK, "cifar")
+    assert not calibration.is_current(replace(entry, seed_spread=2.0), QUICK, "cifar")  # that spread asks every seed
+    assert calibration.is_current(replace(entry, searched_seeds=(), seed_spread=None), QUICK, "cifar")  # stored before
+
+
+def test_the_search_averages_the_fewest_seeds_whose_standard_error_is_within_a_quarter_of_the_tolerance():
+    assert calibration.SEARCH_ERROR == 0.5
+    assert [calibration.search_seeds(spread, 4) for spread in (None, 0.0, 0.5, 0.51, 0.75, 1.0, 3.0)] == [
+        4, 1, 1, 2, 3, 4, 4]
+    targets = [calibration.Target("a", 0.0, (), ()), calibration.Target("b", 0.0, (), ())]
+    by_seed = [{"a": 1.0, "b": 5.0}, {"a": 3.0, "b": 5.0}]  # variances 2 and 0: pooled sqrt(1)
+    assert calibration.seed_spread(by_seed, targets) == pytest.approx(1.0)
+    assert calibration.seed_spread(by_seed[:1], targets) is None  # one seed: no spread
+    assert calibration.seed_spread([{"a": 1.0, "b": math.nan}, {"a": 1.0, "b": 2.0}], targets) is None
 
 
 def test_a_later_round_trains_ce_at_the_rate_it_chose_from_the_knobs_found():

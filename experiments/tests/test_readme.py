@@ -425,9 +425,10 @@ def tiny_plan(monkeypatch):
     monkeypatch.setattr(gpu_blocks, "_gpu_cifar_runs", lambda: runs)
     from experiments.scale.plan import CalibrationFirst
 
-    # a calibration of two moves that trains three of the notebooks' runs
+    # a calibration of two moves that trains three of the notebooks' runs, four where it averages every seed
     first = CalibrationFirst("cifar", [list(runs[:1]), list(runs[1:3])], list(runs[3:]), list(runs[:3]))
-    monkeypatch.setattr(gpu_blocks, "_gpu_cifar_calibration", lambda: first)
+    every = CalibrationFirst("cifar", [list(runs[:1]), list(runs[1:4])], list(runs[4:]), list(runs[:4]), None)
+    monkeypatch.setattr(gpu_blocks, "_gpu_cifar_calibration", lambda searched: first if searched else every)
     return runs
 
 
@@ -488,10 +489,13 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
     assert line.startswith(f"*The `gpu` profile's CIFAR-100 notebooks would take {hours}; test-gpu (cuda), torch 9.9")
     # with the calibration first at each estimate's setting: on one GPU 3.6e6 images at 4,000 images/s, then two runs
     # at 3,600 each, then the notebooks' run left alone on the pool and the lone run (900 + 1000 + 900 + 90 s); on 8,
-    # 900 s a move, then 900 + 90 s
+    # 900 s a move, then 900 + 90 s; averaging every seed, the fourth run trains in the second move: on one GPU the
+    # same 900 + 1000 + 900 + 90 s, on 8 GPUs 900 s a move, then 90 s
     assert ("commit aaaaaaaaaa); with the [calibration](docs/reproducing.md#the-calibrations-hours) of its stand-in "
             "first (`make calibrate`: at least 3 runs in 2 moves, each waiting for the last, 3 of them the notebooks' "
-            "own), at least 0.8 h on one and 0.8 h on 8 (`concurrency.csv`") in line
+            "own, where the seeds at the search's start agree so closely that it averages one), at least 0.8 h on one "
+            "and 0.8 h on 8 (4 runs and 0.8 h on one and 0.5 h on 8 where it needs all 4 seeds) (`concurrency.csv`"
+            ) in line
     other_gpu = [{**row, "device_name": "other-gpu"} for row in _concurrency_rows("a" * 40, timings.engine_code())]
     _csv(tmp_path / "concurrency.csv", [*graphs, *other_gpu])
     line = gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")  # one line in the README whatever the GPU models
@@ -502,12 +506,12 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
     assert line.startswith("*The `gpu` profile's training time is not measured with today's engine (with an earlier "
                            "one, its CIFAR-100 notebooks would have taken 0.4 h on one test-gpu")
     assert "commit bbbbbbbbbb); with the [calibration](docs/reproducing.md#the-calibrations-hours) of its" in line
-    assert " on 8; stale): run `bash benchmarks/gpu_session.sh" in line
+    assert " on 8 where it needs all 4 seeds); stale): run `bash benchmarks/gpu_session.sh" in line
     _csv(tmp_path / "concurrency.csv", not_the_profiles)
     assert gpu_blocks.gpu_hours(tmp_path / "concurrency.csv").startswith(
         "*The `gpu` profile's training time is not measured with today's engine: run")
     _csv(tmp_path / "concurrency.csv", graphs)
-    monkeypatch.setattr(gpu_blocks, "_gpu_cifar_calibration", lambda: None)  # once its calibration is committed
+    monkeypatch.setattr(gpu_blocks, "_gpu_cifar_calibration", lambda searched: None)  # once its calibration is committed
     assert "); its stand-in's calibration is committed: nothing to train before them (`concurrency.csv`" in \
         gpu_blocks.gpu_hours(tmp_path / "concurrency.csv")
 
@@ -589,9 +593,13 @@ def test_the_calibration_work_block_says_which_stand_ins_are_calibrated_and_what
     from experiments.scale import plan as planning
 
     to_make = planning.calibrations_to_make(GPU)
-    monkeypatch.setattr(planning, "calibrations_to_make", lambda profile: {"cifar": to_make["cifar"]})
+    every = planning.calibrations_to_make(GPU, searched=None)
+    monkeypatch.setattr(planning, "calibrations_to_make", lambda profile, searched=1: {
+        "cifar": (to_make if searched else every)["cifar"]})
     lines = gpu_blocks.calibration_work().splitlines()
-    assert lines[0] == ("- `cifar100_like`: not calibrated; at least 156 runs in 5 moves, 12 of them the notebooks' "
-                        "own; the 144 others 1,943,654,400 training images, x1.94 those of its notebooks' 119 runs")
+    assert lines[0] == ("- `cifar100_like`: not calibrated; at least 48 runs in 5 moves searching on one seed, 12 of "
+                        "them the notebooks' own, the 36 others 485,913,600 training images, x0.48 those of its "
+                        "notebooks' 119 runs; 156 runs on all 4 seeds, the 144 others 1,943,654,400 training images, "
+                        "x1.94 those of its notebooks' 119 runs")
     assert lines[1] == "- `plantnet_like`: calibrated (`experiments/calibrated/gpu.json`): nothing to train first"
     assert len(lines) == len(GPU.calibrated_setups)

@@ -70,7 +70,9 @@ def test_a_calibration_first_is_its_shortest_search_each_run_once_and_leaves_the
     searched, _ = shortest_search(profile, "cifar")
     trained = [run.config.training_key() for run in first.runs]
     assert len(trained) == len(set(trained)) and set(trained) == {c.training_key() for move in searched for c in move}
-    assert [len(move) for move in first.moves] == [8, 48, 48, 48, 4]  # the held-out p = 0.2 runs alone are new
+    assert [len(move) for move in first.moves] == [8, 12, 12, 12, 4]  # the held-out p = 0.2 runs alone are new
+    every = calibration_first(profile, "cifar", searched=None)  # where the start's seeds spread: all 4 searched
+    assert [len(move) for move in every.moves] == [8, 48, 48, 48, 4] and every.searched is None
     notebooks = plan(profile, ("cifar",))
     assert len(first.notebooks_trained) == 12  # CE at p = 0, 0.2 and 0.4, every seed, at the chosen knobs
     assert {run.config.training_key() for run in first.notebooks_trained} <= set(trained)
@@ -440,13 +442,16 @@ def test_run_one_trains_several_keys_stacked_and_refuses_what_cannot_stack(tmp_p
 def test_plan_says_what_the_calibration_trains_first_where_a_stand_in_is_not_calibrated(monkeypatch, capsys, tmp_path):
     runs = [_planned(1), _planned(2)]
     first = CalibrationFirst("cifar", [[_planned(3)], [_planned(4), runs[1]]], runs[:1], runs[1:])  # trains the 2nd
+    every = CalibrationFirst("cifar", [[_planned(3)], [_planned(4), _planned(5), runs[1]]], runs[:1], runs[1:], None)
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
-    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile: {"cifar": first})
+    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile, searched=1: {"cifar": first if searched else every})
     assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         "and first, make calibrate: at least 3 runs of 1 uncalibrated stand-in (cifar100_like), 1 of them the "
-        "notebooks' own once calibrated, 0 training images in all (docs/reproducing.md#the-calibrations-hours)")
-    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile: {})  # calibrated: nothing said
+        "notebooks' own once calibrated, 0 training images in all, where the seeds at a search's start agree so "
+        "closely that it averages one; 4 runs and 0 training images where it needs every seed "
+        "(docs/reproducing.md#the-calibrations-hours)")
+    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile, searched=1: {})  # calibrated: nothing said
     assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
     assert "make calibrate" not in capsys.readouterr().out
 
@@ -503,21 +508,25 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
                                  f"  PER_GPU=1 STACK=2        3.6 h  {where}; {counted}",
                                  f"  PER_GPU=1 STACK=1        4.3 h  {where}; {counted}"]
     first = CalibrationFirst("cifar", [runs[:1], runs[1:3]], runs[3:4], [])
-    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile: {"cifar": first, "imagenet": other_batch})
+    every = CalibrationFirst("cifar", [runs[:1], runs[1:4]], [], [], None)  # a search averaging every seed: one more
+    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile, searched=1: {
+        "cifar": first if searched else every, "imagenet": other_batch})
     assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
     lines = capsys.readouterr().out.splitlines()
     # a stand-in's calibration: move after move of lone runs, at each PER_GPU measured with them: one worker
     # 3710 s, then 2 x 3710 s; two workers: 3712 s (the warm-up of two workers' setting, 12 s), then both runs at
-    # once at 80 images/s each (12 + 4500 + 100 + 25 s); a stand-in of another batch is not estimated
+    # once at 80 images/s each (12 + 4500 + 100 + 25 s); averaging every seed, a third run in the second move: one
+    # worker 4 x 3710 s; two workers 3712 s, 4637 s, then the third alone 3712 s; a stand-in of another batch is not
+    # estimated
     start = lines.index("and first, calibrating the stand-ins (make calibrate) takes at least (no move of a search "
                         "improving on its start; each move's runs wait for the last's; the notebooks' runs among them "
-                        "are not trained again):")
+                        "are not trained again), each search averaging one seed (every seed, in brackets):")
     measured = "test-gpu, reduce-overhead, 2026-01-01T00:00:00; " + counted
-    assert lines[start + 1:] == [f"  cifar100_like      PER_GPU=2       2.3 h  3 runs in 2 moves; {measured}",
-                                 f"  cifar100_like      PER_GPU=1       3.1 h  3 runs in 2 moves; {measured}",
+    assert lines[start + 1:] == [f"  cifar100_like      PER_GPU=2       2.3 h (3.4 h)  3 runs (4) in 2 moves; {measured}",
+                                 f"  cifar100_like      PER_GPU=1       3.1 h (4.1 h)  3 runs (4) in 2 moves; {measured}",
                                  "  cifar100_like      not estimated: no measurement of its model and batch "
                                  "(small_cnn, batch 64)"]  # named by dataset: TINY's is cifar100_like too
-    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile: {})
+    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile, searched=1: {})
     (tmp_path / "rates.csv").write_text(header + "\n".join([*ignored, *rows[2:]]) + "\n")  # no lone run's rate
     assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
     assert capsys.readouterr().out.splitlines()[-2:] == [

@@ -4,7 +4,9 @@ CE is the paper's baseline on every dataset, not a method under test: fitting th
 other losses, which are then judged on data as hard for CE as the real data. For each setup, the CE runs behind the
 tables' fitted numbers (every seed: the tables show the seeds' mean) are trained at candidate difficulty knobs
 (:mod:`data_prep.synthetic`) chosen by a compass search that minimises the RMS gap, in points, between CE's numbers and
-the paper's; held-out numbers show how faithful the stand-in is beyond the fit. Where a number stays unmatched,
+the paper's; held-out numbers show how faithful the stand-in is beyond the fit. The search measures every seed at its
+start; where their spread allows, it averages fewer at the points it tries (:func:`search_seeds`), and the chosen
+knobs are measured on every seed again. Where a number stays unmatched,
 :func:`unmatched` says why from the points searched.
 
 CE trains at a learning rate: the first search uses the grid's, and :mod:`experiments.tuning.fixed_point` searches again
@@ -16,6 +18,7 @@ results store, so the chosen point's runs are the very runs the tables use.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -34,6 +37,8 @@ SMALLEST_KNOB = {"pixel_noise": 0.05, "class_contrast": 0.05, "ambiguity": 0.0, 
                  "superclass_mixing": 0.0}
 #: the knobs that are shares, and stop at 1
 LARGEST_KNOB = {"ambiguity": 1.0, "superclass_mixing": 1.0}
+#: the standard error (points) the search's numbers may have, a quarter of the fitted tolerance (:func:`search_seeds`)
+SEARCH_ERROR = TOLERANCE[True] / 4
 MOVES_PER_STEP = 8  #: the search moves at most this many times at one step size
 
 
@@ -154,9 +159,11 @@ def _cell_configs(profile: Profile, setup: str, knobs: dict, targets, rates: dic
     return {cell: ce_config(profile, setup, target, knobs, rates, seed) for cell, target in first.items()}
 
 
-def ce_configs(profile: Profile, setup: str, knobs: dict, targets, rates: dict | None = None) -> list:
-    """The CE runs :func:`measure_seeds` trains at ``knobs`` for ``targets``: one per target's cell and seed."""
-    return [config for seed in getattr(profile, setup).seeds
+def ce_configs(profile: Profile, setup: str, knobs: dict, targets, rates: dict | None = None,
+               seeds: tuple[int, ...] | None = None) -> list:
+    """The CE runs :func:`measure_seeds` trains at ``knobs`` for ``targets``: one per target's cell and seed of
+    ``seeds`` (default: the setup's)."""
+    return [config for seed in (getattr(profile, setup).seeds if seeds is None else seeds)
             for config in _cell_configs(profile, setup, knobs, targets, rates, seed).values()]
 
 
@@ -175,10 +182,11 @@ def measure(profile: Profile, setup: str, knobs: dict, targets, train, rates: di
     return values
 
 
-def measure_each_seed(profile: Profile, setup: str, knobs: dict, targets, train,
-                      rates: dict | None = None) -> list[dict]:
-    """:func:`measure` at each of ``setup``'s seeds, in their order."""
-    return [measure(profile, setup, knobs, targets, train, rates, seed) for seed in getattr(profile, setup).seeds]
+def measure_each_seed(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None,
+                      seeds: tuple[int, ...] | None = None) -> list[dict]:
+    """:func:`measure` at each of ``seeds`` (default: the setup's), in their order."""
+    return [measure(profile, setup, knobs, targets, train, rates, seed)
+            for seed in (getattr(profile, setup).seeds if seeds is None else seeds)]
 
 
 def seeds_mean(by_seed: list[dict]) -> dict:
@@ -186,9 +194,27 @@ def seeds_mean(by_seed: list[dict]) -> dict:
     return {label: sum(values[label] for values in by_seed) / len(by_seed) for label in by_seed[0]}
 
 
-def measure_seeds(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None) -> dict:
-    """The mean over ``setup``'s seeds of :func:`measure` (:func:`seeds_mean`)."""
-    return seeds_mean(measure_each_seed(profile, setup, knobs, targets, train, rates))
+def measure_seeds(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None,
+                  seeds: tuple[int, ...] | None = None) -> dict:
+    """The mean over ``seeds`` (default: the setup's) of :func:`measure` (:func:`seeds_mean`)."""
+    return seeds_mean(measure_each_seed(profile, setup, knobs, targets, train, rates, seeds))
+
+
+def seed_spread(by_seed: list[dict], targets) -> float | None:
+    """The seeds' standard deviation of ``targets``' numbers in :func:`measure_each_seed`'s ``by_seed``, pooled (the
+    root mean of each number's sample variance), in points; None with one seed or an undefined number."""
+    numbers = [[values[t.label] for values in by_seed] for t in targets]
+    if len(by_seed) < 2 or not all(math.isfinite(value) for values in numbers for value in values):
+        return None
+    return math.sqrt(sum(statistics.variance(values) for values in numbers) / len(numbers))
+
+
+def search_seeds(spread: float | None, seeds: int) -> int:
+    """How many of a setup's ``seeds`` the search averages at each point: the fewest whose mean's standard error,
+    ``spread`` / sqrt(n), is at most :data:`SEARCH_ERROR`; every seed where the spread is unknown."""
+    if spread is None:
+        return seeds
+    return min(seeds, max(1, math.ceil((spread / SEARCH_ERROR) ** 2)))
 
 
 def rms_gap(values: dict, targets) -> float:
@@ -224,28 +250,34 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
     default: the grid's rate) from ``start`` (default: the stand-in's), then measure the held-out numbers at the chosen
     knobs; ``round_`` is the round of :mod:`experiments.tuning.fixed_point`. ``train(config)`` gives a run's record;
     ``ahead(configs)``, if given, is told the runs of each step of the search before ``train`` is asked for them, so
-    that an executor can train them side by side (:func:`experiments.scale.calibrate.executor_ahead`)."""
+    that an executor can train them side by side (:func:`experiments.scale.calibrate.executor_ahead`). Every seed is
+    trained at the start, the first :func:`search_seeds` of them at the other points, every seed at the knobs chosen."""
     ahead = ahead or (lambda configs: None)
     stand_in = STAND_INS[setup]
     rates = {key: (rates or {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
     start = dict(start or stand_in.start)
     fitted, free = searched_targets(stand_in)
-    points = []
+    started = time.time()
+    ahead(ce_configs(profile, setup, start, free, rates))
+    at_start = measure_each_seed(profile, setup, start, free, train, rates)
+    spread = seed_spread(at_start, fitted)
+    searched = getattr(profile, setup).seeds[:search_seeds(spread, len(at_start))]
+    start_values = seeds_mean(at_start[:len(searched)])
+    points = [Point(start, start_values, rms_gap(start_values, fitted))]
 
     def error(knobs: dict) -> float:
         for point in points:
             if point.knobs == knobs:
                 return point.rms_gap
-        values = measure_seeds(profile, setup, knobs, free, train, rates)
+        values = measure_seeds(profile, setup, knobs, free, train, rates, searched)
         points.append(Point(knobs, values, rms_gap(values, fitted)))
         return points[-1].rms_gap
 
     def points_ahead(knob_points: list[dict]) -> None:
-        searched = [point.knobs for point in points]
-        ahead([config for knobs in knob_points if knobs not in searched
-               for config in ce_configs(profile, setup, knobs, free, rates)])
+        known = [point.knobs for point in points]
+        ahead([config for knobs in knob_points if knobs not in known
+               for config in ce_configs(profile, setup, knobs, free, rates, searched)])
 
-    started = time.time()
     knobs = compass_search(error, start, stand_in.steps, halvings, points_ahead)
     ahead(ce_configs(profile, setup, knobs, stand_in.targets, rates))
     values = measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
@@ -254,7 +286,7 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
                        rms_gap_fitted=rms_gap(values, fitted), points=tuple(points), ce_multipliers=rates,
                        round=round_, setup_fingerprint=getattr(profile, setup).fingerprint(),
                        search_fingerprint=stand_in.fingerprint(), commit=git_commit(),
-                       seconds=round(time.time() - started, 1))
+                       seconds=round(time.time() - started, 1), searched_seeds=tuple(searched), seed_spread=spread)
 
 
 def searched_targets(stand_in: StandIn) -> tuple[list[Target], list[Target]]:
@@ -264,23 +296,32 @@ def searched_targets(stand_in: StandIn) -> tuple[list[Target], list[Target]]:
     return fitted, [t for t in stand_in.targets if t.fitted or t.cell in {f.cell for f in fitted}]
 
 
-def shortest_search(profile: Profile, setup: str, halvings: int = 2) -> tuple[list[list], dict]:
-    """The CE runs :func:`calibrate` hands to ``ahead``, move by move, at the grid's learning rate, when no move
-    improves on the stand-in's start and the steps only halve: the least a search of ``setup``'s stand-in trains
-    (1 + 2 x knobs x (``halvings`` + 1) points, then the held-out numbers' runs), each move's runs waiting for the
-    last's; and the knobs it chooses, the start. A run may come again in a later move (a knob stopped at its bound):
-    it trains once."""
+def shortest_search(profile: Profile, setup: str, searched: int | None = 1,
+                    halvings: int = 2) -> tuple[list[list], dict]:
+    """The CE runs :func:`calibrate` hands to ``ahead``, move by move, at the grid's learning rate, when the search
+    averages ``searched`` seeds (:func:`search_seeds`; the fewest, one, by default; None: every seed), no move improves on the stand-in's start and
+    the steps only halve: the least a search of ``setup``'s stand-in trains (every seed at the start, then
+    2 x knobs x (``halvings`` + 1) points on ``searched`` seeds, then the held-out numbers' runs), each move's runs
+    waiting for the last's; and the knobs it chooses, the start. A run may come again in a later move (a knob stopped
+    at its bound, or the start's seeds): it trains once."""
     stand_in = STAND_INS[setup]
     _, free = searched_targets(stand_in)
+    start, seeds = dict(stand_in.start), getattr(profile, setup).seeds[:searched]
     moves: list[list[dict]] = []
-    knobs = compass_search(lambda knobs: 0.0, dict(stand_in.start), stand_in.steps, halvings, moves.append)
-    return ([[config for point in move for config in ce_configs(profile, setup, point, free)] for move in moves]
+    knobs = compass_search(lambda knobs: 0.0, start, stand_in.steps, halvings, moves.append)
+    return ([ce_configs(profile, setup, start, free)]
+            + [[config for point in move for config in ce_configs(profile, setup, point, free, seeds=seeds)]
+               for move in moves[1:]]
             + [ce_configs(profile, setup, knobs, stand_in.targets)], knobs)
 
 
 def is_current(entry: Calibration | None, profile: Profile, setup: str) -> bool:
-    """Whether a stored calibration was made for this setup with this search."""
-    return entry is not None and entry.is_current(getattr(profile, setup).fingerprint(), STAND_INS[setup].fingerprint())
+    """Whether a stored calibration was made for this setup with this search, on at least the seeds
+    :func:`search_seeds` asks for at the spread it measured (an entry that searched every seed always has)."""
+    seeds = getattr(profile, setup).seeds
+    return entry is not None and entry.is_current(getattr(profile, setup).fingerprint(), STAND_INS[setup].fingerprint()) \
+        and (not entry.searched_seeds or entry.searched_seeds[:(asked := search_seeds(entry.seed_spread, len(seeds)))]
+             == seeds[:asked])
 
 
 def earlier_search(profile: Profile, setup: str) -> Calibration | None:
@@ -367,24 +408,25 @@ def report_table(profile: Profile) -> pd.DataFrame:
     return pd.concat(parts).rename_axis("CE number")
 
 
-def current_entries(profile: Profile) -> list[Calibration]:
-    """The stored calibrations the profile uses (:func:`current_entry`), in the order of :data:`SETUPS`."""
-    return [entry for entry in (current_entry(profile, setup) for setup in SETUPS) if entry]
+def current_entries(profile: Profile) -> dict[str, Calibration]:
+    """The stored calibrations the profile uses (:func:`current_entry`), by setup in the order of :data:`SETUPS`."""
+    return {setup: entry for setup in SETUPS if (entry := current_entry(profile, setup))}
 
 
 def unmatched_table(profile: Profile) -> pd.DataFrame:
     """Every calibrated setup's CE numbers outside :data:`TOLERANCE` of the paper's, and why (:func:`unmatched`)."""
     rows = [{**row, "CE number": f"{entry.dataset}: {row['CE number']}"}
-            for entry in current_entries(profile) for row in unmatched(entry)]
+            for entry in current_entries(profile).values() for row in unmatched(entry)]
     return pd.DataFrame(rows, columns=["CE number", "role", "gap (points)", "tolerance (points)", "why"]
                         ).set_index("CE number")
 
 
 def search_table(profile: Profile) -> pd.DataFrame:
-    """Every point the searches evaluated, in order: the setup, the knobs, the RMS gap of the fitted numbers."""
+    """Every point the searches evaluated, in order: the setup, the knobs, the RMS gap of the fitted numbers, the seeds
+    it averages (:func:`search_seeds`)."""
     rows = [{"data": entry.dataset, **point.knobs, "RMS gap (points)": round(point.rms_gap, 2),
-             "chosen": point.knobs == entry.knobs}
-            for entry in current_entries(profile) for point in entry.points]
+             "seeds": len(entry.searched_seeds or getattr(profile, setup).seeds), "chosen": point.knobs == entry.knobs}
+            for setup, entry in current_entries(profile).items() for point in entry.points]
     return pd.DataFrame(rows)
 
 
