@@ -6,9 +6,11 @@ learning rates), each move of the search trained side by side; a no-op where the
     python -m experiments.scale.calibrate gpu --device cuda --executor slurm --gpus-per-task 1 --partition gpu
 
 The steps are :mod:`experiments.tuning.fixed_point`'s. The search tells the runs of each move (every neighbour of its
-knobs, at every seed) and of the learning-rate choice to :func:`executor_ahead` before it asks for any; those the store
-lacks train through the ``local`` executor's workers or as one Slurm array, and the search reads them back. With one local worker the search trains them itself, one after
-another. With Slurm the stand-ins' searches go on side by side, each in a thread of its own.
+knobs, at the seeds it averages) and of the learning-rate choice to :func:`executor_ahead` before it asks for any;
+those the store lacks train through the ``local`` executor's workers or as one Slurm array, and the search reads them
+back. With one local worker the search trains them itself, one after another. With several, or with Slurm, the
+stand-ins' searches go on side by side, each in a thread of its own: their moves share the workers (one queue,
+:class:`experiments.scale.executors.WorkerPool`) or go out as arrays at once.
 """
 
 from __future__ import annotations
@@ -65,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _calibrate(profile, store, device: str, args: argparse.Namespace, trainers: dict[str, Trainer | None]) -> int:
-    """Settle each stand-in with its trainer (side by side under Slurm); the command's exit status."""
-    side_by_side = args.executor == "slurm" and len(trainers) > 1
+    """Settle each stand-in with its trainer, side by side where they have one (workers or Slurm); the command's exit
+    status."""
+    side_by_side = len(trainers) > 1 and all(trainers.values())
 
     def settle(setup: str) -> str:
         """Calibrate ``setup`` as far as it goes; its state. Side by side, each line it says names its stand-in."""
@@ -81,7 +84,7 @@ def _calibrate(profile, store, device: str, args: argparse.Namespace, trainers: 
         return f"{setup}: {fixed_point.status(settled, setup)['state']}"
 
     try:
-        if side_by_side:  # the stand-ins' searches are independent: their arrays go out at once
+        if side_by_side:  # the stand-ins' searches are independent: their moves train at once
             for line in _each_in_a_thread(settle, profile.calibrated_setups):
                 print(line, flush=True)
         else:
@@ -107,20 +110,26 @@ def _each_in_a_thread(work: Callable[[str], str], setups: tuple[str, ...]) -> li
     daemons, so Ctrl-C, which reaches this one, ends the command at once."""
     results: dict[str, str] = {}
     errors: dict[str, BaseException] = {}
+    interrupted = threading.Event()  # the threads' own errors after Ctrl-C (their workers gone) go unsaid
 
     def run(setup: str) -> None:
         try:
             results[setup] = work(setup)
         except BaseException as error:  # SystemExit of a failed run included: said now, re-raised below
             errors[setup] = error
-            print(f"[{setup}] stopped: {error}; the other stand-ins go on", file=sys.stderr, flush=True)
+            if not interrupted.is_set():
+                print(f"[{setup}] stopped: {error}; the other stand-ins go on", file=sys.stderr, flush=True)
 
     threads = [threading.Thread(target=run, args=(setup,), name=f"calibrate-{setup}", daemon=True) for setup in setups]
     for thread in threads:
         thread.start()
-    while any(thread.is_alive() for thread in threads):
-        for thread in threads:
-            thread.join(timeout=1.0)
+    try:
+        while any(thread.is_alive() for thread in threads):
+            for thread in threads:
+                thread.join(timeout=1.0)
+    except KeyboardInterrupt:
+        interrupted.set()
+        raise
     for setup in setups:
         if setup in errors:
             raise errors[setup]

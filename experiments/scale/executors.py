@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -150,13 +151,19 @@ def local(runs: list[PlannedRun], options: TrainOptions, progress: Progress, *, 
 class WorkerPool:
     """Worker processes, one per device of :func:`slots`, each sent one group of runs at a time over its own pipe, so
     that a dead worker's runs are known. Started as groups need them and kept from one :meth:`train_runs` to the next
-    (the calibration's moves) until :meth:`close`."""
+    (the calibration's moves) until :meth:`close`. Several threads may train through one pool at once (the
+    calibration's stand-ins side by side): their groups wait in one queue, the first asked sent first, and each call
+    returns once its own groups are done."""
+
+    #: seconds a call waits for a worker's message before it looks at the queue again, where other threads add groups
+    POLL_S = 0.5
 
     def __init__(self, devices: list[str], options: TrainOptions, threads: int):
         self.devices, self.options, self.threads = devices, options, threads
-        self.progress: Progress | None = None  # the current call's
         self.context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
-        self.workers: dict[int, tuple] = {}  # slot -> (process, connection, the group it trains or None)
+        self.workers: dict[int, tuple] = {}  # slot -> (process, connection, the _Job it trains or None)
+        self._queue: list[_Job] = []  # groups waiting for a worker, the first asked first
+        self._lock = threading.Lock()  # over the workers and the queue: one thread sends and collects at a time
 
     @classmethod
     def of(cls, options: TrainOptions, *, jobs: int = 1, per_gpu: int | None = None) -> "WorkerPool":
@@ -187,41 +194,59 @@ class WorkerPool:
         child.close()
         self.workers[slot] = (process, parent, None)
 
-    def _send(self, slot: int, group: list[PlannedRun]) -> None:
-        """Send ``group`` to the slot's worker, started if it is not yet; one that died since its last group (none of
-        its runs lost) is replaced first."""
+    def _send(self, slot: int, job: _Job) -> None:
+        """Send ``job``'s group to the slot's worker, started if it is not yet; one that died since its last group
+        (none of its runs lost) is replaced first."""
         if slot not in self.workers or not self.workers[slot][0].is_alive():
             if slot in self.workers:
                 self.workers[slot][0].join(timeout=5)
             self._start(slot)
         process, connection, _ = self.workers[slot]
         try:
-            connection.send(group)
+            connection.send(job.group)
         except OSError:  # BrokenPipeError, ConnectionResetError: the worker is gone
             process.join(timeout=5)
             self._start(slot)
             process, connection, _ = self.workers[slot]
-            connection.send(group)
-        self.workers[slot] = (process, connection, group)
-        for run in group:
-            self.progress.start(run)
+            connection.send(job.group)
+        self.workers[slot] = (process, connection, job)
+        for run in job.group:
+            job.progress.start(run)
 
     def train(self, groups: list[list[PlannedRun]], progress: Progress) -> None:
-        """Train ``groups``, each sent to the next free worker, reported to ``progress``."""
-        self.progress, queue = progress, list(reversed(groups))
+        """Train ``groups``, each sent to the next free worker (after the groups other threads asked for first),
+        reported to ``progress``; returns once they are done."""
+        call = object()
+        with self._lock:
+            self._queue += [_Job(group, progress, call) for group in groups]
         try:
-            for slot in range(min(len(self.devices), len(groups))):
-                self._send(slot, queue.pop())
-            while any(group is not None for _, _, group in self.workers.values()):
-                self._collect(queue)
-        except BaseException:  # Ctrl-C, say: the busy workers stop now (their checkpoints are kept), not at their end
-            for slot, (process, connection, group) in list(self.workers.items()):
-                if group is not None:  # gone, with its group: a later call starts the slot afresh
-                    process.terminate()
-                    process.join(timeout=5)
-                    connection.close()
-                    del self.workers[slot]
+            while True:
+                with self._lock:
+                    self._fill()
+                    if not self._owes(call):
+                        return
+                    self._collect()
+        except BaseException:  # Ctrl-C, say: this call's busy workers stop now (their checkpoints are kept)
+            with self._lock:
+                self._queue = [job for job in self._queue if job.call is not call]
+                for slot, (process, connection, job) in list(self.workers.items()):
+                    if job is not None and job.call is call:  # gone, with its group: a later call starts it afresh
+                        process.terminate()
+                        process.join(timeout=5)
+                        connection.close()
+                        del self.workers[slot]
             raise
+
+    def _fill(self) -> None:
+        """Send the queue's first groups to the free workers, in the order of their slots."""
+        for slot in range(len(self.devices)):
+            if self._queue and (slot not in self.workers or self.workers[slot][2] is None):
+                self._send(slot, self._queue.pop(0))
+
+    def _owes(self, call: object) -> bool:
+        """Whether a group of ``call`` is still queued or training."""
+        return any(job.call is call for job in self._queue) or any(
+            job is not None and job.call is call for _, _, job in self.workers.values())
 
     def close(self) -> None:
         """End every worker: asked to, then, after 5 s, terminated."""
@@ -235,37 +260,43 @@ class WorkerPool:
                 process.terminate()
         self.workers.clear()
 
-    def _collect(self, queue: list[list[PlannedRun]]) -> None:
+    def _collect(self) -> None:
+        """Wait (at most :attr:`POLL_S`) for the busy workers' messages, and report each group that ended."""
         busy = {slot: worker for slot, worker in self.workers.items() if worker[2] is not None}
-        ready = wait([connection for _, connection, _ in busy.values()] + [process.sentinel for process, _, _ in busy.values()])
-        for slot, (process, connection, group) in busy.items():
+        ready = wait([connection for _, connection, _ in busy.values()]
+                     + [process.sentinel for process, _, _ in busy.values()], timeout=self.POLL_S)
+        for slot, (process, connection, job) in busy.items():
             if connection in ready and (received := _received(connection)) is not None:
                 outcome, detail = received
                 if outcome == "finished":
-                    for run in group:
-                        self.progress.finish(run)
+                    for run in job.group:
+                        job.progress.finish(run)
                 else:
-                    _report(group, self.options, self.progress, detail)
+                    _report(job.group, self.options, job.progress, detail)
+                self.workers[slot] = (process, connection, None)
             elif connection in ready or (process.sentinel in ready and not process.is_alive()):
                 process.join(timeout=5)  # its pipe closed: it died, or is dying
                 if process.is_alive():  # stuck on its way out (a GPU's teardown, say): its GPU memory is needed
                     process.terminate()
                     process.join(timeout=5)
-                path = log_path(self.options, group)
+                path = log_path(self.options, job.group)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with path.open("a") as handle:
                     handle.write(f"worker process {process.pid} died (exit code {process.exitcode}) while training "
-                                 f"{'these runs' if len(group) > 1 else 'this run'}; the checkpoints are kept, the "
-                                 f"next `train` resumes them\n")
-                _report(group, self.options, self.progress, str(path))
+                                 f"{'these runs' if len(job.group) > 1 else 'this run'}; the checkpoints are kept, "
+                                 f"the next `train` resumes them\n")
+                _report(job.group, self.options, job.progress, str(path))
                 connection.close()
                 del self.workers[slot]  # started again by the next group sent to it, if any
-            else:
-                continue
-            if slot in self.workers:
-                self.workers[slot] = (*self.workers[slot][:2], None)
-            if queue:
-                self._send(slot, queue.pop())
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A group of runs asked of a :class:`WorkerPool`, the progress it reports to, and the call that asked for it."""
+
+    group: list[PlannedRun]
+    progress: Progress
+    call: object
 
 
 def _received(connection):

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore
@@ -182,3 +183,59 @@ def test_stand_ins_keeping_their_entries_at_once_lose_none(tmp_path, monkeypatch
     for thread in threads:
         thread.join()
     assert tuned.calibrations("quick") == entries
+
+
+def test_with_local_workers_the_stand_ins_calibrate_side_by_side_sharing_them(tmp_path, monkeypatch, capsys):
+    """Each stand-in's search in a thread of its own at once (a barrier every setup must reach), their moves trained by
+    one pool of two worker processes, each move's runs reported to its own search and read back."""
+    from experiments.spec.profiles import GPU
+
+    setups, store = GPU.calibrated_setups, ResultsStore(tmp_path)
+    together, configs = threading.Barrier(len(setups), timeout=60), {}
+
+    def settle(profile, setup, train, say, ahead=None):
+        together.wait()
+        configs[setup] = [RunConfig(**{**CE, "seed": 30 + 2 * setups.index(setup) + i}) for i in range(2)]
+        ahead(configs[setup])  # a move: through the shared workers
+        say(f"read {len([train(config) for config in configs[setup]])} runs")
+        return profile
+
+    monkeypatch.setattr(fixed_point, "settle", settle)
+    monkeypatch.setattr(fixed_point, "status", lambda profile, setup: {"state": f"settled {setup}"})
+    assert calibrate.main(["gpu", "--store", str(tmp_path), "--jobs", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-len(setups):] == [f"{setup}: settled {setup}" for setup in setups]
+    assert sorted(out[:-len(setups)]) == sorted(f"[{setup}] read 2 runs" for setup in setups)
+    assert all(store.finished(config.key()) for runs in configs.values() for config in runs)
+
+
+def test_threads_sharing_a_pool_each_get_their_own_runs_back_as_inline_trains_them(tmp_path):
+    """Two threads ask one pool of two workers for their groups at once: each call returns once its own are done,
+    reported to its own progress only, and the records are those of training inline, bit for bit."""
+    from experiments.scale.plan import PlannedRun
+    from experiments.scale.progress import Progress
+    from experiments.tests.test_scale import computed
+
+    asked = {name: [PlannedRun.outside_plan(RunConfig(**{**CE, "seed": seed})) for seed in seeds]
+             for name, seeds in (("a", (41, 42, 43)), ("b", (44,)))}
+    progress = {name: Progress(runs, live=False) for name, runs in asked.items()}
+    options = executors.TrainOptions(str(tmp_path / "pool"), threads=1)
+    with executors.WorkerPool.of(options, jobs=2) as pool:
+        threads = [threading.Thread(target=pool.train_runs, args=(runs, progress[name]))
+                   for name, runs in asked.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert len(pool.workers) == 2
+    for name, runs in asked.items():
+        assert set(progress[name].finished) == {run.key for run in runs} and not progress[name].failed
+    every = [run for runs in asked.values() for run in runs]
+    threads = torch.get_num_threads()
+    try:
+        executors.inline(every, executors.TrainOptions(str(tmp_path / "inline"), threads=1), Progress(every, live=False))
+    finally:
+        torch.set_num_threads(threads)
+    for run in every:
+        assert computed(ResultsStore(tmp_path / "pool").finished(run.key)) == computed(
+            ResultsStore(tmp_path / "inline").finished(run.key))
