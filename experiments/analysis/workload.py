@@ -42,8 +42,9 @@ class StandInSize:
 @dataclass(frozen=True)
 class Work:
     """Runs of one setup within one notebook; ``notebook`` is :data:`CHOICE` for the learning-rate choice's runs that
-    no notebook trains, :data:`CALIBRATION_POINT` for one point of the calibration's search (a cross-entropy run per
-    seed of a calibrated setup)."""
+    no notebook trains, :data:`CALIBRATION_POINT` for one point of the calibration's search on every seed (a
+    cross-entropy run per seed of a calibrated setup: its start; the other points average fewer where the seeds
+    agree)."""
 
     notebook: str
     setup: str  #: the profile's attribute: cifar, plantnet, imagenet_lt or imagenet
@@ -90,8 +91,8 @@ def _work(notebook: str, name: str, setup: Setup, configs: list) -> Work:
 def profile_work(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[Work]:
     """The training notebooks' work, in the report's order, one row per notebook and setup; then, on a profile that
     chooses learning rates, the choice's runs at the multipliers the tables do not train (with the stored choice);
-    then one calibration point per calibrated setup (every seed, as :mod:`experiments.tuning.calibration` trains it);
-    ``setups`` only."""
+    then one calibration point per calibrated setup (every seed, as :mod:`experiments.tuning.calibration` trains its
+    start); ``setups`` only."""
     rows, seen = [], set()
     setup_names = {getattr(profile, name).dataset: name for name in SETUPS}  # each setup has its own dataset
     for notebook, notebook_grids in NOTEBOOK_GRIDS.items():

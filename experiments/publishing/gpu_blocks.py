@@ -107,7 +107,7 @@ def profile_time(results: Path = BENCHMARK_RESULTS) -> str:
         choice = (f", the learning-rate choice's other runs {hours[CHOICE]:.2f} h (trained only when the choice is made "
                   f"again)" if any(r["notebook"] == CHOICE for r in rows) else "")
         lines.append(f"- {_stale_workload_warning(rows)}`{rows[0]['profile']}` profile: training notebooks "
-                     f"{notebooks:.2f} h{choice}, one calibration point {hours[CALIBRATION_POINT]:.2f} h "
+                     f"{notebooks:.2f} h{choice}, one calibration point on every seed {hours[CALIBRATION_POINT]:.2f} h "
                      f"({stamp_text(rows[0])}; `{path.name}`)")
     if not any(results.glob("profile_time_gpu_*.csv")) and (bound := gpu_cifar_lower_bound(results)):
         lines.append(bound)
@@ -188,18 +188,18 @@ def calibration_work() -> str:
         if (first := fewest.get(setup)) is None:
             lines.append(f"- `{dataset}`: calibrated (`experiments/calibrated/gpu.json`): nothing to train first")
             continue
-        notebooks, shared = first.notebooks_left + first.notebooks_trained, len(first.notebooks_trained)
-        notebooks_images = sum(run.train_images for run in notebooks)
-
         def others(search) -> str:  # the runs that are not the notebooks' own, and their images against the notebooks'
+            notebooks = search.notebooks_left + search.notebooks_trained
             images = sum(run.train_images for run in search.runs) - sum(run.train_images
                                                                          for run in search.notebooks_trained)
-            return (f"the {len(search.runs) - shared} others {images:,} training images, x{images / notebooks_images:.2f}"
-                    f" those of its notebooks' {len(notebooks)} runs")
+            return (f"{len(search.notebooks_trained)} of them the notebooks' own, the "
+                    f"{len(search.runs) - len(search.notebooks_trained)} others {images:,} training images, "
+                    f"x{images / sum(run.train_images for run in notebooks):.2f} those of its notebooks' "
+                    f"{len(notebooks)} runs")
 
         lines.append(f"- `{dataset}`: not calibrated; at least {len(first.runs)} runs in {len(first.moves)} moves "
-                     f"searching on one seed, {shared} of them the notebooks' own, {others(first)}; "
-                     f"{len(every[setup].runs)} runs on all {len(getattr(GPU, setup).seeds)} seeds, {others(every[setup])}")
+                     f"searching on one seed, {others(first)}; {len(every[setup].runs)} runs on all "
+                     f"{len(getattr(GPU, setup).seeds)} seeds, {others(every[setup])}")
     return "\n".join(lines)
 
 

@@ -21,11 +21,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments.tuning.calibration import TOLERANCE, rate_text, unmatched
+from scipy import stats
+
+from experiments.tuning.calibration import SEARCH_ERROR, TOLERANCE, rate_text, seed_spread, unmatched
+from experiments.tuning.calibration import search_seeds as search_seeds_for
 from experiments.tuning.learning_rates import fitted_gap_at_chosen_rate
 from experiments.spec import tuned
 from experiments.spec.profiles import get_profile
-from experiments.spec.paper import CLAIMS
+from experiments.spec.paper import CLAIMS, LABEL_NOISE, TABLE_4, TABLE_7
 from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, CALIBRATION_SEEDS, CROWDED_CLASSES, FIGURES,
                                LABEL_NOISE_FIT, PROJECT_ROOT)
 from experiments.provenance import short_commit
@@ -236,6 +239,32 @@ def figure_table(name: str, figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     return path.read_text().strip()
 
 
+def search_seeds(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
+    """How many seeds the calibration's search would average (:func:`experiments.tuning.calibration.search_seeds`) at
+    the spread of the default profile's CE numbers at its chosen knobs (its committed ``calibration_seeds`` table, the
+    values as rounded there) and of the paper's CE on CIFAR-100 (Tables 4 and 7: each 95% half-width over 4 seeds
+    taken back to a standard deviation)."""
+    rows = [row for row in read_rows(figures / f"{CALIBRATION_SEEDS}.csv") if row["role"] == "fitted"]
+    if not rows:
+        return f"*No `{CALIBRATION_SEEDS}.csv` in `figures/{DEFAULT_PROFILE}/`: run `make paper-figures`.*"
+    lines = [f"The search averages the fewest seeds whose mean has a standard error within {SEARCH_ERROR:g} points, a "
+             f"quarter of a fitted number's {TOLERANCE[True]:g}-point tolerance:"]
+    for data in dict.fromkeys(row["data"] for row in rows):
+        numbers = {row["CE number"]: [float(v) for v in row["each seed (%)"].split(", ")]
+                   for row in rows if row["data"] == data}
+        seeds = len(next(iter(numbers.values())))
+        spread = seed_spread([dict(zip(numbers, values)) for values in zip(*numbers.values())], list(numbers))
+        lines.append(f"- `{data}` ({DEFAULT_PROFILE} profile, CE at its chosen knobs): the largest standard deviation "
+                     f"of a fitted number over its {seeds} seeds {spread:.2f} points: "
+                     f"{search_seeds_for(spread, seeds)} of {seeds} seeds")
+    t = float(stats.t.ppf(0.975, 3))
+    spread = max(table["cross_entropy"][LABEL_NOISE.index(p)][1] * 2 / t for table in (TABLE_4, TABLE_7)
+                 for p in (0.0, 0.4))
+    lines.append(f"- the paper's CE on CIFAR-100 (the fitted numbers of Tables 4 and 7, 4 seeds): the largest standard "
+                 f"deviation {spread:.2f} points: {search_seeds_for(spread, 4)} of 4 seeds")
+    return "\n".join(lines)
+
+
 def _probe(module_name: str, runs: Callable[[list[dict]], str], results: Path) -> str:
     """The block of the probe :mod:`experiments.<module_name>`: its table from the committed CSV, then which
     runs (``runs(rows)``) on which devices, commits and torch versions."""
@@ -295,6 +324,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "label-noise-fit": functools.partial(figure_table, LABEL_NOISE_FIT),
     "crowded-classes": functools.partial(figure_table, CROWDED_CLASSES),
     "calibration-seeds": functools.partial(figure_table, CALIBRATION_SEEDS),
+    "search-seeds": search_seeds,
     "label-noise-capacity": label_noise_capacity,
     "crowding": crowding,
     "learning-rates": learning_rates,

@@ -117,7 +117,7 @@ def _each_in_a_thread(work: Callable[[str], str], setups: tuple[str, ...]) -> li
             results[setup] = work(setup)
         except BaseException as error:  # SystemExit of a failed run included: said now, re-raised below
             errors[setup] = error
-            if not interrupted.is_set():
+            if not interrupted.is_set() and not isinstance(error, (KeyboardInterrupt, executors.PoolClosed)):
                 print(f"[{setup}] stopped: {error}; the other stand-ins go on", file=sys.stderr, flush=True)
 
     threads = [threading.Thread(target=run, args=(setup,), name=f"calibrate-{setup}", daemon=True) for setup in setups]

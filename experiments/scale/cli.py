@@ -263,7 +263,8 @@ def _print_calibration_hours(calibrations: Calibrations, measured: list[list[dic
             if len(every[setup].runs) != len(runs_measured_by(every[setup].runs, row)):
                 continue
             for per_gpu in sorted(processes for processes, stack in rates.train if stack == 1):
-                found = [estimate_moves(each.moves, rates, per_gpu=per_gpu, gpus=gpus) for each in (first, every[setup])]
+                found = [estimate_moves(search.moves, rates, per_gpu=per_gpu, gpus=gpus)
+                         for search in (first, every[setup])]
                 if None not in found:
                     estimated.append((found[0].hours, f"  {dataset:18s} PER_GPU={per_gpu:<3d} {found[0].hours:7.1f} h "
                                       f"({found[1].hours:.1f} h)  {len(first.runs)} runs ({len(every[setup].runs)}) in "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -153,7 +154,8 @@ class WorkerPool:
     that a dead worker's runs are known. Started as groups need them and kept from one :meth:`train_runs` to the next
     (the calibration's moves) until :meth:`close`. Several threads may train through one pool at once (the
     calibration's stand-ins side by side): their groups wait in one queue, the first asked sent first, and each call
-    returns once its own groups are done."""
+    returns once its own groups are done. Closed (:meth:`close`) while threads are still inside it (Ctrl-C), it starts
+    no worker again, and their calls end with :class:`PoolClosed`."""
 
     #: seconds a call waits for a worker's message before it looks at the queue again, where other threads add groups
     POLL_S = 0.5
@@ -164,6 +166,7 @@ class WorkerPool:
         self.workers: dict[int, tuple] = {}  # slot -> (process, connection, the _Job it trains or None)
         self._queue: list[_Job] = []  # groups waiting for a worker, the first asked first
         self._lock = threading.Lock()  # over the workers and the queue: one thread sends and collects at a time
+        self._closed = False
 
     @classmethod
     def of(cls, options: TrainOptions, *, jobs: int = 1, per_gpu: int | None = None) -> "WorkerPool":
@@ -222,6 +225,8 @@ class WorkerPool:
         try:
             while True:
                 with self._lock:
+                    if self._closed:
+                        raise PoolClosed("the worker pool was closed while these runs were training or queued")
                     self._fill()
                     if not self._owes(call):
                         return
@@ -238,10 +243,12 @@ class WorkerPool:
             raise
 
     def _fill(self) -> None:
-        """Send the queue's first groups to the free workers, in the order of their slots."""
+        """Send the queue's first groups to the free workers, in the order of their slots (a group leaves the queue
+        once sent: a failed start loses no other thread's group)."""
         for slot in range(len(self.devices)):
             if self._queue and (slot not in self.workers or self.workers[slot][2] is None):
-                self._send(slot, self._queue.pop(0))
+                self._send(slot, self._queue[0])
+                self._queue.pop(0)
 
     def _owes(self, call: object) -> bool:
         """Whether a group of ``call`` is still queued or training."""
@@ -249,36 +256,46 @@ class WorkerPool:
             job is not None and job.call is call for _, _, job in self.workers.values())
 
     def close(self) -> None:
-        """End every worker: asked to, then, after 5 s, terminated."""
-        for process, connection, _ in self.workers.values():
-            try:
-                connection.send(None)
-            except OSError:
-                pass
-            process.join(timeout=5)
-            if process.is_alive():
-                process.terminate()
-        self.workers.clear()
+        """End every worker: asked to, then, after 5 s, terminated; the queued groups are dropped."""
+        with self._lock:
+            self._closed = True
+            self._queue.clear()
+            for process, connection, _ in self.workers.values():
+                try:
+                    connection.send(None)
+                except OSError:
+                    pass
+                process.join(timeout=5)
+                if process.is_alive():
+                    process.terminate()
+            self.workers.clear()
 
     def _collect(self) -> None:
-        """Wait (at most :attr:`POLL_S`) for the busy workers' messages, and report each group that ended."""
+        """Wait (at most :attr:`POLL_S`) for the busy workers' messages, and report each group that ended; a worker
+        ended by Ctrl-C closes the pool and raises KeyboardInterrupt here, once every ended group is reported."""
         busy = {slot: worker for slot, worker in self.workers.items() if worker[2] is not None}
         ready = wait([connection for _, connection, _ in busy.values()]
                      + [process.sentinel for process, _, _ in busy.values()], timeout=self.POLL_S)
+        interrupted = False
         for slot, (process, connection, job) in busy.items():
             if connection in ready and (received := _received(connection)) is not None:
+                self.workers[slot] = (process, connection, None)
                 outcome, detail = received
                 if outcome == "finished":
                     for run in job.group:
                         job.progress.finish(run)
                 else:
                     _report(job.group, self.options, job.progress, detail)
-                self.workers[slot] = (process, connection, None)
             elif connection in ready or (process.sentinel in ready and not process.is_alive()):
+                del self.workers[slot]  # started again by the next group sent to it, if any
                 process.join(timeout=5)  # its pipe closed: it died, or is dying
                 if process.is_alive():  # stuck on its way out (a GPU's teardown, say): its GPU memory is needed
                     process.terminate()
                     process.join(timeout=5)
+                connection.close()
+                if process.exitcode in INTERRUPTED_EXITS:  # Ctrl-C reached it: the user's stop, not the run's failure,
+                    interrupted = self._closed = True  # and the pool's: every call ends, none trains its runs itself
+                    continue
                 path = log_path(self.options, job.group)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with path.open("a") as handle:
@@ -286,8 +303,12 @@ class WorkerPool:
                                  f"{'these runs' if len(job.group) > 1 else 'this run'}; the checkpoints are kept, "
                                  f"the next `train` resumes them\n")
                 _report(job.group, self.options, job.progress, str(path))
-                connection.close()
-                del self.workers[slot]  # started again by the next group sent to it, if any
+        if interrupted:
+            raise KeyboardInterrupt
+
+
+class PoolClosed(RuntimeError):
+    """A :class:`WorkerPool` was closed while a call still had groups training or queued."""
 
 
 @dataclass(frozen=True)
@@ -307,13 +328,19 @@ def _received(connection):
         return None
 
 
+#: A worker's exit status after Ctrl-C (as a shell's after SIGINT): not a failure of its runs.
+INTERRUPTED = 130
+#: The exit codes of a worker that Ctrl-C ended: its own, or SIGINT's where it came before the worker's code ran
+INTERRUPTED_EXITS = (INTERRUPTED, -signal.SIGINT)
+
+
 def _worker(connection, device: str, options: TrainOptions, threads: int) -> None:
     """A worker process: trains each group it is sent, until it is sent None (:func:`_serve`). Ctrl-C reaches the
-    whole process group: the worker then ends quietly, and the parent says what is kept."""
+    whole process group: the worker then ends quietly with :data:`INTERRUPTED`, and the parent says what is kept."""
     try:
         _serve(connection, device, options, threads)
     except KeyboardInterrupt:
-        pass
+        sys.exit(INTERRUPTED)
 
 
 def _serve(connection, device: str, options: TrainOptions, threads: int) -> None:

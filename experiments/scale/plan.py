@@ -92,7 +92,6 @@ class CalibrationFirst:
     moves: list[list[PlannedRun]]
     notebooks_left: list[PlannedRun]
     notebooks_trained: list[PlannedRun]  #: as the notebooks plan them: among its runs, under another notebook name
-    searched: int | None = 1  #: the seeds its search averages after the start (None: every seed)
 
     @property
     def runs(self) -> list[PlannedRun]:
@@ -115,7 +114,7 @@ def calibration_first(profile: Profile, setup: str, searched: int | None = 1) ->
     notebooks = plan(calibrated, (setup,))
     return CalibrationFirst(setup, [move for move in moves if move],
                             [run for run in notebooks if run.config.training_key() not in seen],
-                            [run for run in notebooks if run.config.training_key() in seen], searched)
+                            [run for run in notebooks if run.config.training_key() in seen])
 
 
 def calibrations_to_make(profile: Profile, searched: int | None = 1) -> dict[str, CalibrationFirst]:

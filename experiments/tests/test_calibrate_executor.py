@@ -221,6 +221,13 @@ def test_threads_sharing_a_pool_each_get_their_own_runs_back_as_inline_trains_th
     progress = {name: Progress(runs, live=False) for name, runs in asked.items()}
     options = executors.TrainOptions(str(tmp_path / "pool"), threads=1)
     with executors.WorkerPool.of(options, jobs=2) as pool:
+        callers_at_once, send = set(), pool._send
+
+        def sending(slot, job):  # the calls whose groups train at once, this one's included
+            send(slot, job)
+            callers_at_once.add(frozenset(busy.call for _, _, busy in pool.workers.values() if busy is not None))
+
+        pool._send = sending
         threads = [threading.Thread(target=pool.train_runs, args=(runs, progress[name]))
                    for name, runs in asked.items()]
         for thread in threads:
@@ -228,6 +235,7 @@ def test_threads_sharing_a_pool_each_get_their_own_runs_back_as_inline_trains_th
         for thread in threads:
             thread.join(timeout=300)
         assert len(pool.workers) == 2
+    assert max(map(len, callers_at_once)) == 2  # a's and b's groups shared the workers: not one call after the other
     for name, runs in asked.items():
         assert set(progress[name].finished) == {run.key for run in runs} and not progress[name].failed
     every = [run for runs in asked.values() for run in runs]
@@ -239,3 +247,45 @@ def test_threads_sharing_a_pool_each_get_their_own_runs_back_as_inline_trains_th
     for run in every:
         assert computed(ResultsStore(tmp_path / "pool").finished(run.key)) == computed(
             ResultsStore(tmp_path / "inline").finished(run.key))
+
+
+def test_ctrl_c_reaching_the_workers_ends_every_threads_call_and_the_pool_closes_without_starting_any_again(tmp_path):
+    """Ctrl-C reaches the workers (the whole process group) while two threads train through the pool: the calls end
+    (KeyboardInterrupt, or the pool closed), no run is reported failed nor a worker's death logged, and closing the
+    pool while they end starts no worker again."""
+    import os
+    import signal
+
+    from experiments.scale.plan import PlannedRun
+    from experiments.scale.progress import Progress
+
+    runs = {seed: [PlannedRun.outside_plan(RunConfig(**{**CE, "seed": seed, "epochs": 400}))] for seed in (51, 52)}
+    progress = {seed: Progress(group, live=False) for seed, group in runs.items()}
+    ended = {}
+    pool = executors.WorkerPool.of(executors.TrainOptions(str(tmp_path), threads=1), jobs=2)
+
+    def call(seed):
+        try:
+            pool.train_runs(runs[seed], progress[seed])
+        except BaseException as error:
+            ended[seed] = type(error)
+
+    threads = [threading.Thread(target=call, args=(seed,), daemon=True) for seed in runs]
+    for thread in threads:
+        thread.start()
+    logs = [tmp_path / "logs" / f"{group[0].key}.log" for group in runs.values()]  # opened as a worker starts a group
+    deadline = time.time() + 120
+    while time.time() < deadline and not all(log.exists() for log in logs):
+        time.sleep(0.1)
+    time.sleep(2)  # both workers inside their runs
+    workers = [process for process, _, _ in pool.workers.values()]
+    assert len(workers) == 2
+    for process in workers:
+        os.kill(process.pid, signal.SIGINT)
+    for thread in threads:
+        thread.join(timeout=60)
+    pool.close()
+    assert set(ended.values()) <= {KeyboardInterrupt, executors.PoolClosed} and set(ended) == set(runs)
+    assert not any(each.failed for each in progress.values()) and not pool.workers
+    assert not any(process.is_alive() for process in workers)  # ended by Ctrl-C, or by the stop of their call
+    assert not any("died" in log.read_text() for log in (tmp_path / "logs").glob("*.log"))

@@ -208,7 +208,8 @@ def test_profile_time_block_sums_the_notebooks_apart_from_the_choice_and_the_cal
     smoke = _profile_time_rows("smoke", {"table3_samples": 2.5, "table9_imagenet": 1.25})
     _csv(tmp_path / "profile_time_smoke_cuda.csv", smoke)
     text = gpu_blocks.profile_time(tmp_path)
-    assert "- `smoke` profile: training notebooks 3.75 h, one calibration point 0.00 h (test-gpu (cuda)" in text
+    assert ("- `smoke` profile: training notebooks 3.75 h, one calibration point on every seed 0.00 h (test-gpu "
+            "(cuda)") in text
     quick = _profile_time_rows("quick", {"table3_samples": 2.5, "calibration point": 4.0,
                                          "learning-rate choice": 0.5}, "cpu")
     _csv(tmp_path / "profile_time_quick_cpu.csv", quick)
@@ -216,7 +217,7 @@ def test_profile_time_block_sums_the_notebooks_apart_from_the_choice_and_the_cal
                                                                                  "calibration point"))
     assert choices > 1 and points > 1  # a row per setup: their hours add up
     assert (f"- `quick` profile: training notebooks 2.50 h, the learning-rate choice's other runs {0.5 * choices:.2f} h "
-            f"(trained only when the choice is made again), one calibration point {4 * points:.2f} h"
+            f"(trained only when the choice is made again), one calibration point on every seed {4 * points:.2f} h"
             in gpu_blocks.profile_time(tmp_path))
 
 
@@ -427,7 +428,7 @@ def tiny_plan(monkeypatch):
 
     # a calibration of two moves that trains three of the notebooks' runs, four where it averages every seed
     first = CalibrationFirst("cifar", [list(runs[:1]), list(runs[1:3])], list(runs[3:]), list(runs[:3]))
-    every = CalibrationFirst("cifar", [list(runs[:1]), list(runs[1:4])], list(runs[4:]), list(runs[:4]), None)
+    every = CalibrationFirst("cifar", [list(runs[:1]), list(runs[1:4])], list(runs[4:]), list(runs[:4]))
     monkeypatch.setattr(gpu_blocks, "_gpu_cifar_calibration", lambda searched: first if searched else every)
     return runs
 
@@ -599,7 +600,25 @@ def test_the_calibration_work_block_says_which_stand_ins_are_calibrated_and_what
     lines = gpu_blocks.calibration_work().splitlines()
     assert lines[0] == ("- `cifar100_like`: not calibrated; at least 48 runs in 5 moves searching on one seed, 12 of "
                         "them the notebooks' own, the 36 others 485,913,600 training images, x0.48 those of its "
-                        "notebooks' 119 runs; 156 runs on all 4 seeds, the 144 others 1,943,654,400 training images, "
+                        "notebooks' 119 runs; 156 runs on all 4 seeds, 12 of them the notebooks' own, the 144 others "
+                        "1,943,654,400 training images, "
                         "x1.94 those of its notebooks' 119 runs")
     assert lines[1] == "- `plantnet_like`: calibrated (`experiments/calibrated/gpu.json`): nothing to train first"
     assert len(lines) == len(GPU.calibrated_setups)
+
+
+def test_the_search_seeds_block_gives_the_seeds_the_rule_takes_at_the_committed_spread_and_the_papers(tmp_path):
+    """Each stand-in's most scattered fitted number (held-out ones left out) and the seeds the rule takes there; the
+    paper's CE on CIFAR-100 from its 95% half-widths."""
+    (tmp_path / "calibration_seeds.csv").write_text(
+        "data,CE number,role,each seed (%)\n"
+        'a_like,"top-1",fitted,"70.0, 71.0, 72.0"\n'  # standard deviation 1: every seed
+        'a_like,"top-5",fitted,"90.0, 90.0, 90.0"\n'
+        'a_like,"top-1, p = 0.2",held out,"10.0, 50.0, 90.0"\n'  # held out: not read
+        'b_like,"top-1",fitted,"70.0, 70.5"\n')  # standard deviation 0.35: one seed
+    lines = readme.search_seeds(tmp_path).splitlines()
+    assert lines[1].endswith("the largest standard deviation of a fitted number over its 3 seeds 1.00 points: 3 of 3 "
+                             "seeds")
+    assert lines[2].endswith("over its 2 seeds 0.35 points: 1 of 2 seeds")
+    assert lines[3].endswith("the largest standard deviation 0.25 points: 1 of 4 seeds")  # CE's 0.4 half-width, top-1
+    assert readme.search_seeds(tmp_path / "none").startswith("*No `calibration_seeds.csv`")

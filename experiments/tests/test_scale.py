@@ -72,7 +72,7 @@ def test_a_calibration_first_is_its_shortest_search_each_run_once_and_leaves_the
     assert len(trained) == len(set(trained)) and set(trained) == {c.training_key() for move in searched for c in move}
     assert [len(move) for move in first.moves] == [8, 12, 12, 12, 4]  # the held-out p = 0.2 runs alone are new
     every = calibration_first(profile, "cifar", searched=None)  # where the start's seeds spread: all 4 searched
-    assert [len(move) for move in every.moves] == [8, 48, 48, 48, 4] and every.searched is None
+    assert [len(move) for move in every.moves] == [8, 48, 48, 48, 4]
     notebooks = plan(profile, ("cifar",))
     assert len(first.notebooks_trained) == 12  # CE at p = 0, 0.2 and 0.4, every seed, at the chosen knobs
     assert {run.config.training_key() for run in first.notebooks_trained} <= set(trained)
@@ -442,7 +442,7 @@ def test_run_one_trains_several_keys_stacked_and_refuses_what_cannot_stack(tmp_p
 def test_plan_says_what_the_calibration_trains_first_where_a_stand_in_is_not_calibrated(monkeypatch, capsys, tmp_path):
     runs = [_planned(1), _planned(2)]
     first = CalibrationFirst("cifar", [[_planned(3)], [_planned(4), runs[1]]], runs[:1], runs[1:])  # trains the 2nd
-    every = CalibrationFirst("cifar", [[_planned(3)], [_planned(4), _planned(5), runs[1]]], runs[:1], runs[1:], None)
+    every = CalibrationFirst("cifar", [[_planned(3)], [_planned(4), _planned(5), runs[1]]], runs[:1], runs[1:])
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
     monkeypatch.setattr(cli, "calibrations_to_make", lambda profile, searched=1: {"cifar": first if searched else every})
     assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
@@ -508,7 +508,7 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
                                  f"  PER_GPU=1 STACK=2        3.6 h  {where}; {counted}",
                                  f"  PER_GPU=1 STACK=1        4.3 h  {where}; {counted}"]
     first = CalibrationFirst("cifar", [runs[:1], runs[1:3]], runs[3:4], [])
-    every = CalibrationFirst("cifar", [runs[:1], runs[1:4]], [], [], None)  # a search averaging every seed: one more
+    every = CalibrationFirst("cifar", [runs[:1], runs[1:4]], [], [])  # a search averaging every seed: one more run
     monkeypatch.setattr(cli, "calibrations_to_make", lambda profile, searched=1: {
         "cifar": first if searched else every, "imagenet": other_batch})
     assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0

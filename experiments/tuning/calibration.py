@@ -2,12 +2,12 @@
 
 CE is the paper's baseline on every dataset, not a method under test: fitting the data to it says nothing about the
 other losses, which are then judged on data as hard for CE as the real data. For each setup, the CE runs behind the
-tables' fitted numbers (every seed: the tables show the seeds' mean) are trained at candidate difficulty knobs
-(:mod:`data_prep.synthetic`) chosen by a compass search that minimises the RMS gap, in points, between CE's numbers and
-the paper's; held-out numbers show how faithful the stand-in is beyond the fit. The search measures every seed at its
-start; where their spread allows, it averages fewer at the points it tries (:func:`search_seeds`), and the chosen
-knobs are measured on every seed again. Where a number stays unmatched,
-:func:`unmatched` says why from the points searched.
+tables' fitted numbers are trained at candidate difficulty knobs (:mod:`data_prep.synthetic`) chosen by a compass
+search that minimises the RMS gap, in points, between CE's numbers (the seeds' mean, as the tables show them) and the
+paper's; held-out numbers show how faithful the stand-in is beyond the fit. The search trains every seed at its start;
+where their spread allows, it averages fewer at the other points it tries (:func:`search_seeds`), and the knobs it
+chooses are measured on every seed again. Where a number stays unmatched, :func:`unmatched` says why from the points
+searched.
 
 CE trains at a learning rate: the first search uses the grid's, and :mod:`experiments.tuning.fixed_point` searches again
 at the rate CE then chooses (:mod:`experiments.tuning.learning_rates`) until the two agree. The result of a search is a
@@ -163,7 +163,7 @@ def ce_configs(profile: Profile, setup: str, knobs: dict, targets, rates: dict |
                seeds: tuple[int, ...] | None = None) -> list:
     """The CE runs :func:`measure_seeds` trains at ``knobs`` for ``targets``: one per target's cell and seed of
     ``seeds`` (default: the setup's)."""
-    return [config for seed in (getattr(profile, setup).seeds if seeds is None else seeds)
+    return [config for seed in _seeds(profile, setup, seeds)
             for config in _cell_configs(profile, setup, knobs, targets, rates, seed).values()]
 
 
@@ -185,8 +185,12 @@ def measure(profile: Profile, setup: str, knobs: dict, targets, train, rates: di
 def measure_each_seed(profile: Profile, setup: str, knobs: dict, targets, train, rates: dict | None = None,
                       seeds: tuple[int, ...] | None = None) -> list[dict]:
     """:func:`measure` at each of ``seeds`` (default: the setup's), in their order."""
-    return [measure(profile, setup, knobs, targets, train, rates, seed)
-            for seed in (getattr(profile, setup).seeds if seeds is None else seeds)]
+    return [measure(profile, setup, knobs, targets, train, rates, seed) for seed in _seeds(profile, setup, seeds)]
+
+
+def _seeds(profile: Profile, setup: str, seeds: tuple[int, ...] | None) -> tuple[int, ...]:
+    """``seeds``, or where None every seed of ``setup``."""
+    return getattr(profile, setup).seeds if seeds is None else seeds
 
 
 def seeds_mean(by_seed: list[dict]) -> dict:
@@ -200,13 +204,14 @@ def measure_seeds(profile: Profile, setup: str, knobs: dict, targets, train, rat
     return seeds_mean(measure_each_seed(profile, setup, knobs, targets, train, rates, seeds))
 
 
-def seed_spread(by_seed: list[dict], targets) -> float | None:
-    """The seeds' standard deviation of ``targets``' numbers in :func:`measure_each_seed`'s ``by_seed``, pooled (the
-    root mean of each number's sample variance), in points; None with one seed or an undefined number."""
-    numbers = [[values[t.label] for values in by_seed] for t in targets]
+def seed_spread(by_seed: list[dict], labels) -> float | None:
+    """The seeds' spread of the numbers ``labels`` in :func:`measure_each_seed`'s ``by_seed``: the largest of the
+    numbers' sample standard deviations, in points (not pooled: a number may scatter while the others agree); None
+    with one seed or an undefined number."""
+    numbers = [[values[label] for values in by_seed] for label in labels]
     if len(by_seed) < 2 or not all(math.isfinite(value) for values in numbers for value in values):
         return None
-    return math.sqrt(sum(statistics.variance(values) for values in numbers) / len(numbers))
+    return max(statistics.stdev(values) for values in numbers)
 
 
 def search_seeds(spread: float | None, seeds: int) -> int:
@@ -214,7 +219,7 @@ def search_seeds(spread: float | None, seeds: int) -> int:
     ``spread`` / sqrt(n), is at most :data:`SEARCH_ERROR`; every seed where the spread is unknown."""
     if spread is None:
         return seeds
-    return min(seeds, max(1, math.ceil((spread / SEARCH_ERROR) ** 2)))
+    return min(seeds, max(1, math.ceil(spread ** 2 / SEARCH_ERROR ** 2 - 1e-9)))  # 1e-9: a float's last bit
 
 
 def rms_gap(values: dict, targets) -> float:
@@ -251,7 +256,9 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
     knobs; ``round_`` is the round of :mod:`experiments.tuning.fixed_point`. ``train(config)`` gives a run's record;
     ``ahead(configs)``, if given, is told the runs of each step of the search before ``train`` is asked for them, so
     that an executor can train them side by side (:func:`experiments.scale.calibrate.executor_ahead`). Every seed is
-    trained at the start, the first :func:`search_seeds` of them at the other points, every seed at the knobs chosen."""
+    trained at the start, the first :func:`search_seeds` of them at the other points, every seed at the knobs chosen;
+    where the search averaged fewer, the start is kept if every seed's numbers put it closer to the paper's (a minimum
+    over many noisy points is biased towards luck)."""
     ahead = ahead or (lambda configs: None)
     stand_in = STAND_INS[setup]
     rates = {key: (rates or {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
@@ -260,7 +267,7 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
     started = time.time()
     ahead(ce_configs(profile, setup, start, free, rates))
     at_start = measure_each_seed(profile, setup, start, free, train, rates)
-    spread = seed_spread(at_start, fitted)
+    spread = seed_spread(at_start, [t.label for t in fitted])
     searched = getattr(profile, setup).seeds[:search_seeds(spread, len(at_start))]
     start_values = seeds_mean(at_start[:len(searched)])
     points = [Point(start, start_values, rms_gap(start_values, fitted))]
@@ -281,6 +288,10 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
     knobs = compass_search(error, start, stand_in.steps, halvings, points_ahead)
     ahead(ce_configs(profile, setup, knobs, stand_in.targets, rates))
     values = measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
+    if knobs != start and rms_gap(seeds_mean(at_start), fitted) < rms_gap(values, fitted):
+        knobs = start  # every seed says the start is closer (where every seed was searched, it never is)
+        ahead(ce_configs(profile, setup, knobs, stand_in.targets, rates))
+        values = measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
     return Calibration(dataset=getattr(profile, setup).dataset, knobs=knobs, start=start,
                        targets=tuple(Number(**asdict(t), ours=values[t.label]) for t in stand_in.targets),
                        rms_gap_fitted=rms_gap(values, fitted), points=tuple(points), ce_multipliers=rates,
@@ -299,10 +310,10 @@ def searched_targets(stand_in: StandIn) -> tuple[list[Target], list[Target]]:
 def shortest_search(profile: Profile, setup: str, searched: int | None = 1,
                     halvings: int = 2) -> tuple[list[list], dict]:
     """The CE runs :func:`calibrate` hands to ``ahead``, move by move, at the grid's learning rate, when the search
-    averages ``searched`` seeds (:func:`search_seeds`; the fewest, one, by default; None: every seed), no move improves on the stand-in's start and
-    the steps only halve: the least a search of ``setup``'s stand-in trains (every seed at the start, then
-    2 x knobs x (``halvings`` + 1) points on ``searched`` seeds, then the held-out numbers' runs), each move's runs
-    waiting for the last's; and the knobs it chooses, the start. A run may come again in a later move (a knob stopped
+    averages ``searched`` seeds (:func:`search_seeds`; the fewest, one, by default; None: every seed), no move improves
+    on the stand-in's start and the steps only halve: the least a search of ``setup``'s stand-in trains (every seed at
+    the start, then 2 x knobs x (``halvings`` + 1) points on ``searched`` seeds, then the held-out numbers' runs), each
+    move's runs waiting for the last's; and the knobs it chooses, the start. A run may come again in a later move (a knob stopped
     at its bound, or the start's seeds): it trains once."""
     stand_in = STAND_INS[setup]
     _, free = searched_targets(stand_in)
@@ -318,10 +329,11 @@ def shortest_search(profile: Profile, setup: str, searched: int | None = 1,
 def is_current(entry: Calibration | None, profile: Profile, setup: str) -> bool:
     """Whether a stored calibration was made for this setup with this search, on at least the seeds
     :func:`search_seeds` asks for at the spread it measured (an entry that searched every seed always has)."""
+    if entry is None or not entry.is_current(getattr(profile, setup).fingerprint(), STAND_INS[setup].fingerprint()):
+        return False
     seeds = getattr(profile, setup).seeds
-    return entry is not None and entry.is_current(getattr(profile, setup).fingerprint(), STAND_INS[setup].fingerprint()) \
-        and (not entry.searched_seeds or entry.searched_seeds[:(asked := search_seeds(entry.seed_spread, len(seeds)))]
-             == seeds[:asked])
+    asked = search_seeds(entry.seed_spread, len(seeds))
+    return not entry.searched_seeds or entry.searched_seeds[:asked] == seeds[:asked]
 
 
 def earlier_search(profile: Profile, setup: str) -> Calibration | None:
@@ -363,7 +375,9 @@ def why_unmatched(entry: Calibration, target: Number) -> str:
     if len(points) < 2:
         return "measured at the chosen knobs only (held out), so the search cannot tell whether other knobs match it"
     fitted = {t.label: t.published for t in entry.fitted if t.label != label}
-    settings = f"the {len(points)} knob settings tried"
+    searched = (f" (on the first {len(entry.searched_seeds)} seed{'s' * (len(entry.searched_seeds) > 1)})"
+                if entry.searched_seeds else "")  # an entry stored before searched_seeds searched every seed
+    settings = f"the {len(points)} knob settings tried{searched}"
     outside = []
     for other, published in fitted.items():
         spread = [point.values[label] - point.values[other] for point in points]
@@ -382,7 +396,8 @@ def why_unmatched(entry: Calibration, target: Number) -> str:
     worst = max(fitted, key=lambda other: abs(best.values[other] - fitted[other]))
     return (f"where it is matched ({_knobs_text(best.knobs)}: {best.values[label]:.1f}), {worst} is "
             f"{best.values[worst]:.1f} against the paper's {fitted[worst]:g}, and the fitted numbers are "
-            f"{best.rms_gap:.1f} points RMS from the paper's ({entry.rms_gap_fitted:.1f} at the chosen knobs)")
+            f"{best.rms_gap:.1f} points RMS from the paper's{searched} ({entry.rms_gap_fitted:.1f} at the chosen "
+            f"knobs{', every seed' * bool(searched)})")
 
 
 def _knobs_text(knobs: dict) -> str:
