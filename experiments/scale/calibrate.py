@@ -130,6 +130,8 @@ def _each_in_a_thread(work: Callable[[str], str], setups: tuple[str, ...]) -> li
     except KeyboardInterrupt:
         interrupted.set()
         raise
+    if any(isinstance(error, (KeyboardInterrupt, executors.PoolClosed)) for error in errors.values()):
+        raise KeyboardInterrupt  # Ctrl-C reached the workers, not this process: said as an interruption
     for setup in setups:
         if setup in errors:
             raise errors[setup]

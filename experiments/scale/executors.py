@@ -199,22 +199,32 @@ class WorkerPool:
 
     def _send(self, slot: int, job: _Job) -> None:
         """Send ``job``'s group to the slot's worker, started if it is not yet; one that died since its last group
-        (none of its runs lost) is replaced first."""
+        (none of its runs lost) is replaced first, but one that Ctrl-C ended while idle closes the pool instead."""
         if slot not in self.workers or not self.workers[slot][0].is_alive():
             if slot in self.workers:
-                self.workers[slot][0].join(timeout=5)
-            self._start(slot)
+                self._replace(slot)
+            else:
+                self._start(slot)
         process, connection, _ = self.workers[slot]
         try:
             connection.send(job.group)
         except OSError:  # BrokenPipeError, ConnectionResetError: the worker is gone
-            process.join(timeout=5)
-            self._start(slot)
+            self._replace(slot)
             process, connection, _ = self.workers[slot]
             connection.send(job.group)
         self.workers[slot] = (process, connection, job)
         for run in job.group:
             job.progress.start(run)
+
+    def _replace(self, slot: int) -> None:
+        """Start the slot's worker again after it ended, unless Ctrl-C ended it: then the pool closes and
+        KeyboardInterrupt is raised."""
+        process = self.workers[slot][0]
+        process.join(timeout=5)
+        if process.exitcode in INTERRUPTED_EXITS:
+            self._closed = True
+            raise KeyboardInterrupt
+        self._start(slot)
 
     def train(self, groups: list[list[PlannedRun]], progress: Progress) -> None:
         """Train ``groups``, each sent to the next free worker (after the groups other threads asked for first),

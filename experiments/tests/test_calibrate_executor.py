@@ -289,3 +289,35 @@ def test_ctrl_c_reaching_the_workers_ends_every_threads_call_and_the_pool_closes
     assert not any(each.failed for each in progress.values()) and not pool.workers
     assert not any(process.is_alive() for process in workers)  # ended by Ctrl-C, or by the stop of their call
     assert not any("died" in log.read_text() for log in (tmp_path / "logs").glob("*.log"))
+
+
+def test_workers_that_ctrl_c_ended_while_idle_are_not_started_again_and_the_next_call_is_interrupted(tmp_path):
+    """Ctrl-C reaches idle workers too (they wait for a group): the next call closes the pool instead of starting
+    them again, and the threads' stop reads as an interruption."""
+    import os
+    import signal
+
+    from experiments.scale.plan import PlannedRun
+    from experiments.scale.progress import Progress
+
+    runs = [PlannedRun.outside_plan(RunConfig(**{**CE, "seed": seed})) for seed in (61, 62)]
+    with executors.WorkerPool.of(executors.TrainOptions(str(tmp_path), threads=1), jobs=2) as pool:
+        pool.train_runs(runs, Progress(runs, live=False))
+        idle = [process for process, _, _ in pool.workers.values()]
+        for process in idle:
+            os.kill(process.pid, signal.SIGINT)
+            process.join(timeout=30)
+        started = []
+        pool._start = started.append
+        later = [PlannedRun.outside_plan(RunConfig(**{**CE, "seed": 63}))]
+        with pytest.raises(KeyboardInterrupt):
+            pool.train_runs(later, Progress(later, live=False))
+        assert started == [] and [process.exitcode for process in idle] == [executors.INTERRUPTED] * 2
+        with pytest.raises(executors.PoolClosed):
+            pool.train_runs(later, Progress(later, live=False))
+
+    def work(setup):
+        raise executors.PoolClosed("closed") if setup == "cifar" else SystemExit("a failed run")
+
+    with pytest.raises(KeyboardInterrupt):  # not PoolClosed's traceback: the command says it was interrupted
+        calibrate._each_in_a_thread(work, ("cifar", "plantnet"))

@@ -257,8 +257,8 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
     ``ahead(configs)``, if given, is told the runs of each step of the search before ``train`` is asked for them, so
     that an executor can train them side by side (:func:`experiments.scale.calibrate.executor_ahead`). Every seed is
     trained at the start, the first :func:`search_seeds` of them at the other points, every seed at the knobs chosen;
-    where the search averaged fewer, the start is kept if every seed's numbers put it closer to the paper's (a minimum
-    over many noisy points is biased towards luck)."""
+    where the search averaged fewer, the start is kept if the mean over every seed puts it closer to the paper's (a
+    minimum over many noisy points is biased towards luck)."""
     ahead = ahead or (lambda configs: None)
     stand_in = STAND_INS[setup]
     rates = {key: (rates or {}).get(key, 1.0) for key in set(ce_keys(profile, setup).values())}
@@ -289,7 +289,7 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
     ahead(ce_configs(profile, setup, knobs, stand_in.targets, rates))
     values = measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
     if knobs != start and rms_gap(seeds_mean(at_start), fitted) < rms_gap(values, fitted):
-        knobs = start  # every seed says the start is closer (where every seed was searched, it never is)
+        knobs = start  # every seed's mean puts the start closer (where every seed was searched, it never does)
         ahead(ce_configs(profile, setup, knobs, stand_in.targets, rates))
         values = measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
     return Calibration(dataset=getattr(profile, setup).dataset, knobs=knobs, start=start,
