@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _calibrate(profile, store, device: str, args: argparse.Namespace, trainers: dict[str, Trainer | None]) -> int:
-    """Settle each stand-in with its trainer, side by side where they have one (workers or Slurm); the command's exit
-    status."""
+    """Settle each stand-in of ``trainers`` with its trainer, side by side where they have one (workers or Slurm); the
+    command's exit status."""
     side_by_side = len(trainers) > 1 and all(trainers.values())
 
     def settle(setup: str) -> str:
@@ -85,10 +85,10 @@ def _calibrate(profile, store, device: str, args: argparse.Namespace, trainers: 
 
     try:
         if side_by_side:  # the stand-ins' searches are independent: their moves train at once
-            for line in _each_in_a_thread(settle, profile.calibrated_setups):
+            for line in _each_in_a_thread(settle, tuple(trainers)):
                 print(line, flush=True)
         else:
-            for setup in profile.calibrated_setups:
+            for setup in trainers:
                 print(settle(setup), flush=True)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store.root}, and each "
