@@ -29,8 +29,8 @@ from experiments.scale import calibrate, executors
 from experiments.spec import tuned
 from experiments.spec.profiles import SMOKE
 
-FIELDS = [*STAMP_FIELDS, "cores", "profile", "stand_ins", "order", "jobs", "runs", "seconds", "ratio_to_one_after_another",
-          "calibrations_identical"]
+FIELDS = [*STAMP_FIELDS, "cores", "profile", "stand_ins", "order", "jobs", "runs", "seconds",
+          "ratio_to_one_after_another", "calibrations_identical"]
 #: The smoke profile's stand-ins, calibrated: its schedule and seeds, judged as a training profile.
 PROFILE = replace(SMOKE, name="smoke-calibrated", judges_training=True)
 
@@ -77,7 +77,8 @@ def main() -> None:
              "calibrations_identical": identical} for order, (seconds, runs) in measured.items()]
     write_csv(rows, FIELDS, args.out)
     for row in rows:
-        print(f"{row['order']:>17s}: {row['runs']} runs in {row['seconds']:.1f} s, x{row['ratio_to_one_after_another']:.2f}")
+        print(f"{row['order']:>17s}: {row['runs']} runs in {row['seconds']:.1f} s, "
+              f"x{row['ratio_to_one_after_another']:.2f}")
     print(f"stored calibrations identical: {identical}; {args.out}")
 
 
