@@ -34,6 +34,8 @@ from experiments.tuning import fixed_point, profile_steps
 
 #: What trains a move's runs: ``trainer(runs, progress)``.
 Trainer = Callable[[list[PlannedRun], Progress], None]
+#: How a search thread ends when Ctrl-C reached its workers: an interruption, not a failure to name.
+INTERRUPTIONS = (KeyboardInterrupt, executors.PoolClosed)
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -117,7 +119,7 @@ def _each_in_a_thread(work: Callable[[str], str], setups: tuple[str, ...]) -> li
             results[setup] = work(setup)
         except BaseException as error:  # SystemExit of a failed run included: said now, re-raised below
             errors[setup] = error
-            if not interrupted.is_set() and not isinstance(error, (KeyboardInterrupt, executors.PoolClosed)):
+            if not interrupted.is_set() and not isinstance(error, INTERRUPTIONS):
                 print(f"[{setup}] stopped: {error}; the other stand-ins go on", file=sys.stderr, flush=True)
 
     threads = [threading.Thread(target=run, args=(setup,), name=f"calibrate-{setup}", daemon=True) for setup in setups]
@@ -130,7 +132,7 @@ def _each_in_a_thread(work: Callable[[str], str], setups: tuple[str, ...]) -> li
     except KeyboardInterrupt:
         interrupted.set()
         raise
-    if any(isinstance(error, (KeyboardInterrupt, executors.PoolClosed)) for error in errors.values()):
+    if any(isinstance(error, INTERRUPTIONS) for error in errors.values()):
         raise KeyboardInterrupt  # Ctrl-C reached the workers, not this process: said as an interruption
     for setup in setups:
         if setup in errors:

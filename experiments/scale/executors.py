@@ -200,11 +200,10 @@ class WorkerPool:
     def _send(self, slot: int, job: _Job) -> None:
         """Send ``job``'s group to the slot's worker, started if it is not yet; one that died since its last group
         (none of its runs lost) is replaced first, but one that Ctrl-C ended while idle closes the pool instead."""
-        if slot not in self.workers or not self.workers[slot][0].is_alive():
-            if slot in self.workers:
-                self._replace(slot)
-            else:
-                self._start(slot)
+        if slot not in self.workers:
+            self._start(slot)
+        elif not self.workers[slot][0].is_alive():
+            self._replace(slot)
         process, connection, _ = self.workers[slot]
         try:
             connection.send(job.group)

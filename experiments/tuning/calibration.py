@@ -285,13 +285,15 @@ def calibrate(profile: Profile, setup: str, train, halvings: int = 2, rates: dic
         ahead([config for knobs in knob_points if knobs not in known
                for config in ce_configs(profile, setup, knobs, free, rates, searched)])
 
+    def on_every_seed(knobs: dict) -> dict:  # every target's number at ``knobs``, the mean over every seed
+        ahead(ce_configs(profile, setup, knobs, stand_in.targets, rates))
+        return measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
+
     knobs = compass_search(error, start, stand_in.steps, halvings, points_ahead)
-    ahead(ce_configs(profile, setup, knobs, stand_in.targets, rates))
-    values = measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
+    values = on_every_seed(knobs)
     if knobs != start and rms_gap(seeds_mean(at_start), fitted) < rms_gap(values, fitted):
         knobs = start  # every seed's mean puts the start closer (where every seed was searched, it never does)
-        ahead(ce_configs(profile, setup, knobs, stand_in.targets, rates))
-        values = measure_seeds(profile, setup, knobs, stand_in.targets, train, rates)
+        values = on_every_seed(knobs)
     return Calibration(dataset=getattr(profile, setup).dataset, knobs=knobs, start=start,
                        targets=tuple(Number(**asdict(t), ours=values[t.label]) for t in stand_in.targets),
                        rms_gap_fitted=rms_gap(values, fitted), points=tuple(points), ce_multipliers=rates,
@@ -313,8 +315,8 @@ def shortest_search(profile: Profile, setup: str, searched: int | None = 1,
     averages ``searched`` seeds (:func:`search_seeds`; the fewest, one, by default; None: every seed), no move improves
     on the stand-in's start and the steps only halve: the least a search of ``setup``'s stand-in trains (every seed at
     the start, then 2 x knobs x (``halvings`` + 1) points on ``searched`` seeds, then the held-out numbers' runs), each
-    move's runs waiting for the last's; and the knobs it chooses, the start. A run may come again in a later move (a knob stopped
-    at its bound, or the start's seeds): it trains once."""
+    move's runs waiting for the last's; and the knobs it chooses, the start. A run may come again in a later move (a
+    knob stopped at its bound, or the start's seeds): it trains once."""
     stand_in = STAND_INS[setup]
     _, free = searched_targets(stand_in)
     start, seeds = dict(stand_in.start), getattr(profile, setup).seeds[:searched]
