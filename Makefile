@@ -118,9 +118,11 @@ calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers a
 		$(if $(filter slurm,$(EXECUTOR)),--executor slurm $(SLURM))
 
 paper-figures: $(STAMP) ## Calibrate the stand-ins and their learning rates, [train every run through EXECUTOR,] run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode EXECUTOR=local JOBS=n STACK=s PY=python3], render build/report/index.html
-	@status=0; $(MAKE) --no-print-directory calibrate || status=$$?; \
-	$(MAKE) --no-print-directory $(if $(EXECUTOR),train,forget-executor) || status=$$?; \
-	$(MAKE) --no-print-directory -k notebooks || status=$$?; \
+	@status=0; if $(MAKE) --no-print-directory calibrate; then \
+		$(MAKE) --no-print-directory $(if $(EXECUTOR),train,forget-executor) || status=$$?; \
+		$(MAKE) --no-print-directory -k notebooks || status=$$?; \
+	else status=$$?; echo "paper-figures: the calibration did not finish, so nothing trains on uncalibrated stand-ins" \
+		"(its finished steps are kept: make calibrate goes on from them)"; fi; \
 	$(MAKE) --no-print-directory report; \
 	if [ "$(PROFILE)" = quick ]; then $(MAKE) --no-print-directory publish-quick-report readme; fi; \
 	if [ $$status -ne 0 ]; then echo "paper-figures: a step failed (see above and the report)"; fi; exit $$status
@@ -128,7 +130,7 @@ paper-figures: $(STAMP) ## Calibrate the stand-ins and their learning rates, [tr
 publish-quick-report: ## Copy the quick profile's rendered report into figures/quick/report/ (committed)
 	rm -rf figures/quick/report && mkdir -p figures/quick/report && cp build/report/*.html figures/quick/report/
 
-notebooks: $(EXECUTED)
+notebooks: $(EXECUTED) ## Run PROFILE's notebooks that are out of date, reading the store (a missing run trained in them)
 
 build/$(PROFILE)/%.ipynb: notebooks/%.ipynb $(SOURCES) | $(STAMP)
 	@mkdir -p $(@D)
@@ -160,5 +162,5 @@ clean: ## Remove the virtual environment, executed notebooks, the report, caches
 	find figures -mindepth 1 -maxdepth 1 -type d ! -name quick -exec rm -rf {} +
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-clean-results: ## Remove the results stores (every trained run: the next paper-figures retrains)
-	rm -rf results
+clean-results: ## Remove PROFILE's results store (its trained runs: the next paper-figures retrains them); other profiles' stay
+	rm -rf results/$(PROFILE)

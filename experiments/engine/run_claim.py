@@ -1,11 +1,12 @@
 """Who trains a run: a claim file in the results store, so that many processes (one machine, or a cluster on a shared
 filesystem) never train one run twice at once.
 
-``root/claims/<training key>.json`` names the holder (host, pid, Slurm job if any, start time). It is created with
-``O_CREAT | O_EXCL``, which is atomic on a local disk and on NFS v3+; the holder touches it every
-:data:`HEARTBEAT` seconds. A claim is stale when its process is gone (same host) or its heartbeat is older than
-:data:`STALE_AFTER` (another host); a stale claim is moved aside by one atomic rename, so of two processes taking it
-over only one succeeds. The claim is per training (:meth:`experiments.engine.config.RunConfig.training_key`): the
+``root/claims/<training key>.json`` names the holder (host, PID namespace, pid, Slurm job if any, start time). It is
+created with ``O_CREAT | O_EXCL``, which is atomic on a local disk and on NFS v3+; the holder touches it every
+:data:`HEARTBEAT` seconds. A claim is stale when its process is gone (seen from the same host and PID namespace: a
+container's pids mean nothing outside it) or its heartbeat is older than :data:`STALE_AFTER` (anywhere, so that a
+reused pid does not keep a dead holder's claim); a stale claim is moved aside by one atomic rename, so of two processes
+taking it over only one succeeds. The claim is per training (:meth:`experiments.engine.config.RunConfig.training_key`): the
 siblings that differ only in their selection metric are one training.
 
 A compiled training (``compile_mode``) keeps its compilations in the user's cache folder
@@ -36,8 +37,17 @@ def claim_path(root: Path, training_key: str) -> Path:
 
 def holder() -> dict:
     """This process, as a claim names it."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
-            "since": time.time()}
+    return {"host": socket.gethostname(), "pid_namespace": _pid_namespace(), "pid": os.getpid(),
+            "slurm_job": os.environ.get("SLURM_JOB_ID"), "since": time.time()}
+
+
+def _pid_namespace() -> int | None:
+    """The inode of this process's PID namespace (Linux), which tells a container's pids from the host's; None
+    elsewhere."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def read_claim(path: Path) -> dict | None:
@@ -58,8 +68,9 @@ def is_stale(path: Path, claim: dict, *, stale_after: float = STALE_AFTER) -> bo
     job = os.environ.get("SLURM_JOB_ID")
     if job and claim.get("slurm_job") == job:
         return True
-    if claim.get("host") == socket.gethostname() and isinstance(claim.get("pid"), int):
-        return not _alive(claim["pid"])
+    seen_here = claim.get("host") == socket.gethostname() and claim.get("pid_namespace") == _pid_namespace()
+    if seen_here and isinstance(claim.get("pid"), int) and not _alive(claim["pid"]):
+        return True
     try:
         return time.time() - path.stat().st_mtime > stale_after
     except FileNotFoundError:
@@ -74,6 +85,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def live_holder(root: Path, training_key: str, *, stale_after: float = STALE_AFTER) -> dict | None:
+    """The claim's holder while it trains ``training_key`` (its claim not stale), else None."""
+    path = claim_path(root, training_key)
+    claim = read_claim(path)
+    return None if claim is None or is_stale(path, claim, stale_after=stale_after) else claim
 
 
 def try_claim(root: Path, training_key: str, *, stale_after: float = STALE_AFTER) -> bool:

@@ -45,7 +45,10 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="local: worker processes (default 1)")
     parser.add_argument("--per-gpu", type=int, help="local, instead of --jobs: that many workers on each visible GPU")
     parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES, help="torch.compile mode of the step")
-    slurm.add_options(parser, folder="STORE/slurm/calibration", sbatch_only=False)  # each move needs the last's runs
+    slurm.add_options(parser, folder="STORE/slurm/calibration",
+                      sbatch_only="refused where a stand-in needs calibrating: each move of the search needs the last's "
+                                  "runs, so none can be written ahead (accepted so that make's SLURM options serve "
+                                  "both commands)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     if not profile.calibrated_setups:
         print(fixed_point.no_stand_in(profile))
         return 0
+    if args.sbatch_only and (setups := fixed_point.unsettled(profile)):
+        print(f"error: --sbatch-only: the {profile.name} stand-ins {', '.join(setups)} need calibrating, and a "
+              "calibration cannot be written as scripts ahead (each move of its search needs the last's runs). Run "
+              "it with --executor slurm and without --sbatch-only (it submits and follows one array a move), then "
+              "write the profile's scripts", file=sys.stderr)
+        return 2
     options = executors.TrainOptions(str(store.root), device, compile_mode=args.compile_mode)
     pool = executors.WorkerPool.of(options, jobs=args.jobs, per_gpu=args.per_gpu) if _uses_workers(args, device) \
         else None

@@ -30,6 +30,7 @@ import data_prep
 from data_prep.common import MissingDataError
 from experiments.analysis.timings import made_with_todays_engine, sharing_text
 from experiments.engine.config import RunConfig, stack_mismatch
+from experiments.engine.run_claim import live_holder
 from experiments.engine.store import ResultsStore, unusable_store
 from experiments.engine.train import COMPILE_MODES
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, RESULTS
@@ -40,7 +41,8 @@ from experiments.scale.hours import (Rates, completeness_then_hours, counted_tex
                                     invocations, read_measurements, runs_measured_by, setting_text)
 from experiments.scale.plan import CalibrationFirst, PlannedRun, calibrations_to_make, plan, stacks, table
 from experiments.scale.progress import Progress
-from experiments.spec.profiles import PROFILES, get_profile
+from experiments.spec.profiles import PROFILES, Profile, get_profile
+from experiments.tuning import fixed_point
 
 COMMANDS = ("plan", "train", "run-one")
 EXECUTORS = ("inline", "local", "slurm")
@@ -85,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
                             "stacked into one model (grouped layers; default 1: each run alone)")
     train.add_argument("--figures", help="where the executor's manifest goes, beside the notebooks' (default: "
                        "figures/PROFILE when training into the notebooks' store, else none is written)")
+    train.add_argument("--uncalibrated", action="store_true",
+                       help="train even where the profile's stand-ins are not calibrated yet (their default "
+                            "difficulty and learning rates: runs that calibrating later makes obsolete)")
     _training_options(train)
     slurm.add_options(train)
     one = commands.add_parser("run-one", help="train planned runs, stacked into one model if several (an array "
@@ -108,6 +113,9 @@ def main(argv: list[str]) -> int:
     runs = plan(profile)
     if refusal := _refusal(args, runs, store):
         print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    if args.command == "train" and not args.uncalibrated and (setups := fixed_point.unsettled(profile)):
+        print(f"error: {uncalibrated_text(profile, setups)}", file=sys.stderr)
         return 2
     stack = getattr(args, "stack", 1)  # run-one stacks the runs it is given
     if args.command == "plan":
@@ -133,6 +141,15 @@ def main(argv: list[str]) -> int:
         print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store}; the same command "
               f"resumes{queued}", file=sys.stderr)
         return 130
+
+
+def uncalibrated_text(profile: Profile, setups: list[str]) -> str:
+    """Why ``train`` refuses a profile whose stand-ins ``setups`` are not calibrated, and what to do."""
+    return (f"the {profile.name} profile's stand-ins {', '.join(setups)} are not calibrated yet (experiments/calibrated/"
+            f"{profile.name}.json): a run's key holds its stand-in's difficulty and learning rate, so runs trained now "
+            f"would all be trained again once they are. Calibrate first: `make calibrate PROFILE={profile.name}` (with "
+            "the same EXECUTOR, DEVICE and SLURM options), which `make paper-figures` runs before training; or give "
+            "--uncalibrated to train on the default difficulty anyway")
 
 
 def device_refusal(device: str, *, trains_here: bool = True) -> str | None:
@@ -327,9 +344,12 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     store = ResultsStore(options.store)
     todo = [run for run in runs if not store.holds_outcome(run.config)]
     diverged = sum(not store.record_path(run.key).exists() for run in runs if run not in todo)  # done, no record
-    print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo) - diverged} already finished"
-          f"{f', {diverged} diverged' if diverged else ''}, {len(todo)} to train ({args.executor} executor)",
-          file=sys.stderr)
+    elsewhere = [run for run in todo if live_holder(store.root, run.config.training_key()) is not None]
+    todo = [run for run in todo if run not in elsewhere]
+    print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo) - len(elsewhere) - diverged} already finished"
+          f"{f', {diverged} diverged' if diverged else ''}"
+          f"{f', {len(elsewhere)} being trained by other processes (left to them; `plan` names them)' if elsewhere else ''}"
+          f", {len(todo)} to train ({args.executor} executor)", file=sys.stderr)
     if not todo:  # no device needed, and the manifest of the training that made them is kept
         return 0
     progress, started = Progress(todo, store=store), time.time()
@@ -346,7 +366,7 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
         print(progress.summary(), file=sys.stderr)
     into_notebooks_store = Path(options.store).resolve() == (RESULTS / args.profile).resolve()
     if (args.figures or into_notebooks_store) and not (args.executor == "slurm" and args.sbatch_only):
-        _write_manifest(args, options, progress, len(runs) - len(todo), time.time() - started, sharing)
+        _write_manifest(args, options, progress, len(runs) - len(todo) - len(elsewhere), time.time() - started, sharing)
     return min(len(progress.failed), 100)
 
 

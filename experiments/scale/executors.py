@@ -165,7 +165,7 @@ class WorkerPool:
         self.context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
         self.workers: dict[int, tuple] = {}  # slot -> (process, connection, the _Job it trains or None)
         self._queue: list[_Job] = []  # groups waiting for a worker, the first asked first
-        self._lock = threading.Lock()  # over the workers and the queue: one thread sends and collects at a time
+        self._lock = threading.Lock()  # over the workers and the queue, never held while waiting for a worker
         self._closed = False
 
     @classmethod
@@ -239,7 +239,11 @@ class WorkerPool:
                     self._fill()
                     if not self._owes(call):
                         return
-                    self._collect()
+                    busy = {slot: worker for slot, worker in self.workers.items() if worker[2] is not None}
+                ready = wait([connection for _, connection, _ in busy.values()]  # unlocked: others queue meanwhile
+                             + [process.sentinel for process, _, _ in busy.values()], timeout=self.POLL_S)
+                with self._lock:
+                    self._collect(busy, ready)
         except BaseException:  # Ctrl-C, say: this call's busy workers stop now (their checkpoints are kept)
             with self._lock:
                 self._queue = [job for job in self._queue if job.call is not call]
@@ -279,14 +283,15 @@ class WorkerPool:
                     process.terminate()
             self.workers.clear()
 
-    def _collect(self) -> None:
-        """Wait (at most :attr:`POLL_S`) for the busy workers' messages, and report each group that ended; a worker
-        ended by Ctrl-C closes the pool and raises KeyboardInterrupt here, once every ended group is reported."""
-        busy = {slot: worker for slot, worker in self.workers.items() if worker[2] is not None}
-        ready = wait([connection for _, connection, _ in busy.values()]
-                     + [process.sentinel for process, _, _ in busy.values()], timeout=self.POLL_S)
+    def _collect(self, busy: dict[int, tuple], ready: list) -> None:
+        """Report each group of the ``busy`` workers (as they were when the wait began) that ended, by the ``ready``
+        pipes and sentinels the wait returned, unless another thread collected it meanwhile; a worker ended by Ctrl-C
+        closes the pool and raises KeyboardInterrupt here, once every ended group is reported."""
         interrupted = False
-        for slot, (process, connection, job) in busy.items():
+        for slot, worker in busy.items():
+            if self.workers.get(slot) is not worker:  # another thread collected it since
+                continue
+            process, connection, job = worker
             if connection in ready and (received := _received(connection)) is not None:
                 self.workers[slot] = (process, connection, None)
                 outcome, detail = received

@@ -14,6 +14,7 @@ from pathlib import Path
 import data_prep
 from experiments.analysis.workload import run_images, stand_in_size
 from experiments.engine.config import RunConfig
+from experiments.engine.run_claim import live_holder
 from experiments.engine.store import ResultsStore
 from experiments.spec.grids import NOTEBOOK_GRIDS
 from experiments.spec.profiles import SETUPS, Profile, Setup
@@ -21,7 +22,7 @@ from experiments.tuning.calibration import current_entry, shortest_search
 
 #: Notebooks whose result is the runs' own timing (Fig. 3's epoch times): their runs train with nothing beside them.
 TIMED_NOTEBOOKS = ("fig3_epoch_time",)
-STATES = ("finished", "diverged", "partial", "missing")
+STATES = ("finished", "diverged", "training", "partial", "missing")
 
 
 @dataclass(frozen=True)
@@ -125,15 +126,24 @@ def calibrations_to_make(profile: Profile, searched: int | None = 1) -> dict[str
 
 
 def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
-    """``("finished" | "diverged" | "partial" | "missing", epochs done)`` from the store's record, divergence and
-    checkpoint of ``run`` (a diverged run's epochs: those before its loss became NaN)."""
+    """``("finished" | "diverged" | "training" | "partial" | "missing", epochs done)`` from the store's record,
+    divergence, claims and checkpoint of ``run`` (a diverged run's epochs: those before its loss became NaN;
+    training: a live process holds its claim, :func:`experiments.engine.run_claim.live_holder`)."""
     if store.record_path(run.key).exists():
         return "finished", run.config.epochs
     checkpoint = store.load_checkpoint(run.key)
     epochs = checkpoint["state"]["epoch"] if checkpoint is not None else 0
     if store.divergence(run.config.training_key()) is not None:
         return "diverged", epochs
+    if live_holder(store.root, run.config.training_key()) is not None:
+        return "training", epochs
     return ("partial", epochs) if checkpoint is not None else ("missing", 0)
+
+
+def holder_text(holder: dict) -> str:
+    """Who trains a run, as its claim names it: "HOST pid N, Slurm job J"."""
+    job = f", Slurm job {holder['slurm_job']}" if holder.get("slurm_job") else ""
+    return f"{holder.get('host', 'an unnamed host')} pid {holder.get('pid', '?')}{job}"
 
 
 def stacks(runs: list[PlannedRun], size: int, store: ResultsStore | None) -> list[list[PlannedRun]]:
@@ -169,9 +179,11 @@ def table(runs: list[PlannedRun], store: ResultsStore, groups: list[list[Planned
         counts[status] += 1
         images = f"{run.train_images:,}" if run.train_images is not None else "real data"
         group = f"{group_of[run.key][0]:>4d} (x{group_of[run.key][1]})".ljust(11) if groups else ""
-        alone = "  (trained alone: its timings are the result)" if run.alone else ""
+        notes = "  (trained alone: its timings are the result)" if run.alone else ""
+        if status == "training":
+            notes += f"  (by {holder_text(live_holder(store.root, run.config.training_key()) or {})})"
         lines.append(f"{run.key:16s} {status:>9s} {done:>4d}/{run.config.epochs:<4d} {images:>13s}  {group}"
-                     f"{', '.join(run.notebooks)}{alone}")
+                     f"{', '.join(run.notebooks)}{notes}")
     counted = [run.train_images for run in runs if run.train_images is not None]
     images = (f"{sum(counted):,} training images in all" if len(counted) == len(runs) else
               f"{sum(counted):,} training images in the {len(counted)} runs on stand-ins (the others train on "

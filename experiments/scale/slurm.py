@@ -2,8 +2,10 @@
 ``--stack``), submitted through submitit (the launcher most PyTorch research code uses), followed through ``squeue``
 and the results store (no accounting database needed).
 
-A task that is preempted or runs out of time is requeued (submitit's checkpoint hook, ``--requeue``) and resumes
-from its run's last checkpoint in the store. Runs whose timings are the result (:attr:`PlannedRun.alone`) go in a
+A task that is preempted or runs out of time is requeued and resumes from its run's last checkpoint in the store:
+preempted, by ``--requeue``; out of time, at most :attr:`SlurmOptions.max_requeues` times, by submitit's checkpoint hook
+or, in the plain scripts, by a trap on the warning signal Slurm sends :data:`WARNING_S` seconds before the limit
+(Slurm itself never requeues a task that reached its time limit). Runs whose timings are the result (:attr:`PlannedRun.alone`) go in a
 second array whose tasks each hold a whole node (``--exclusive``). The same arrays are always written as plain
 ``sbatch --array`` scripts calling ``python -m experiments run-one KEY [KEY ...]``, for sites without submitit or with another
 scheduler (``--sbatch-only`` writes them and submits nothing).
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from hashlib import sha1
 from pathlib import Path
 
 from experiments.engine.store import ResultsStore
@@ -27,6 +30,21 @@ from experiments.paths import PROJECT_ROOT
 from experiments.scale.executors import TrainOptions, groups, train_group
 from experiments.scale.plan import PlannedRun
 from experiments.scale.progress import Progress
+
+
+WARNING_S = 120  #: seconds before its time limit that Slurm warns a plain script's task (``--signal=B:USR1@...``)
+
+#: The plain scripts' answer to Slurm's warning: requeue the task, which then resumes from its checkpoints.
+_OUT_OF_TIME = """out_of_time() {{  # Slurm's warning, {warning} s before the time limit
+  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_requeues} ]; then
+    echo "out of time: requeued (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of at most {max_requeues}); it resumes from its checkpoints" >&2
+    scontrol requeue "$SLURM_JOB_ID"
+  else
+    echo "out of time after {max_requeues} requeues: not requeued again; give a longer --time-min" >&2
+  fi
+}}
+trap out_of_time USR1
+"""
 
 
 @dataclass(frozen=True)
@@ -39,6 +57,7 @@ class SlurmOptions:
     cpus_per_task: int = 1
     mem_gb: float | None = None
     time_min: int = 60
+    max_requeues: int = 20  #: times a task out of time is requeued to go on from its checkpoints
     array_parallelism: int = 64  #: tasks of one array running at once
     poll: float = 10.0  #: seconds between two looks at the queue
     sbatch_only: bool = False
@@ -47,12 +66,14 @@ class SlurmOptions:
     def from_args(cls, args: argparse.Namespace) -> "SlurmOptions":
         folder = args.slurm_folder or str(Path(args.store or PROJECT_ROOT / "results" / args.profile) / "slurm")
         return cls(folder, args.partition, args.gpus_per_task, args.cpus_per_task, args.mem_gb, args.time_min,
-                   args.array_parallelism, args.poll, args.sbatch_only)
+                   args.max_requeues, args.array_parallelism, args.poll, args.sbatch_only)
 
 
-def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm", sbatch_only: bool = True) -> None:
+def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm",
+                sbatch_only: str = "write the plain sbatch scripts and submit nothing (run them with sbatch "
+                                   "yourself)") -> None:
     """The Slurm executor's options; ``folder``: the default of ``--slurm-folder`` as help shows it; ``sbatch_only``:
-    whether writing the scripts alone (``--sbatch-only``) is offered."""
+    what ``--sbatch-only`` does, as help says it."""
     group = parser.add_argument_group("slurm executor")
     group.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
     group.add_argument("--gpus-per-task", type=int, default=0,
@@ -61,14 +82,13 @@ def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm",
     group.add_argument("--mem-gb", type=float, help="memory per run in GB (default: the partition's)")
     group.add_argument("--time-min", type=int, default=60,
                        help="time limit per task in minutes; a task out of time is requeued and resumes (default 60)")
+    group.add_argument("--max-requeues", type=int, default=20,
+                       help="times a task out of time is requeued (default 20); a run longer than that many "
+                            "--time-min fails: give a longer --time-min")
     group.add_argument("--array-parallelism", type=int, default=64, help="tasks of an array running at once (default 64)")
     group.add_argument("--poll", type=float, default=10.0, help="seconds between two looks at the queue (default 10)")
     group.add_argument("--slurm-folder", help=f"scripts and task logs (default: {folder})")
-    if sbatch_only:
-        group.add_argument("--sbatch-only", action="store_true",
-                           help="write the plain sbatch scripts and submit nothing (run them with sbatch yourself)")
-    else:
-        parser.set_defaults(sbatch_only=False)
+    group.add_argument("--sbatch-only", action="store_true", help=sbatch_only)
 
 
 def refusal(args: argparse.Namespace) -> str | None:
@@ -77,6 +97,8 @@ def refusal(args: argparse.Namespace) -> str | None:
     for name in ("cpus_per_task", "time_min", "array_parallelism"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} should be a positive number, got {getattr(args, name)}"
+    if args.max_requeues < 0:
+        return f"--max-requeues should be 0 or more, got {args.max_requeues}"
     if args.poll <= 0:
         return f"--poll should be a positive number of seconds, got {args.poll}"
     if args.mem_gb is not None and args.mem_gb <= 0:
@@ -96,20 +118,23 @@ def refusal(args: argparse.Namespace) -> str | None:
 
 def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: SlurmOptions, profile: str,
                   name: str, outside_plan: bool = False) -> Path:
-    """Write ``<folder>/<name>.keys`` (a line of keys per task) and ``<folder>/<name>.sbatch``: an array with one task
-    per group of runs, each calling ``python -m experiments run-one``; returns the script's path."""
+    """Write ``<folder>/<name>-<digest>.keys`` (a line of keys per task; named by its content, so that a later
+    submission never changes the keys of tasks still queued) and ``<folder>/<name>.sbatch``: an array with one task per
+    group of runs, each calling ``python -m experiments run-one``; returns the script's path."""
     folder = Path(slurm.folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    keys = folder / f"{name}.keys"
-    keys.write_text("".join(" ".join(run.key for run in group) + "\n" for group in tasks))
+    lines = "".join(" ".join(run.key for run in group) + "\n" for group in tasks)
+    keys = folder / f"{name}-{sha1(lines.encode()).hexdigest()[:12]}.keys"
+    keys.write_text(lines)
     if outside_plan:  # what run-one reads for runs no notebook's grid holds
         (folder / "configs").mkdir(exist_ok=True)
         for run in (run for group in tasks for run in group):
             (folder / "configs" / f"{run.key}.json").write_text(json.dumps(run.config.to_dict()))
     alone = name.endswith("alone")
     directives = [f"--job-name=topk-{profile}-{name}", f"--array=0-{len(tasks) - 1}%{1 if alone else slurm.array_parallelism}",
-                  f"--cpus-per-task={slurm.cpus_per_task}", f"--time={slurm.time_min}", "--requeue",
-                  f"--output={folder}/%A_%a.out", f"--error={folder}/%A_%a.err"]
+                  "--ntasks=1", f"--cpus-per-task={slurm.cpus_per_task}", f"--time={slurm.time_min}", "--requeue",
+                  f"--signal=B:USR1@{WARNING_S}", f"--output={folder}/%A_%a.out", f"--error={folder}/%A_%a.err",
+                  "--open-mode=append"]  # a requeued task's log goes on after its earlier runs
     directives += [f"--partition={slurm.partition}"] if slurm.partition else []
     directives += [f"--gpus-per-task={slurm.gpus_per_task}"] if slurm.gpus_per_task else []
     directives += [f"--mem={int(slurm.mem_gb * 1024)}M"] if slurm.mem_gb else []
@@ -121,10 +146,14 @@ def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: S
     script.write_text("#!/bin/bash\n" + "".join(f"#SBATCH {line}\n" for line in directives)
                       + f"# {runs} runs of the {profile} profile in {len(tasks)} tasks; each resumes from its "
                         "checkpoint if requeued.\n"
+                      + _OUT_OF_TIME.format(max_requeues=slurm.max_requeues, warning=WARNING_S)
                       + f"cd {shlex.quote(str(PROJECT_ROOT))}\n"
                       + f'keys=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(str(keys))})\n'
-                      + "exec " + " ".join(part if part == "$keys" else shlex.quote(part) for part in command)
-                      + "  # $keys unquoted: a task's keys are words\n")
+                      + " ".join(part if part == "$keys" else shlex.quote(part) for part in command)
+                      + " &  # $keys unquoted: a task's keys are words\n"
+                      + 'run=$!\nwait "$run"; status=$?\n'
+                      + 'while kill -0 "$run" 2>/dev/null; do wait "$run"; status=$?; done  # a trap ends a wait, not the run\n'
+                      + 'exit "$status"\n')
     return script
 
 
@@ -178,7 +207,8 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
                          f"written with sbatch yourself: {', '.join(map(str, scripts))}") from None
     jobs = []
     for name, tasks in arrays:
-        executor = submitit.AutoExecutor(folder=Path(slurm.folder) / "submitit", cluster="slurm")
+        executor = submitit.AutoExecutor(folder=Path(slurm.folder) / "submitit", cluster="slurm",
+                                         slurm_max_num_timeout=slurm.max_requeues)  # submitit's default: 3
         executor.update_parameters(name=f"topk-{profile}-{name}", timeout_min=slurm.time_min,
                                    cpus_per_task=slurm.cpus_per_task, slurm_array_parallelism=
                                    1 if name == "alone" else slurm.array_parallelism,

@@ -81,11 +81,23 @@ def test_a_calibrated_profile_is_left_as_it_is_whatever_the_executor(capsys):
     assert "cifar: " in capsys.readouterr().out
 
 
-def test_the_slurm_options_say_where_the_calibrations_scripts_go_and_offer_no_sbatch_only(capsys):
+def test_the_slurm_options_say_where_the_calibrations_scripts_go_and_that_sbatch_only_is_refused(capsys):
     with pytest.raises(SystemExit):
         calibrate.main(["--help"])
     shown = " ".join(capsys.readouterr().out.split())  # argparse wraps its lines
-    assert "(default: STORE/slurm/calibration)" in shown and "--sbatch-only" not in shown
+    assert "(default: STORE/slurm/calibration)" in shown
+    assert "--sbatch-only refused where a stand-in needs calibrating" in shown
+
+
+def test_sbatch_only_is_refused_where_a_stand_in_needs_calibrating_and_passes_where_none_does(tmp_path, capsys):
+    """make's SLURM options serve train and calibrate: --sbatch-only writes the profile's scripts, but a calibration
+    cannot be written ahead (each move needs the last's runs)."""
+    slurm = ["--executor", "slurm", "--sbatch-only", "--store", str(tmp_path)]
+    assert calibrate.main(["gpu", *slurm]) == 2
+    error = capsys.readouterr().err
+    assert "--sbatch-only: the gpu stand-ins cifar, plantnet, imagenet_lt, imagenet need calibrating" in error
+    assert calibrate.main(["quick", *slurm]) == 0  # current: nothing to calibrate, nothing submitted
+    assert not (tmp_path / "slurm").exists()
 
 
 def test_ctrl_c_stops_the_calibration_with_one_message_and_status_130(tmp_path, monkeypatch, capsys):
@@ -216,8 +228,9 @@ def test_threads_sharing_a_pool_each_get_their_own_runs_back_as_inline_trains_th
     from experiments.scale.progress import Progress
     from experiments.tests.test_scale import computed
 
-    asked = {name: [PlannedRun.outside_plan(RunConfig(**{**CE, "seed": seed})) for seed in seeds]
-             for name, seeds in (("a", (41, 42, 43)), ("b", (44,)))}
+    # a's runs long beside the workers' start-up jitter: b's group, queued behind a's third, is sent while it trains
+    asked = {name: [PlannedRun.outside_plan(RunConfig(**{**CE, "seed": seed, "epochs": epochs})) for seed in seeds]
+             for name, seeds, epochs in (("a", (41, 42, 43), 15), ("b", (44,), 1))}
     progress = {name: Progress(runs, live=False) for name, runs in asked.items()}
     options = executors.TrainOptions(str(tmp_path / "pool"), threads=1)
     with executors.WorkerPool.of(options, jobs=2) as pool:

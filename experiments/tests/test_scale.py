@@ -5,7 +5,6 @@ run twice; a killed worker's run resumes to the same result."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -262,7 +261,7 @@ def test_a_run_whose_loss_becomes_nan_is_diverged_not_failed_and_is_not_trained_
         assert f"  diverged: {runs[1].key} (log: {tmp_path / 'logs' / runs[1].key}.log)" in err
         assert state(runs[1], store) == ("diverged", 0)  # NaN from its second step: no epoch kept
         assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
-        assert capsys.readouterr().out.splitlines()[-1].startswith("2 runs: 1 finished, 1 diverged, 0 partial, 0 missing")
+        assert capsys.readouterr().out.splitlines()[-1].startswith("2 runs: 1 finished, 1 diverged, 0 training, 0 partial, 0 missing")
         assert cli.main(arguments) == 0
         assert "2 runs, 1 already finished, 1 diverged, 0 to train" in capsys.readouterr().err
         (store.root / "diverged").rename(tmp_path / "kept")  # as an array task meets it: no traceback, status 0
@@ -281,13 +280,21 @@ def test_a_claim_is_kept_by_a_live_holder_and_taken_over_from_a_dead_or_silent_o
     assert not run_claim.try_claim(tmp_path, key)  # held by this live process
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    path.write_text(f'{{"host": "{socket.gethostname()}", "pid": {dead.pid}}}')
+    path.write_text(json.dumps({**run_claim.holder(), "pid": dead.pid}))
     assert run_claim.try_claim(tmp_path, key)  # its process is gone
     path.write_text('{"host": "another-node", "pid": 1}')
     assert not run_claim.try_claim(tmp_path, key)  # another host's claim, touched just now
     old = time.time() - run_claim.STALE_AFTER - 1
     os.utime(path, (old, old))
     assert run_claim.try_claim(tmp_path, key)  # silent for too long
+    path.write_text(json.dumps({**run_claim.holder(), "pid_namespace": -1, "pid": dead.pid}))
+    assert run_claim.live_holder(tmp_path, key)["pid"] == dead.pid  # a container's pid, not this namespace's: alive
+    assert not run_claim.try_claim(tmp_path, key)  # while its heartbeat is fresh
+    os.utime(path, (old, old))
+    assert run_claim.live_holder(tmp_path, key) is None and run_claim.try_claim(tmp_path, key)
+    assert run_claim.live_holder(tmp_path, key)["pid"] == os.getpid()
+    os.utime(path, (old, old))
+    assert run_claim.try_claim(tmp_path, key)  # a live pid (a reused one, say) whose claim is silent: stale
     run_claim.release(tmp_path, key)
     assert not path.exists()
     for damaged in ('[1, 2]', '{"host": ', '"a string"', ''):  # a claim cut by a crash, or not a holder's

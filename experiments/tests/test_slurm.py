@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,7 +111,8 @@ def test_runs_stacked_in_one_task_give_the_stacked_records_through_submitit_and_
     assert progress.done == 2 and not progress.failed, progress.summary()
     sbatch_options, sbatch_slurm = _options(tmp_path, "sbatch")
     script = slurm.sbatch_script([stacked], sbatch_options, sbatch_slurm, "smoke", "runs")
-    assert (tmp_path / "sbatch" / "slurm" / "runs.keys").read_text() == f"{stacked[0].key} {stacked[1].key}\n"
+    keys = list((tmp_path / "sbatch" / "slurm").glob("runs-*.keys"))
+    assert len(keys) == 1 and keys[0].read_text() == f"{stacked[0].key} {stacked[1].key}\n"
     submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     _wait_for(submitted.stdout.strip().split(";")[0])
@@ -144,6 +146,35 @@ def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
     starts = sum(path.read_text().count("Starting with JobEnvironment")
                  for path in (tmp_path / "requeued" / "slurm" / "submitit").glob("*_log.out"))
     assert starts == 2  # the task ran twice: before and after its requeue
+    assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
+    from submitit.core.utils import DelayedSubmission
+
+    submitted = list((tmp_path / "requeued" / "slurm" / "submitit").glob("*_submitted.pkl"))
+    assert submitted, "submitit kept no submission"
+    for path in submitted:  # out of time, requeued this many times (submitit's default: 3)
+        assert DelayedSubmission.load(path)._timeout_countdown == slurm_options.max_requeues == 20
+
+
+def test_a_plain_script_task_warned_of_its_time_limit_requeues_itself_and_resumes_to_the_same_record(tmp_path):
+    """Slurm never requeues a task that reaches its time limit: the plain script's trap does, on the warning Slurm
+    sends before it (``--signal=B:USR1@...``), sent here at once by ``scancel --signal USR1 --batch``."""
+    run = PlannedRun(RunConfig(**{**TINY, "epochs": 8, "milestones": (4,)}), ("test",), None, 0)
+    inline = _inline([run], tmp_path / "inline")
+    options, slurm_options = _options(tmp_path, "warned")
+    store = ResultsStore(options.store)
+    script = slurm.sbatch_script([[run]], options, slurm_options, "smoke", "runs", outside_plan=True)
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.time() + 300
+    while not store.checkpoint_path(run.key).exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert store.finished(run.key) is None, "the task finished before it could be warned"
+    warned = subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_0"], capture_output=True, text=True)
+    assert warned.returncode == 0, warned.stderr
+    _wait_for(job)
+    log = (Path(slurm_options.folder) / f"{job}_0.err").read_text()
+    assert "out of time: requeued (restart 1 of at most 20); it resumes from its checkpoints" in log, log
     assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
 
 

@@ -2,6 +2,8 @@
 the value and what was expected (exit 2, no traceback); the Slurm executor writes its scripts without a memory
 request when none is given; ``train`` writes its manifest only for a training into the notebooks' store."""
 
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,9 @@ import torch
 
 from experiments.__main__ import main
 from experiments.paths import PROJECT_ROOT
-from experiments.scale import cli
+from experiments.scale import cli, slurm
+from experiments.scale.plan import plan
+from experiments.spec.profiles import get_profile
 
 SMOKE_KEY = "4699c24f5f58e247"  # a run of the smoke profile (`python -m experiments plan smoke`)
 
@@ -141,6 +145,65 @@ def test_sbatch_scripts_without_a_memory_request_leave_it_to_the_partition_and_w
     assert "#SBATCH --exclusive" in alone.read_text().splitlines() and "--device cuda" in runs.read_text()
     assert not (tmp_path / "figures").exists()
     assert "submit each with `sbatch SCRIPT`" in capsys.readouterr().err
+
+
+def test_sbatch_scripts_ask_one_task_and_requeue_themselves_out_of_time_from_a_key_file_of_their_own(tmp_path,
+                                                                                                      monkeypatch):
+    """``--gpus-per-task`` with ``--ntasks`` (Slurm 23.11 refuses it alone); Slurm's warning before the time limit
+    requeues the task at most ``--max-requeues`` times (Slurm never requeues a timed-out task itself); and each
+    submission's keys in a file named by its content, so that a later submission cannot change the keys of tasks still
+    queued. The trap itself is run by a real Slurm in test_slurm.py."""
+    store = tmp_path / "store"
+    arguments = ["train", "smoke", "--executor", "slurm", "--gpus-per-task", "1", "--device", "cuda", "--store",
+                 str(store), "--sbatch-only", "--max-requeues", "7"]
+    assert main(arguments) == 0
+    script = (store / "slurm" / "runs.sbatch").read_text()
+    directives = script.splitlines()
+    assert {"#SBATCH --ntasks=1", "#SBATCH --gpus-per-task=1", f"#SBATCH --signal=B:USR1@{slurm.WARNING_S}",
+            "#SBATCH --requeue"} <= set(directives)
+    assert "trap out_of_time USR1" in directives and '-lt 7 ]' in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+    first = sorted((store / "slurm").glob("runs-*.keys"))
+    assert len(first) == 1 and first[0].name in script
+    (store / "slurm" / "runs.sbatch").rename(store / "slurm" / "first.sbatch")
+    monkeypatch.setattr(cli, "plan", lambda profile: plan(profile)[1:3])  # a later submission of other runs
+    assert main(arguments) == 0
+    assert sorted((store / "slurm").glob("runs-*.keys")) != first and first[0].exists()
+    assert first[0].name in (store / "slurm" / "first.sbatch").read_text()
+    assert main([*arguments[:-2], "--max-requeues", "-1"]) == 2
+
+
+def test_an_uncalibrated_profile_is_not_trained_unless_asked(tmp_path, capsys):
+    """The gpu profile's stand-ins have no committed calibration: a run's key holds its stand-in's difficulty, so
+    `train` refuses (runs that calibrating would make obsolete), and trains with --uncalibrated."""
+    arguments = ["train", "gpu", "--executor", "slurm", "--store", str(tmp_path / "store"), "--sbatch-only"]
+    assert main(arguments) == 2
+    error = capsys.readouterr().err
+    assert "the gpu profile's stand-ins cifar, plantnet, imagenet_lt, imagenet are not calibrated yet" in error
+    assert "make calibrate PROFILE=gpu" in error
+    assert main([*arguments, "--uncalibrated"]) == 0
+    assert (tmp_path / "store" / "slurm" / "runs.sbatch").exists()
+
+
+def test_runs_a_live_process_trains_are_left_to_it_and_named_by_plan(tmp_path, capsys, monkeypatch):
+    """A run whose claim a live process holds (another `train`, a Slurm task) is not trained or submitted again:
+    `train` leaves it to its holder, and `plan` shows it training, with the holder."""
+    from experiments.engine import run_claim
+
+    store = tmp_path / "store"
+    runs = plan(get_profile("smoke"))[:2]
+    monkeypatch.setattr(cli, "plan", lambda profile: runs)
+    held = runs[0].config.training_key()
+    assert run_claim.try_claim(store, held)  # as another process on this host would
+    try:
+        assert main(["plan", "smoke", "--store", str(store)]) == 0
+        listing = capsys.readouterr().out
+        assert f"{runs[0].key}  training" in listing and f"(by {socket.gethostname()} pid {os.getpid()})" in listing
+        assert main(["train", "smoke", "--executor", "slurm", "--store", str(store), "--sbatch-only"]) == 0
+        assert "1 being trained by other processes (left to them; `plan` names them), 1 to train" in \
+            capsys.readouterr().err
+        assert next((store / "slurm").glob("runs-*.keys")).read_text().split() == [runs[1].key]
+    finally:
+        run_claim.release(store, held)
 
 
 def test_train_into_another_store_writes_no_manifest_over_the_notebooks(tmp_path, monkeypatch):

@@ -65,6 +65,11 @@ def next_step(profile: Profile, setup: str) -> Step | None:
     return Step("calibrate", learning_rates.ce_rates(chosen, profile, setup), fitted.knobs, fitted.round + 1)
 
 
+def unsettled(profile: Profile) -> list[str]:
+    """The stand-ins of ``profile`` with a step still to take (:func:`next_step`): what ``make calibrate`` would do."""
+    return [setup for setup in profile.calibrated_setups if next_step(profile, setup) is not None]
+
+
 def settle(profile: Profile, setup: str, train, say=lambda line: print(line, flush=True), ahead=None) -> Profile:
     """Take ``setup``'s steps (:func:`next_step`) until none is left, storing each; ``train(config)`` gives a run's
     record, and ``ahead(configs)``, if given, hears the runs of each step of the calibration and of the learning-rate
