@@ -8,15 +8,19 @@ import json
 import os
 import sys
 
-import torch
-import torch.distributed as dist
+try:  # torch's import takes seconds: Ctrl-C then ends the command as it would later, with no traceback
+    import torch
+    import torch.distributed as dist
 
-from data_prep.common import MissingDataError
-from experiments.engine.compile_cache import share_compilations
-from experiments.engine.config import RunConfig
-from experiments.engine.store import ResultsStore, unusable_store
-from experiments.engine.train import COMPILE_MODES, run
-from experiments.scale import cli
+    from data_prep.common import MissingDataError
+    from experiments.engine.compile_cache import share_compilations
+    from experiments.engine.config import RunConfig
+    from experiments.engine.store import ResultsStore, unusable_store
+    from experiments.engine.train import COMPILE_MODES, run
+    from experiments.scale import cli
+except KeyboardInterrupt:
+    print("\ninterrupted while starting: nothing was trained", file=sys.stderr)
+    raise SystemExit(130) from None
 
 
 DESCRIPTION = """Train one run from a JSON config (the fields of experiments.engine.config.RunConfig), or print its
@@ -101,4 +105,8 @@ def _progress_kept(store: ResultsStore, config: RunConfig) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before a command's own handling began (planning, say): nothing was trained
+        print("\ninterrupted: nothing was trained", file=sys.stderr)
+        sys.exit(130)

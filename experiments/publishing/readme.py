@@ -23,7 +23,8 @@ from pathlib import Path
 
 from scipy import stats
 
-from experiments.tuning.calibration import SEARCH_ERROR, TOLERANCE, rate_text, seed_spread, unmatched
+from experiments.tuning.calibration import (SEARCH_ERROR, SPREAD_CONFIDENCE, TOLERANCE, rate_text, seed_spread,
+                                            spread_limit, unmatched)
 from experiments.tuning.calibration import search_seeds as search_seeds_for
 from experiments.tuning.learning_rates import fitted_gap_at_chosen_rate
 from experiments.spec import tuned
@@ -248,21 +249,27 @@ def search_seeds(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
     if not rows:
         return f"*No `{CALIBRATION_SEEDS}.csv` in `figures/{DEFAULT_PROFILE}/`: run `make paper-figures`.*"
     lines = [f"The search averages the fewest seeds whose mean has a standard error within {SEARCH_ERROR:g} points, a "
-             f"quarter of a fitted number's {TOLERANCE[True]:g}-point tolerance:"]
+             f"quarter of a fitted number's {TOLERANCE[True]:g}-point tolerance, at the spread's "
+             f"{SPREAD_CONFIDENCE:.0%} upper confidence limit:"]
     for data in dict.fromkeys(row["data"] for row in rows):
         numbers = {row["CE number"]: [float(v) for v in row["each seed (%)"].split(", ")]
                    for row in rows if row["data"] == data}
         seeds = len(next(iter(numbers.values())))
         spread = seed_spread([dict(zip(numbers, values)) for values in zip(*numbers.values())], list(numbers))
-        lines.append(f"- `{data}` ({DEFAULT_PROFILE} profile, CE at its chosen knobs): the largest standard deviation "
-                     f"of a fitted number over its {seeds} seeds {spread:.2f} points: "
-                     f"{search_seeds_for(spread, seeds)} of {seeds} seeds")
+        lines.append(f"- `{data}` ({DEFAULT_PROFILE} profile, CE at its chosen knobs): {_spread_text(spread, seeds)}")
     t = float(stats.t.ppf(0.975, 3))
     spread = max(table["cross_entropy"][LABEL_NOISE.index(p)][1] * 2 / t for table in (TABLE_4, TABLE_7)
                  for p in (0.0, 0.4))
-    lines.append(f"- the paper's CE on CIFAR-100 (the fitted numbers of Tables 4 and 7, 4 seeds): the largest standard "
-                 f"deviation {spread:.2f} points: {search_seeds_for(spread, 4)} of 4 seeds")
+    lines.append(f"- the paper's CE on CIFAR-100 (the fitted numbers of Tables 4 and 7): {_spread_text(spread, 4)}")
     return "\n".join(lines)
+
+
+def _spread_text(spread: float | None, seeds: int) -> str:
+    """The seeds' spread, its upper limit and the seeds the search takes for it, in words."""
+    if spread is None:
+        return f"no spread over its {seeds} seeds (one seed, or a number that is not finite): {seeds} of {seeds} seeds"
+    return (f"the largest standard deviation of a fitted number over its {seeds} seeds {spread:.2f} points (upper "
+            f"limit {spread_limit(spread, seeds):.2f}): {search_seeds_for(spread, seeds)} of {seeds} seeds")
 
 
 def _probe(module_name: str, runs: Callable[[list[dict]], str], results: Path) -> str:

@@ -23,14 +23,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import torch
+try:  # torch's import takes seconds: Ctrl-C then ends the command as it would later, with no traceback
+    import torch
 
-from experiments.engine.store import ResultsStore
-from experiments.engine.train import COMPILE_MODES
-from experiments.scale import executors, slurm
-from experiments.scale.plan import PlannedRun
-from experiments.scale.progress import Progress
-from experiments.tuning import fixed_point, profile_steps
+    from experiments.engine.store import ResultsStore
+    from experiments.engine.train import COMPILE_MODES
+    from experiments.scale import executors, slurm
+    from experiments.scale.plan import PlannedRun
+    from experiments.scale.progress import Progress
+    from experiments.tuning import fixed_point, profile_steps
+except KeyboardInterrupt:
+    print("\ninterrupted while starting: nothing was trained", file=sys.stderr)
+    raise SystemExit(130) from None
 
 #: What trains a move's runs: ``trainer(runs, progress)``.
 Trainer = Callable[[list[PlannedRun], Progress], None]
@@ -206,4 +210,8 @@ def executor_ahead(store: ResultsStore, trainer: Trainer, *, live: bool = True):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before the calibration's own handling began: nothing was trained
+        print("\ninterrupted: nothing was trained", file=sys.stderr)
+        sys.exit(130)

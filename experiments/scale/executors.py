@@ -193,7 +193,16 @@ class WorkerPool:
         parent, child = self.context.Pipe()
         process = self.context.Process(target=_worker, args=(child, self.devices[slot], self.options, self.threads),
                                        name=f"topk-worker-{slot}", daemon=True)
-        process.start()
+        if threading.current_thread() is threading.main_thread():  # where signal handlers can be set
+            # A spawned worker imports torch before its code runs: Ctrl-C then would print a traceback. It starts
+            # with SIGINT ignored (kept across exec) and takes Ctrl-C again once in _worker; this process has it.
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                process.start()
+            finally:
+                signal.signal(signal.SIGINT, previous)
+        else:
+            process.start()
         child.close()
         self.workers[slot] = (process, parent, None)
 
@@ -220,6 +229,9 @@ class WorkerPool:
         KeyboardInterrupt is raised."""
         process = self.workers[slot][0]
         process.join(timeout=5)
+        if process.is_alive():  # its pipe broken but not yet ended: its device's memory is needed
+            process.terminate()
+            process.join(timeout=5)
         if process.exitcode in INTERRUPTED_EXITS:
             self._closed = True
             raise KeyboardInterrupt
@@ -352,6 +364,7 @@ def _worker(connection, device: str, options: TrainOptions, threads: int) -> Non
     """A worker process: trains each group it is sent, until it is sent None (:func:`_serve`). Ctrl-C reaches the
     whole process group: the worker then ends quietly with :data:`INTERRUPTED`, and the parent says what is kept."""
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # started with it ignored (WorkerPool._start)
         _serve(connection, device, options, threads)
     except KeyboardInterrupt:
         sys.exit(INTERRUPTED)

@@ -161,14 +161,19 @@ def test_seeds_that_agree_at_the_start_let_the_search_average_fewer_and_the_chos
 
 
 def test_the_search_averages_the_fewest_seeds_whose_standard_error_is_within_a_quarter_of_the_tolerance():
-    assert calibration.SEARCH_ERROR == 0.5
-    assert [calibration.search_seeds(spread, 4) for spread in (None, 0.0, 0.5, 0.51, 0.75, 1.0, 3.0)] == [
-        4, 1, 1, 2, 3, 4, 4]
+    """At the spread's 80% upper confidence limit: over 4 seeds, x1.73 the measured standard deviation (the chi-square
+    quantile at 3 degrees of freedom, 1.005), over 2 seeds x3.95."""
+    assert calibration.SEARCH_ERROR == 0.5 and calibration.SPREAD_CONFIDENCE == 0.8
+    assert calibration.spread_limit(1.0, 4) == pytest.approx(math.sqrt(3 / 1.005174), rel=1e-5)
+    assert calibration.spread_limit(1.0, 2) == pytest.approx(math.sqrt(1 / 0.0641848), rel=1e-5)
+    assert [calibration.search_seeds(spread, 4) for spread in (None, 0.0, 0.25, 0.28, 0.3, 0.5, 0.6, 3.0)] == [
+        4, 1, 1, 1, 2, 3, 4, 4]
+    assert calibration.search_seeds(0.1, 1) == 1  # one seed measures no spread
+    exactly_two = math.sqrt(2) * calibration.SEARCH_ERROR / calibration.spread_limit(1.0, 4)
+    assert calibration.search_seeds(exactly_two, 4) == 2  # the mean of two has the error allowed, to a float's bit
     targets = ["a", "b"]
     by_seed = [{"a": 1.0, "b": 5.0}, {"a": 3.0, "b": 5.0}]  # standard deviations sqrt(2) and 0: the largest
     assert calibration.seed_spread(by_seed, targets) == pytest.approx(math.sqrt(2))
-    two_seeds_a_point_apart = calibration.seed_spread([{"a": 1.0, "b": 5.0}, {"a": 2.0, "b": 5.0}], targets)
-    assert calibration.search_seeds(two_seeds_a_point_apart, 4) == 2  # their mean's error is 0.5 exactly
     assert calibration.seed_spread(by_seed[:1], targets) is None  # one seed: no spread
     assert calibration.seed_spread([{"a": 1.0, "b": math.nan}, {"a": 1.0, "b": 2.0}], targets) is None
 

@@ -608,17 +608,24 @@ def test_the_calibration_work_block_says_which_stand_ins_are_calibrated_and_what
 
 
 def test_the_search_seeds_block_gives_the_seeds_the_rule_takes_at_the_committed_spread_and_the_papers(tmp_path):
-    """Each stand-in's most scattered fitted number (held-out ones left out) and the seeds the rule takes there; the
-    paper's CE on CIFAR-100 from its 95% half-widths."""
+    """Each stand-in's most scattered fitted number (held-out ones left out), its upper limit and the seeds the rule
+    takes there; a seed's NaN (a diverged run) gives no spread, so every seed; the paper's CE on CIFAR-100 from its 95%
+    half-widths."""
     (tmp_path / "calibration_seeds.csv").write_text(
         "data,CE number,role,each seed (%)\n"
         'a_like,"top-1",fitted,"70.0, 71.0, 72.0"\n'  # standard deviation 1: every seed
         'a_like,"top-5",fitted,"90.0, 90.0, 90.0"\n'
         'a_like,"top-1, p = 0.2",held out,"10.0, 50.0, 90.0"\n'  # held out: not read
-        'b_like,"top-1",fitted,"70.0, 70.5"\n')  # standard deviation 0.35: one seed
+        'b_like,"top-1",fitted,"70.0, 70.1, 70.2"\n'  # standard deviation 0.1, limit 0.21: one seed
+        'c_like,"top-1",fitted,"70.0, 70.1"\n'  # 0.07 over 2 seeds, limit x3.95: still one
+        'd_like,"top-1",fitted,"70.0, nan"\n')
     lines = readme.search_seeds(tmp_path).splitlines()
-    assert lines[1].endswith("the largest standard deviation of a fitted number over its 3 seeds 1.00 points: 3 of 3 "
-                             "seeds")
-    assert lines[2].endswith("over its 2 seeds 0.35 points: 1 of 2 seeds")
-    assert lines[3].endswith("the largest standard deviation 0.25 points: 1 of 4 seeds")  # CE's 0.4 half-width, top-1
+    assert lines[0].endswith("at the spread's 80% upper confidence limit:")
+    assert lines[1].endswith("the largest standard deviation of a fitted number over its 3 seeds 1.00 points (upper "
+                             "limit 2.12): 3 of 3 seeds")
+    assert lines[2].endswith("over its 3 seeds 0.10 points (upper limit 0.21): 1 of 3 seeds")
+    assert lines[3].endswith("over its 2 seeds 0.07 points (upper limit 0.28): 1 of 2 seeds")
+    assert lines[4].endswith("no spread over its 2 seeds (one seed, or a number that is not finite): 2 of 2 seeds")
+    assert lines[5].endswith("the largest standard deviation of a fitted number over its 4 seeds 0.25 points (upper "
+                             "limit 0.43): 1 of 4 seeds")  # CE's 0.4 half-width, top-1
     assert readme.search_seeds(tmp_path / "none").startswith("*No `calibration_seeds.csv`")

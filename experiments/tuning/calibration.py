@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import pandas as pd
+from scipy import stats
 
 from experiments.provenance import git_commit
 from experiments.spec import grids, paper, tuned
@@ -39,6 +40,9 @@ SMALLEST_KNOB = {"pixel_noise": 0.05, "class_contrast": 0.05, "ambiguity": 0.0, 
 LARGEST_KNOB = {"ambiguity": 1.0, "superclass_mixing": 1.0}
 #: the standard error (points) the search's numbers may have, a quarter of the fitted tolerance (:func:`search_seeds`)
 SEARCH_ERROR = TOLERANCE[True] / 4
+#: the one-sided confidence of the upper limit put on the seeds' spread before seeds are counted (:func:`spread_limit`):
+#: 2 to 4 seeds measure a standard deviation loosely, so a pilot's is taken at its 80% upper limit (Browne, 1995)
+SPREAD_CONFIDENCE = 0.8
 MOVES_PER_STEP = 8  #: the search moves at most this many times at one step size
 
 
@@ -214,12 +218,22 @@ def seed_spread(by_seed: list[dict], labels) -> float | None:
     return max(statistics.stdev(values) for values in numbers)
 
 
+def spread_limit(spread: float, seeds: int) -> float:
+    """The upper confidence limit, at :data:`SPREAD_CONFIDENCE`, of a standard deviation measured as ``spread`` over
+    ``seeds`` seeds: ``spread`` * sqrt((n - 1) / chi2_(1 - confidence)(n - 1)), the chi-square quantile at n - 1
+    degrees of freedom (normal numbers)."""
+    freedom = seeds - 1
+    return spread * math.sqrt(freedom / stats.chi2.ppf(1 - SPREAD_CONFIDENCE, freedom))
+
+
 def search_seeds(spread: float | None, seeds: int) -> int:
-    """How many of a setup's ``seeds`` the search averages at each point: the fewest whose mean's standard error,
-    ``spread`` / sqrt(n), is at most :data:`SEARCH_ERROR`; every seed where the spread is unknown."""
-    if spread is None:
+    """How many of a setup's ``seeds`` the search averages at each point, ``spread`` being the largest standard
+    deviation measured over them (:func:`seed_spread`): the fewest whose mean's standard error, the spread's upper
+    limit (:func:`spread_limit`) / sqrt(n), is at most :data:`SEARCH_ERROR`; every seed where the spread is unknown."""
+    if spread is None or seeds < 2:
         return seeds
-    return min(seeds, max(1, math.ceil(spread ** 2 / SEARCH_ERROR ** 2 - 1e-9)))  # 1e-9: a float's last bit
+    limit = spread_limit(spread, seeds)
+    return min(seeds, max(1, math.ceil(limit ** 2 / SEARCH_ERROR ** 2 - 1e-9)))  # 1e-9: a float's last bit
 
 
 def rms_gap(values: dict, targets) -> float:
@@ -377,7 +391,7 @@ def why_unmatched(entry: Calibration, target: Number) -> str:
     if len(points) < 2:
         return "measured at the chosen knobs only (held out), so the search cannot tell whether other knobs match it"
     fitted = {t.label: t.published for t in entry.fitted if t.label != label}
-    searched = (f" (on the first {len(entry.searched_seeds)} seed{'s' * (len(entry.searched_seeds) > 1)})"
+    searched = (f" (on seed{'s' * (len(entry.searched_seeds) > 1)} {', '.join(map(str, entry.searched_seeds))})"
                 if entry.searched_seeds else "")  # an entry stored before searched_seeds searched every seed
     settings = f"the {len(points)} knob settings tried{searched}"
     outside = []
