@@ -24,7 +24,7 @@ DEVICE ?= cpu
 THREADS ?= 0
 # WORKERS=N processes read image-folder datasets (default: the machine's cores); COMPILE=default|reduce-overhead|...
 # compiles the training step with torch.compile (default: eager on a CPU; on CUDA reduce-overhead, CUDA graphs: one
-# DenseNet-40-40 run trained x4.1 the images/s of `default` on an H200, benchmarks/results/h200-2026-11-26b).
+# DenseNet-40-40 run trained several times the images/s of `default` on an H200: docs/reproducing.md#runs-side-by-side-on-one-gpu).
 WORKERS ?=
 COMPILE ?= $(if $(filter cuda%,$(DEVICE)),reduce-overhead)
 # EXECUTOR=inline|local|slurm trains every run of the profile before the notebooks, which then read them from the store

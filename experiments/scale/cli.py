@@ -37,8 +37,8 @@ from experiments.paths import BENCHMARK_RESULTS, FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
 from experiments.scale import executors, slurm
 from experiments.scale.gpu_sharing import gpu_sharing
-from experiments.scale.hours import (Rates, completeness_then_hours, counted_text, estimate, estimate_moves,
-                                    invocations, read_measurements, runs_measured_by, setting_text)
+from experiments.scale.hours import (Rates, calibration_first_then, completeness_then_hours, counted_text, estimate,
+                                    estimate_moves, invocations, read_measurements, runs_measured_by, setting_text)
 from experiments.scale.plan import CalibrationFirst, PlannedRun, calibrations_to_make, plan, stacks, table
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import PROFILES, Profile, get_profile
@@ -258,13 +258,36 @@ def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path, calibration
                 not_estimated.append(f"  PER_GPU={per_gpu} STACK={stack}: not estimated, a group of its plan has no "
                                      f"measured rate ({where})")
             else:
-                estimated.append((found, where))
-    for found, where in sorted(estimated, key=lambda each: completeness_then_hours(each[0])):
+                estimated.append((found, where, rates, {run.config.dataset for run in covered}))
+    estimated.sort(key=lambda each: completeness_then_hours(each[0]))
+    for found, where, _, _ in estimated:
         print(f"  {setting_text(found).strip('`'):20s} {found.hours:7.1f} h  {where}; {counted_text(found)}")
     for line in not_estimated:
         print(line)
     _print_calibration_hours(calibrations, current or measured, gpus)
+    _print_with_calibration(estimated, calibrations)
     return 0
+
+
+def _print_with_calibration(estimated: list[tuple], calibrations: Calibrations) -> None:
+    """Each estimate of the notebooks' runs on one stand-in (``estimated``: the estimate, where it was measured, its
+    rates, the runs' datasets) with that stand-in's calibration first, as ``make paper-figures`` takes them from an
+    empty store (:func:`experiments.scale.hours.calibration_first_then`): at least, its search averaging one seed,
+    then every seed."""
+    fewest, every = calibrations
+    lines = []
+    for found, where, rates, datasets in estimated:
+        setup = next((setup for setup, first in fewest.items() if {first.runs[0].config.dataset} == datasets), None)
+        if setup is None:
+            continue
+        both = [calibration_first_then(found, search, rates) for search in (fewest[setup], every[setup])]
+        if None not in both:
+            lines.append(f"  {setting_text(found).strip('`'):20s} {both[0].hours:7.1f} h ({both[1].hours:.1f} h)  "
+                         f"{', '.join(datasets)}: its calibration, then its notebooks' runs; {where}")
+    if lines:
+        print("\nthe notebooks' runs above with their stand-in's calibration first, as make paper-figures takes them "
+              "from an empty store, at least (its search averaging one seed; every seed in brackets):")
+        print("\n".join(lines))
 
 
 def _print_calibration_hours(calibrations: Calibrations, measured: list[list[dict]], gpus: int) -> None:
@@ -352,6 +375,9 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
           f", {len(todo)} to train ({args.executor} executor)", file=sys.stderr)
     if not todo:  # no device needed, and the manifest of the training that made them is kept
         return 0
+    if args.executor == "inline" and options.device.startswith("cuda") and torch.cuda.device_count() > 1:
+        print(f"note: the inline executor trains on {options.device} alone; `--executor local --per-gpu 1` trains on "
+              f"each of the {torch.cuda.device_count()} visible GPUs", file=sys.stderr)
     progress, started = Progress(todo, store=store), time.time()
     on_gpus = (args.executor == "local" and args.per_gpu) or options.device.startswith("cuda")
     sharing = gpu_sharing("cuda" if on_gpus else "")  # how the GPUs were shared, as training begins

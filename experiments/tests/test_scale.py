@@ -529,10 +529,19 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
                         "improving on its start; each move's runs wait for the last's; the notebooks' runs among them "
                         "are not trained again), each search averaging one seed (every seed, in brackets):")
     measured = "test-gpu, reduce-overhead, 2026-01-01T00:00:00; " + counted
-    assert lines[start + 1:] == [f"  cifar100_like      PER_GPU=2       2.3 h (3.4 h)  3 runs (4) in 2 moves; {measured}",
-                                 f"  cifar100_like      PER_GPU=1       3.1 h (4.1 h)  3 runs (4) in 2 moves; {measured}",
-                                 "  cifar100_like      not estimated: no measurement of its model and batch "
-                                 "(small_cnn, batch 64)"]  # named by dataset: TINY's is cifar100_like too
+    end = lines.index("", start)
+    assert lines[start + 1:end] == [f"  cifar100_like      PER_GPU=2       2.3 h (3.4 h)  3 runs (4) in 2 moves; {measured}",
+                                    f"  cifar100_like      PER_GPU=1       3.1 h (4.1 h)  3 runs (4) in 2 moves; {measured}",
+                                    "  cifar100_like      not estimated: no measurement of its model and batch "
+                                    "(small_cnn, batch 64)"]  # named by dataset: TINY's is cifar100_like too
+    # then each setting's notebooks with the calibration first: one worker, 3 x 3710 s of moves, then the run it left,
+    # 3710 s (every seed: 4 x 3710 s of moves, none left), in the notebooks' order of settings
+    assert lines[end + 1] == ("the notebooks' runs above with their stand-in's calibration first, as make paper-figures "
+                              "takes them from an empty store, at least (its search averaging one seed; every seed in "
+                              "brackets):")
+    assert [line.split()[0] for line in lines[end + 2:]] == ["PER_GPU=2", "PER_GPU=2", "PER_GPU=1", "PER_GPU=1"]
+    assert lines[-1] == (f"  PER_GPU=1 STACK=1        4.1 h (4.1 h)  cifar100_like: its calibration, then its "
+                         f"notebooks' runs; {where}")
     monkeypatch.setattr(cli, "calibrations_to_make", lambda profile, searched=1: {})
     (tmp_path / "rates.csv").write_text(header + "\n".join([*ignored, *rows[2:]]) + "\n")  # no lone run's rate
     assert cli.main(["plan", "smoke", "--gpus", "1", *rates]) == 0
