@@ -163,4 +163,4 @@ clean: ## Remove the virtual environment, executed notebooks, the report, caches
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 clean-results: ## Remove PROFILE's results store (its trained runs: the next paper-figures retrains them); other profiles' stay
-	rm -rf results/$(PROFILE)
+	$(if $(strip $(PROFILE)),rm -rf results/$(strip $(PROFILE)),$(error clean-results: PROFILE is empty; name the profile whose store goes))

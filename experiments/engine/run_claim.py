@@ -1,12 +1,12 @@
 """Who trains a run: a claim file in the results store, so that many processes (one machine, or a cluster on a shared
 filesystem) never train one run twice at once.
 
-``root/claims/<training key>.json`` names the holder (host, PID namespace, pid, Slurm job if any, start time). It is
-created with ``O_CREAT | O_EXCL``, which is atomic on a local disk and on NFS v3+; the holder touches it every
-:data:`HEARTBEAT` seconds. A claim is stale when its process is gone (seen from the same host and PID namespace: a
-container's pids mean nothing outside it) or its heartbeat is older than :data:`STALE_AFTER` (anywhere, so that a
-reused pid does not keep a dead holder's claim); a stale claim is moved aside by one atomic rename, so of two processes
-taking it over only one succeeds. The claim is per training (:meth:`experiments.engine.config.RunConfig.training_key`): the
+``root/claims/<training key>.json`` names the holder (host, PID namespace, pid and the process's start, Slurm job and
+restart if any, start time). It is created with ``O_CREAT | O_EXCL``, which is atomic on a local disk and on NFS v3+;
+the holder touches it every :data:`HEARTBEAT` seconds. A claim is stale when its process is gone, seen from the same
+host and PID namespace (a container's pids mean nothing outside it; a pid reused by another process, started at
+another time, is gone too), else when its heartbeat is older than :data:`STALE_AFTER`; a stale claim is moved aside by
+one atomic rename, so of two processes taking it over only one succeeds. The claim is per training (:meth:`experiments.engine.config.RunConfig.training_key`): the
 siblings that differ only in their selection metric are one training.
 
 A compiled training (``compile_mode``) keeps its compilations in the user's cache folder
@@ -38,7 +38,23 @@ def claim_path(root: Path, training_key: str) -> Path:
 def holder() -> dict:
     """This process, as a claim names it."""
     return {"host": socket.gethostname(), "pid_namespace": _pid_namespace(), "pid": os.getpid(),
-            "slurm_job": os.environ.get("SLURM_JOB_ID"), "since": time.time()}
+            "pid_start": _process_start(os.getpid()), "slurm_job": os.environ.get("SLURM_JOB_ID"),
+            "slurm_restart": _slurm_restart(), "since": time.time()}
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux's ``/proc/PID/stat``, field 22), which tells it
+    from a later process given the same pid; None elsewhere or when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # the fields after the command's name, which may hold spaces
+
+
+def _slurm_restart() -> int:
+    """How many times Slurm requeued this task (0 outside Slurm)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
 def _pid_namespace() -> int | None:
@@ -66,11 +82,12 @@ def is_stale(path: Path, claim: dict, *, stale_after: float = STALE_AFTER) -> bo
     """True when the claim's process cannot be training any more: gone from this host, silent for too long, or this
     very Slurm task before Slurm requeued it (a requeued task keeps its job id)."""
     job = os.environ.get("SLURM_JOB_ID")
-    if job and claim.get("slurm_job") == job:
+    if job and claim.get("slurm_job") == job and claim.get("slurm_restart", -1) < _slurm_restart():
         return True
     seen_here = claim.get("host") == socket.gethostname() and claim.get("pid_namespace") == _pid_namespace()
-    if seen_here and isinstance(claim.get("pid"), int) and not _alive(claim["pid"]):
-        return True
+    if seen_here and isinstance(claim.get("pid"), int):  # its process tells, whatever its heartbeat (Ctrl-Z, say)
+        started = claim.get("pid_start")
+        return not _alive(claim["pid"]) or (started is not None and _process_start(claim["pid"]) != started)
     try:
         return time.time() - path.stat().st_mtime > stale_after
     except FileNotFoundError:
@@ -78,13 +95,17 @@ def is_stale(path: Path, claim: dict, *, stale_after: float = STALE_AFTER) -> bo
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and has not exited (a zombie, ended but not yet reaped, has)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
+        pass
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # no /proc here: existing is all that can be told
         return True
-    return True
 
 
 def live_holder(root: Path, training_key: str, *, stale_after: float = STALE_AFTER) -> dict | None:
@@ -140,6 +161,8 @@ def held(root: Path, training_key: str, *, heartbeat: float = HEARTBEAT):
                 os.utime(path)
             except FileNotFoundError:
                 return
+            except OSError:  # a shared filesystem's passing error (NFS's ESTALE, EIO): beat again next time
+                continue
 
     thread = threading.Thread(target=beat, name=f"claim-{training_key}", daemon=True)
     thread.start()

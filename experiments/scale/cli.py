@@ -371,29 +371,65 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     todo = [run for run in todo if run not in elsewhere]
     print(f"{args.profile}: {len(runs)} runs, {len(runs) - len(todo) - len(elsewhere) - diverged} already finished"
           f"{f', {diverged} diverged' if diverged else ''}"
-          f"{f', {len(elsewhere)} being trained by other processes (left to them; `plan` names them)' if elsewhere else ''}"
+          f"{f', {len(elsewhere)} being trained by other processes (waited for; `plan` names them)' if elsewhere else ''}"
           f", {len(todo)} to train ({args.executor} executor)", file=sys.stderr)
-    if not todo:  # no device needed, and the manifest of the training that made them is kept
+    scripts_only = args.executor == "slurm" and args.sbatch_only  # nothing trains here: the scripts are written
+    if not todo and (not elsewhere or scripts_only):  # no device needed; the manifest of the training that made them is kept
         return 0
     if args.executor == "inline" and options.device.startswith("cuda") and torch.cuda.device_count() > 1:
         print(f"note: the inline executor trains on {options.device} alone; `--executor local --per-gpu 1` trains on "
               f"each of the {torch.cuda.device_count()} visible GPUs", file=sys.stderr)
-    progress, started = Progress(todo, store=store), time.time()
+    progress, started = Progress(todo + elsewhere, store=store), time.time()
     on_gpus = (args.executor == "local" and args.per_gpu) or options.device.startswith("cuda")
     sharing = gpu_sharing("cuda" if on_gpus else "")  # how the GPUs were shared, as training begins
-    with progress.watching():
+
+    def train(part: list[PlannedRun]) -> None:
         if args.executor == "inline":
-            executors.inline(todo, options, progress)
+            executors.inline(part, options, progress)
         elif args.executor == "local":
-            executors.local(todo, options, progress, jobs=args.jobs, per_gpu=args.per_gpu, sharing=sharing)
+            executors.local(part, options, progress, jobs=args.jobs, per_gpu=args.per_gpu, sharing=sharing)
         else:
-            slurm.train(todo, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
-    if not (args.executor == "slurm" and args.sbatch_only):  # nothing trained: the scripts were written
+            slurm.train(part, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
+
+    with progress.watching():
+        if todo:
+            train(todo)
+        if elsewhere and not scripts_only and (orphans := await_holders(elsewhere, store, progress)):
+            print(f"{len(orphans)} of the runs other processes trained were left without an outcome (their holders "
+                  "stopped): training them here", file=sys.stderr)
+            train(orphans)
+    if not scripts_only:
         print(progress.summary(), file=sys.stderr)
     into_notebooks_store = Path(options.store).resolve() == (RESULTS / args.profile).resolve()
-    if (args.figures or into_notebooks_store) and not (args.executor == "slurm" and args.sbatch_only):
+    if (args.figures or into_notebooks_store) and not scripts_only:
         _write_manifest(args, options, progress, len(runs) - len(todo) - len(elsewhere), time.time() - started, sharing)
     return min(len(progress.failed), 100)
+
+
+#: seconds between two looks at the runs other processes train (:func:`await_holders`)
+HOLDERS_POLL_S = 10.0
+
+
+def await_holders(runs: list[PlannedRun], store: ResultsStore, progress: Progress) -> list[PlannedRun]:
+    """Follow ``runs``, which live processes train (their claims' holders), until each has its outcome in ``store``
+    (reported to ``progress``) or its holder stops without one: those are returned, to be trained by the caller."""
+    for run in runs:
+        progress.elsewhere(run)
+    waiting, orphans = list(runs), []
+    while waiting:
+        for run in list(waiting):
+            if store.record_path(run.key).exists():
+                progress.finish(run)
+            elif (message := store.divergence(run.config.training_key())) is not None:
+                progress.diverge(run, message)
+            elif live_holder(store.root, run.config.training_key()) is None:
+                orphans.append(run)
+            else:
+                continue
+            waiting.remove(run)
+        if waiting:
+            time.sleep(HOLDERS_POLL_S)
+    return orphans
 
 
 def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, progress: Progress, already: int,
@@ -411,8 +447,10 @@ def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, p
     manifest = {"executor": args.executor, "workers": len(devices) or None, "profile": args.profile,
                 "commit": git_commit(), "device": devices[0] if devices else options.device,
                 "seconds": round(seconds, 1),
-                "runs": {"trained": progress.done, "from_store": already, "failed": len(progress.failed),
-                         "diverged": len(progress.diverged)},
+                "runs": {"trained": len(progress.finished - progress.others), "from_store": already,
+                         "failed": len(progress.failed), "diverged": len(progress.diverged),
+                         **({"trained_by_others": len(progress.finished & progress.others)}
+                            if progress.finished & progress.others else {})},
                 "stack": options.stack, "threads": threads, "cpus": os.cpu_count(),
                 "machine": device_name(devices[0]) if devices else None,
                 "gpu_sharing": (sharing or None) if devices else None}

@@ -252,8 +252,11 @@ class WorkerPool:
                     if not self._owes(call):
                         return
                     busy = {slot: worker for slot, worker in self.workers.items() if worker[2] is not None}
-                ready = wait([connection for _, connection, _ in busy.values()]  # unlocked: others queue meanwhile
-                             + [process.sentinel for process, _, _ in busy.values()], timeout=self.POLL_S)
+                try:  # unlocked, so that other threads queue meanwhile
+                    ready = wait([connection for _, connection, _ in busy.values()]
+                                 + [process.sentinel for process, _, _ in busy.values()], timeout=self.POLL_S)
+                except OSError:  # a pipe another thread closed since (its worker died): look again
+                    ready = []
                 with self._lock:
                     self._collect(busy, ready)
         except BaseException:  # Ctrl-C, say: this call's busy workers stop now (their checkpoints are kept)

@@ -34,6 +34,7 @@ class Progress:
         self.trained: dict[str, int] = {}  # images each run trained in this call (a finished one: all it had left)
         self.running: dict[str, float] = {}  # key -> start time
         self.finished: set[str] = set()
+        self.others: set[str] = set()  # runs another process trains (:meth:`elsewhere`)
         self.failed: dict[str, str] = {}  # key -> its log
         self.diverged: dict[str, str] = {}  # key -> its log: its loss became NaN, an outcome kept in the store
         self.started = self.logged = time.monotonic()
@@ -51,6 +52,15 @@ class Progress:
 
     def start(self, run: PlannedRun) -> None:
         with self.lock:
+            self.running[run.key] = time.monotonic()
+            self._show()
+
+    def elsewhere(self, run: PlannedRun) -> None:
+        """``run`` is trained by another process (its claim's live holder): shown running, its images not this
+        call's."""
+        with self.lock:
+            self.kept[run.key] = run.train_images or 0
+            self.others.add(run.key)
             self.running[run.key] = time.monotonic()
             self._show()
 

@@ -36,11 +36,12 @@ WARNING_S = 120  #: seconds before its time limit that Slurm warns a plain scrip
 
 #: The plain scripts' answer to Slurm's warning: requeue the task, which then resumes from its checkpoints.
 _OUT_OF_TIME = """out_of_time() {{  # Slurm's warning, {warning} s before the time limit
-  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_requeues} ]; then
-    echo "out of time: requeued (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of at most {max_requeues}); it resumes from its checkpoints" >&2
-    scontrol requeue "$SLURM_JOB_ID"
-  else
+  if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {max_requeues} ]; then
     echo "out of time after {max_requeues} requeues: not requeued again; give a longer --time-min" >&2
+  elif scontrol requeue "$SLURM_JOB_ID"; then
+    echo "out of time: requeued (restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of at most {max_requeues}); it resumes from its checkpoints" >&2
+  else
+    echo "out of time, and scontrol could not requeue the task: its checkpoints are kept, run it again" >&2
   fi
 }}
 trap out_of_time USR1
@@ -83,8 +84,9 @@ def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm",
     group.add_argument("--time-min", type=int, default=60,
                        help="time limit per task in minutes; a task out of time is requeued and resumes (default 60)")
     group.add_argument("--max-requeues", type=int, default=20,
-                       help="times a task out of time is requeued (default 20); a run longer than that many "
-                            "--time-min fails: give a longer --time-min")
+                       help="times a task is requeued when its time is up (default 20; the plain scripts count every "
+                            "requeue, preemptions too); a run needing more tasks than that fails: give a longer "
+                            "--time-min")
     group.add_argument("--array-parallelism", type=int, default=64, help="tasks of an array running at once (default 64)")
     group.add_argument("--poll", type=float, default=10.0, help="seconds between two looks at the queue (default 10)")
     group.add_argument("--slurm-folder", help=f"scripts and task logs (default: {folder})")
@@ -99,6 +101,9 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} should be a positive number, got {getattr(args, name)}"
     if args.max_requeues < 0:
         return f"--max-requeues should be 0 or more, got {args.max_requeues}"
+    if args.time_min * 60 <= WARNING_S + 60:  # Slurm may warn up to a minute early: the task would requeue at once
+        return (f"--time-min {args.time_min} leaves no time to train: Slurm warns a task {WARNING_S} s before its "
+                f"limit to requeue it; give more than {(WARNING_S + 60) // 60} minutes")
     if args.poll <= 0:
         return f"--poll should be a positive number of seconds, got {args.poll}"
     if args.mem_gb is not None and args.mem_gb <= 0:
@@ -151,9 +156,9 @@ def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: S
                       + f'keys=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(str(keys))})\n'
                       + " ".join(part if part == "$keys" else shlex.quote(part) for part in command)
                       + " &  # $keys unquoted: a task's keys are words\n"
-                      + 'run=$!\nwait "$run"; status=$?\n'
-                      + 'while kill -0 "$run" 2>/dev/null; do wait "$run"; status=$?; done  # a trap ends a wait, not the run\n'
-                      + 'exit "$status"\n')
+                      + 'run=$!\n'
+                      + 'while kill -0 "$run" 2>/dev/null; do wait "$run"; done  # a trap ends a wait, not the run\n'
+                      + 'wait "$run"  # its own exit status, also where it ended during a trap\n')
     return script
 
 

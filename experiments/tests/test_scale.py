@@ -128,6 +128,25 @@ def test_a_worker_pool_is_kept_from_one_call_to_the_next_and_a_worker_dead_betwe
     assert not pool.workers and not started[1].is_alive()
 
 
+def test_a_pipe_another_thread_closed_while_this_one_waited_is_looked_at_again(tmp_path, monkeypatch):
+    """Threads wait for their workers' messages outside the pool's lock: a pipe another thread closed meanwhile (its
+    worker died) makes the wait raise, and the call looks again instead of failing."""
+    waits, real = [], executors.wait
+
+    def closed_once(objects, timeout=None):
+        waits.append(len(objects))
+        if len(waits) == 1:
+            raise OSError("handle is closed")
+        return real(objects, timeout=timeout)
+
+    monkeypatch.setattr(executors, "wait", closed_once)
+    runs = [_planned(1)]
+    progress = Progress(runs)
+    with executors.WorkerPool.of(executors.TrainOptions(str(tmp_path), threads=1), jobs=1) as pool:
+        pool.train_runs(runs, progress)
+    assert progress.done == 1 and not progress.failed and len(waits) > 1
+
+
 def test_a_worker_pool_interrupted_mid_call_serves_the_next_call_with_no_stale_group(tmp_path):
     """An error while a call collects (Ctrl-C, say) stops the busy workers with their groups; the pool's next call
     reports only its own runs."""
@@ -272,6 +291,20 @@ def test_a_run_whose_loss_becomes_nan_is_diverged_not_failed_and_is_not_trained_
         torch.set_num_threads(threads)
 
 
+def test_a_slurm_tasks_claim_is_taken_over_by_its_requeued_self_not_by_its_allocations_other_processes(
+        tmp_path, monkeypatch):
+    key = "0123456789abcdef"
+    path = run_claim.claim_path(tmp_path, key)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    path.parent.mkdir(parents=True)
+    path.write_text('{"host": "another-node", "pid": 1, "slurm_job": "77", "slurm_restart": 1}')
+    assert not run_claim.try_claim(tmp_path, key)  # this incarnation's process on another node: its heartbeat tells
+    path.write_text('{"host": "another-node", "pid": 1, "slurm_job": "77", "slurm_restart": 0}')
+    assert run_claim.try_claim(tmp_path, key)  # this task before Slurm requeued it: gone
+    assert run_claim.read_claim(path)["slurm_restart"] == 1
+
+
 def test_a_claim_is_kept_by_a_live_holder_and_taken_over_from_a_dead_or_silent_one(tmp_path):
     key = "0123456789abcdef"
     path = run_claim.claim_path(tmp_path, key)
@@ -282,6 +315,14 @@ def test_a_claim_is_kept_by_a_live_holder_and_taken_over_from_a_dead_or_silent_o
     dead.wait()
     path.write_text(json.dumps({**run_claim.holder(), "pid": dead.pid}))
     assert run_claim.try_claim(tmp_path, key)  # its process is gone
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])  # ended, not yet reaped: a zombie, whose pid still exists
+    deadline = time.time() + 30
+    while Path(f"/proc/{ended.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.time() < deadline
+        time.sleep(0.05)
+    path.write_text(json.dumps({**run_claim.holder(), "pid": ended.pid, "pid_start": None}))
+    assert run_claim.try_claim(tmp_path, key)  # its process has ended
+    ended.wait()
     path.write_text('{"host": "another-node", "pid": 1}')
     assert not run_claim.try_claim(tmp_path, key)  # another host's claim, touched just now
     old = time.time() - run_claim.STALE_AFTER - 1
@@ -294,7 +335,9 @@ def test_a_claim_is_kept_by_a_live_holder_and_taken_over_from_a_dead_or_silent_o
     assert run_claim.live_holder(tmp_path, key) is None and run_claim.try_claim(tmp_path, key)
     assert run_claim.live_holder(tmp_path, key)["pid"] == os.getpid()
     os.utime(path, (old, old))
-    assert run_claim.try_claim(tmp_path, key)  # a live pid (a reused one, say) whose claim is silent: stale
+    assert not run_claim.try_claim(tmp_path, key)  # its live process tells, whatever its heartbeat (Ctrl-Z, say)
+    path.write_text(json.dumps({**run_claim.holder(), "pid_start": run_claim.holder()["pid_start"] - 1}))
+    assert run_claim.try_claim(tmp_path, key)  # this pid, reused by a process started later: the holder is gone
     run_claim.release(tmp_path, key)
     assert not path.exists()
     for damaged in ('[1, 2]', '{"host": ', '"a string"', ''):  # a claim cut by a crash, or not a holder's

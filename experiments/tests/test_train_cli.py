@@ -51,6 +51,9 @@ REFUSED = [
      "--gpus-per-task should be 0 or 1 (a run trains on one GPU), got 2"),
     (["train", "smoke", "--executor", "slurm", "--time-min", "0", "--sbatch-only"],
      "--time-min should be a positive number, got 0"),
+    (["train", "smoke", "--executor", "slurm", "--time-min", "3", "--sbatch-only"],
+     "--time-min 3 leaves no time to train: Slurm warns a task 120 s before its limit to requeue it; give more than 3 "
+     "minutes"),
     (["train", "smoke", "--executor", "slurm", "--mem-gb", "-1", "--sbatch-only"],
      "--mem-gb should be a positive number of GB, got -1.0"),
     (["train", "smoke", "--executor", "slurm", "--slurm-folder", "{file}", "--sbatch-only"],
@@ -161,7 +164,8 @@ def test_sbatch_scripts_ask_one_task_and_requeue_themselves_out_of_time_from_a_k
     directives = script.splitlines()
     assert {"#SBATCH --ntasks=1", "#SBATCH --gpus-per-task=1", f"#SBATCH --signal=B:USR1@{slurm.WARNING_S}",
             "#SBATCH --requeue"} <= set(directives)
-    assert "trap out_of_time USR1" in directives and '-lt 7 ]' in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+    assert "trap out_of_time USR1" in directives and '-ge 7 ]' in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+    assert directives[-1] == 'wait "$run"  # its own exit status, also where it ended during a trap'
     first = sorted((store / "slurm").glob("runs-*.keys"))
     assert len(first) == 1 and first[0].name in script
     (store / "slurm" / "runs.sbatch").rename(store / "slurm" / "first.sbatch")
@@ -199,7 +203,7 @@ def test_runs_a_live_process_trains_are_left_to_it_and_named_by_plan(tmp_path, c
         listing = capsys.readouterr().out
         assert f"{runs[0].key}  training" in listing and f"(by {socket.gethostname()} pid {os.getpid()})" in listing
         assert main(["train", "smoke", "--executor", "slurm", "--store", str(store), "--sbatch-only"]) == 0
-        assert "1 being trained by other processes (left to them; `plan` names them), 1 to train" in \
+        assert "1 being trained by other processes (waited for; `plan` names them), 1 to train" in \
             capsys.readouterr().err
         assert next((store / "slurm").glob("runs-*.keys")).read_text().split() == [runs[1].key]
     finally:
@@ -264,3 +268,47 @@ def test_run_one_refuses_a_config_file_that_is_not_its_keys_stand_in_run(tmp_pat
                          ("2" * 16, "error: bad config")):
         assert main(["run-one", key, "--profile", "smoke", "--configs", str(tmp_path)]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_train_waits_for_the_runs_other_processes_train_and_trains_those_they_leave(tmp_path, monkeypatch, capsys):
+    """One run trained by another process (run-one), one claimed by a process that stops without training it: `train`
+    waits for the first, reports it finished, and trains the second itself once its holder is gone."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from experiments.engine import run_claim
+    from experiments.engine.config import RunConfig
+    from experiments.engine.store import ResultsStore
+    from experiments.scale.plan import PlannedRun
+    from experiments.tests.test_experiments import TINY
+
+    runs = [PlannedRun.outside_plan(RunConfig(**{**TINY, "seed": seed, "epochs": 12, "milestones": ()}))
+            for seed in (1, 2)]
+    store, configs = tmp_path / "store", tmp_path / "configs"
+    configs.mkdir()
+    (configs / f"{runs[0].key}.json").write_text(json.dumps(runs[0].config.to_dict()))
+    trainer = subprocess.Popen([sys.executable, "-m", "experiments", "run-one", runs[0].key, "--profile", "smoke",
+                                "--configs", str(configs), "--store", str(store), "--threads", "1"],
+                               cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from experiments.engine import run_claim; "
+                               f"run_claim.try_claim(sys.argv[1], {runs[1].config.training_key()!r}); time.sleep(3)",
+                               str(store)], cwd=PROJECT_ROOT)
+    deadline = time.time() + 120
+    while not all(run_claim.claim_path(store, run.config.training_key()).exists() for run in runs):
+        assert time.time() < deadline and trainer.poll() is None, "the other processes did not claim their runs"
+        time.sleep(0.05)
+    monkeypatch.setattr(cli, "plan", lambda profile: runs)
+    monkeypatch.setattr(cli, "HOLDERS_POLL_S", 0.2)
+    threads = torch.get_num_threads()
+    try:
+        assert main(["train", "smoke", "--store", str(store), "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+        trainer.wait(timeout=120), holder.wait(timeout=120)
+    err = capsys.readouterr().err
+    assert "2 being trained by other processes (waited for; `plan` names them), 0 to train" in err
+    assert "1 of the runs other processes trained were left without an outcome" in err
+    assert "2 of 2 runs finished, 0 failed" in err and trainer.returncode == 0
+    assert all(ResultsStore(store).finished(run.key) is not None for run in runs)
