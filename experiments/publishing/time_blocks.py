@@ -163,8 +163,10 @@ def executors_time(path: Path = BENCHMARK_RESULTS / f"executors_{DEFAULT_PROFILE
     return (f"*The {DEFAULT_PROFILE} profile's {local['runs']} trainings from an empty store on {local['device_name']}, "
             f"{local['cores']} cores: `inline` {float(inline['seconds']) / 60:.0f} min, `local --jobs {local['jobs']}` "
             f"{float(local['seconds']) / 60:.0f} min (x{float(local['ratio_to_inline']):.2f}); {identical} of "
-            f"{identical + differing} records computed alike, bit for bit (`{path.name}`, commit "
-            f"{short_commit(local['commit'])}).*")
+            f"{identical + differing} records computed alike, bit for bit"
+            + (" (the others differ: inline trains with the machine's threads, each worker with its share, "
+               "and this processor's kernels sum in an order that depends on the thread count)" if differing else "")
+            + f" (`{path.name}`, commit {short_commit(local['commit'])}).*")
 
 
 def compile_time(path: Path = BENCHMARK_RESULTS / "compile_time_cpu.csv") -> str:
