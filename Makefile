@@ -31,8 +31,8 @@ COMPILE ?= $(if $(filter cuda%,$(DEVICE)),reduce-overhead)
 # (empty: each notebook trains its own runs, one after another). JOBS=N worker processes (local), PER_GPU=M runs on
 # each visible GPU (local), DEVICE=cuda SLURM="--partition gpu --gpus-per-task 1 --time-min 600 ..." (slurm: `python -m
 # experiments train --help` lists the options). The default is local: with DEVICE=cpu one worker per core this
-# process may use, at most 8, the threads split between them (measured on 2 cores: the same records, bit for bit,
-# sooner); with DEVICE=cuda one run on each visible GPU (with CUDA graphs more runs on a GPU gain only under NVIDIA's
+# process may use, at most 8, the threads split between them (measured on 2 cores: sooner, the same verdicts; the
+# same records bit for bit where the processor sums alike at both thread counts); with DEVICE=cuda one run on each visible GPU (with CUDA graphs more runs on a GPU gain only under NVIDIA's
 # MPS: start its daemon, then PER_GPU=4; docs/reproducing.md#runs-side-by-side-on-one-gpu); with another DEVICE
 # (cuda:1, say) none.
 EXECUTOR ?= $(if $(filter cpu cuda,$(DEVICE)),local)
