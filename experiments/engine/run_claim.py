@@ -42,14 +42,20 @@ def holder() -> dict:
             "slurm_restart": _slurm_restart(), "since": time.time()}
 
 
-def _process_start(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (Linux's ``/proc/PID/stat``, field 22), which tells it
-    from a later process given the same pid; None elsewhere or when it is gone."""
+def _stat_after_name(pid: int) -> list[str] | None:
+    """The fields of Linux's ``/proc/PID/stat`` after the command's name (which may hold spaces), from field 3 (the
+    state) on; None elsewhere or when the process is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])  # the fields after the command's name, which may hold spaces
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``'s field 22), which tells it from a
+    later process given the same pid; None elsewhere or when it is gone."""
+    fields = _stat_after_name(pid)
+    return int(fields[19]) if fields else None
 
 
 def _slurm_restart() -> int:
@@ -79,8 +85,9 @@ def read_claim(path: Path) -> dict | None:
 
 
 def is_stale(path: Path, claim: dict, *, stale_after: float = STALE_AFTER) -> bool:
-    """True when the claim's process cannot be training any more: gone from this host, silent for too long, or this
-    very Slurm task before Slurm requeued it (a requeued task keeps its job id)."""
+    """True when the claim's process cannot be training any more: this very Slurm task before Slurm requeued it (the
+    same job id, fewer restarts), gone as seen from this host and PID namespace, or, seen from elsewhere, silent for
+    longer than ``stale_after``."""
     job = os.environ.get("SLURM_JOB_ID")
     if job and claim.get("slurm_job") == job and claim.get("slurm_restart", -1) < _slurm_restart():
         return True
@@ -102,10 +109,8 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's process
         pass
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:  # no /proc here: existing is all that can be told
-        return True
+    fields = _stat_after_name(pid)
+    return fields is None or fields[0] != "Z"  # without /proc, existing is all that can be told
 
 
 def live_holder(root: Path, training_key: str, *, stale_after: float = STALE_AFTER) -> dict | None:

@@ -418,14 +418,11 @@ def await_holders(runs: list[PlannedRun], store: ResultsStore, progress: Progres
     waiting, orphans = list(runs), []
     while waiting:
         for run in list(waiting):
-            if store.record_path(run.key).exists():
-                progress.finish(run)
-            elif (message := store.divergence(run.config.training_key())) is not None:
-                progress.diverge(run, message)
-            elif live_holder(store.root, run.config.training_key()) is None:
+            training = run.config.training_key()
+            if not progress.report_stored(run, store, str(store.divergence_path(training))):
+                if live_holder(store.root, training) is not None:
+                    continue
                 orphans.append(run)
-            else:
-                continue
             waiting.remove(run)
         if waiting:
             time.sleep(HOLDERS_POLL_S)

@@ -85,6 +85,17 @@ class Progress:
             self.diverged[run.key] = log
             self._show(f"diverged {run.key} ({', '.join(run.notebooks)}): its loss became NaN, see {log}")
 
+    def report_stored(self, run: PlannedRun, store: ResultsStore, log: str) -> bool:
+        """Report ``run`` finished or diverged where ``store`` holds its outcome (its record, or its loss's NaN, for
+        which ``log`` says where to read why); False while it holds neither."""
+        if store.record_path(run.key).exists():
+            self.finish(run)
+        elif store.divergence(run.config.training_key()) is not None:
+            self.diverge(run, log)
+        else:
+            return False
+        return True
+
     def observe(self) -> None:
         """Count the epochs the running runs have checkpointed since this call began (never fewer than counted before:
         a finished run's checkpoints are gone before its end is reported), and show the line (in a log, at most every

@@ -270,16 +270,12 @@ def follow(jobs: list, options: TrainOptions, progress: Progress, poll: float) -
             time.sleep(poll)
             continue
         for key, (run, job) in list(waiting.items()):
-            if store.record_path(run.key).exists():
-                progress.finish(run)
-            elif store.divergence(run.config.training_key()) is not None:
-                progress.diverge(run, str(job.paths.stderr))
-            elif job.job_id not in states:
+            if not progress.report_stored(run, store, str(job.paths.stderr)):
+                if job.job_id in states:
+                    if states[job.job_id] == "RUNNING" and run.key not in progress.running:
+                        progress.start(run)
+                    continue
                 progress.fail(run, str(job.paths.stderr))
-            else:
-                if states[job.job_id] == "RUNNING" and run.key not in progress.running:
-                    progress.start(run)
-                continue
             del waiting[key]
         if waiting:
             time.sleep(poll)
