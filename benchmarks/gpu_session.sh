@@ -30,11 +30,11 @@
 #           MPS's overlap without its daemon (benchmarks.bench_streams; the second argument: torch.compile's mode,
 #           "reduce-overhead" unless given; the third and later: the counts)
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests (204 s in NOTES section 15: the
-#           library's, then the engine's and the examples', which compile), the step's profile, then runs as threads
-#           on their own streams, every stage under its own limit (LEASE_LIMITS="tests step-profile streams"
-#           seconds, default "235 130 180": 545 s, with the stages' grace inside a 600 s call);
-#           wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device machine returns few
-#           files), written again after each stage, and each stage's end
+#           library's, then the engine's and the examples', which compile), Fig. 3 at K 5 with reduce-overhead (its
+#           baseline measured first and last), then 1, 2 and 4 runs as threads on their own streams, every stage under
+#           its own limit (LEASE_LIMITS="tests fig3 streams" seconds, default "225 195 140": 560 s, with the stages'
+#           grace inside a 600 s call); wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a
+#           device machine returns few files), written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
@@ -129,8 +129,8 @@ case "${1:-tests}" in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s profile_s streams_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-235} profile_s=${profile_s:-130} streams_s=${streams_s:-180}
+    read -r tests_s fig3_s streams_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-225} fig3_s=${fig3_s:-195} streams_s=${streams_s:-140}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
@@ -144,8 +144,8 @@ case "${1:-tests}" in
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
     done <<EOF
 $tests_s tests tests
-$profile_s step_profile step-profile
-$streams_s streams_reduce_overhead streams reduce-overhead
+$fig3_s fig3_reduce_overhead fig3 reduce-overhead 5
+$streams_s streams_reduce_overhead streams reduce-overhead 1 2 4
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;
