@@ -7,7 +7,7 @@ a CUDA graph (x0.95 and x0.96, NOTES sections 11 and 15). The streams of one pro
 can run at once, as under MPS. Each thread trains as ``benchmarks.bench_concurrency``'s processes do
 (:func:`benchmarks.bench_concurrency.timed_training`: the engine's step, compiled by its ``compile_step``, warm-up,
 ``--steps`` timed steps between barriers, then the validation passes), with inductor's CUDA-graph trees, which are
-kept per thread, though the step marker the engine sets (``torch.compiler.cudagraph_mark_step_begin``) is one for the
+kept per thread (:mod:`experiments.engine.cuda_graph_threads`), though the step marker the engine sets (``torch.compiler.cudagraph_mark_step_begin``) is one for the
 process: one thread's step can end another's graph generation midway (NOTES, "Still to do on a GPU"). The threads
 also share the interpreter: each step's host work (a graph replay, the optimiser, the augmentation's launches) waits
 for the GIL. One run alone (one thread) is measured first in
@@ -35,6 +35,7 @@ from benchmarks.bench_concurrency import (Training, add_training_arguments, aggr
                                          device_and_validation_text, invocation_settings, rate_columns, rates_text,
                                          settings_text, timed_training, training_from)
 from experiments.analysis.workload import stand_in_size
+from experiments.engine.cuda_graph_threads import give_this_thread_cuda_graph_trees
 from experiments.provenance import STAMP_FIELDS
 from experiments.spec.profiles import get_profile
 
@@ -59,6 +60,7 @@ def in_threads(training: Training, runs: int) -> list[dict]:
 
     def run(index: int) -> None:
         try:
+            give_this_thread_cuda_graph_trees()
             with own_stream(device):
                 results[index] = timed_training(index, training, cpu_threads, barrier, warmup_turn)
         except Exception:  # reported below, with the others'

@@ -4,7 +4,8 @@
 #   tests   the library's tests on CUDA: the kernel compiled, sync debug mode, CUDA-graph replays, reduce-overhead steps;
 #           then the training engine's on CUDA (autocast, siblings, a killed run resumed to the same result), then
 #           the README's and docs' examples (their compiled CUDA-graph training step)
-#   step    benchmarks.bench_training_step: ms per DenseNet-40-40 step, eager and compiled, overheads over CE
+#   step    benchmarks.bench_training_step: ms per DenseNet-40-40 step, eager and compiled (or the modes given after
+#           the stage), overheads over CE
 #   kernel  the fused kernel's grids with their memory and noise floors, every kind of input (resumable: rerun to
 #           finish); the headline and the issue's grid, or the grids named after the time limit
 #   fig3    Fig. 3 in GPU seconds (the second argument: torch.compile's mode for the engine's step, "default" unless
@@ -29,10 +30,10 @@
 #   streams 1, 2, 4 and 8 compiled DenseNet-40-40 trainings as threads of one process, each on its own CUDA stream:
 #           MPS's overlap without its daemon (benchmarks.bench_streams; the second argument: torch.compile's mode,
 #           "reduce-overhead" unless given; the third and later: the counts)
-#   lease   the next lease's checks in one call that ends inside ten minutes: tests (204 s in NOTES section 15: the
-#           library's, then the engine's and the examples', which compile), Fig. 3 at K 5 with reduce-overhead (its
-#           baseline measured first and last), then 1, 2 and 4 runs as threads on their own streams, every stage under
-#           its own limit (LEASE_LIMITS="tests fig3 streams" seconds, default "225 195 140": 560 s, with the stages'
+#   lease   the next lease's checks in one call that ends inside ten minutes: tests (238 s in NOTES section 20: the
+#           library's, then the engine's and the examples', which compile), then 1, 2 and 4 runs as threads on their
+#           own streams, then the compiled training step's overheads (section 20's call cut them), every stage under
+#           its own limit (LEASE_LIMITS="tests streams step" seconds, default "260 150 150": 560 s, with the stages'
 #           grace inside a 600 s call); wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a
 #           device machine returns few files), written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
@@ -68,7 +69,8 @@ case "${1:-tests}" in
     python3 -m pytest -q -p no:cacheprovider experiments/tests/test_readme.py -k examples 2>&1 \
       | tee "$out/readme_examples.log" || status=1 ;;
   step)
-    python3 -m benchmarks.bench_training_step --device cuda --out "$out/training_step.csv" 2>&1 \
+    modes="${*:2}"
+    python3 -m benchmarks.bench_training_step --device cuda ${modes:+--modes $modes} --out "$out/training_step.csv" 2>&1 \
       | tee "$out/training_step.log" || status=1 ;;
   kernel)
     for grid in ${3:-headline issue}; do
@@ -129,8 +131,8 @@ case "${1:-tests}" in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s fig3_s streams_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-225} fig3_s=${fig3_s:-195} streams_s=${streams_s:-140}
+    read -r tests_s streams_s step_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-260} streams_s=${streams_s:-150} step_s=${step_s:-150}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
@@ -144,8 +146,8 @@ case "${1:-tests}" in
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
     done <<EOF
 $tests_s tests tests
-$fig3_s fig3_reduce_overhead fig3 reduce-overhead 5
 $streams_s streams_reduce_overhead streams reduce-overhead 1 2 4
+$step_s step_compiled step compiled
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;

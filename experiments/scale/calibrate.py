@@ -26,6 +26,7 @@ from typing import Callable
 try:  # torch's import takes seconds: Ctrl-C then ends the command as it would later, with no traceback
     import torch
 
+    from experiments.engine.cuda_graph_threads import give_this_thread_cuda_graph_trees
     from experiments.engine.store import ResultsStore
     from experiments.engine.train import COMPILE_MODES
     from experiments.scale import executors, slurm
@@ -129,6 +130,7 @@ def _each_in_a_thread(work: Callable[[str], str], setups: tuple[str, ...]) -> li
 
     def run(setup: str) -> None:
         try:
+            give_this_thread_cuda_graph_trees()  # where a move trains in this thread, compiled with CUDA graphs
             results[setup] = work(setup)
         except BaseException as error:  # SystemExit of a failed run included: said now, re-raised below
             errors[setup] = error

@@ -1,0 +1,33 @@
+"""The CUDA-graph trees of inductor's ``reduce-overhead`` and ``max-autotune`` steps for a thread that trains.
+
+torch 2.11 makes the trees' containers only for the thread that imported inductor (and hands them to the autograd
+threads its steps reach): a compiled step first run by another thread failed with an ``AssertionError`` in
+``cudagraph_trees.get_obj`` (H200, ``benchmarks/NOTES.md`` section 20). Later versions make them on first use. A
+thread that will train calls :func:`give_this_thread_cuda_graph_trees` first.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import torch
+
+#: The thread-local attributes of ``torch._inductor.cudagraph_trees.local`` that a thread's trees live in.
+TREE_STATE = ("tree_manager_containers", "tree_manager_locks")
+
+
+def give_this_thread_cuda_graph_trees() -> None:
+    """The calling thread's own (empty) tree containers, also where autograd's threads running its backward passes
+    look for them; nothing where the thread has them already, or where torch sees no GPU (which spares a CPU's
+    threads inductor's import)."""
+    if not torch.cuda.is_available():
+        return
+    from torch._inductor import cudagraph_trees
+
+    if all(hasattr(cudagraph_trees.local, name) for name in TREE_STATE):
+        return
+    fresh = {"tree_manager_containers": {}, "tree_manager_locks": collections.defaultdict(threading.Lock)}
+    for name in TREE_STATE:
+        setattr(cudagraph_trees.local, name, fresh[name])
+        torch._C._stash_obj_in_tls(name, fresh[name])  # carried to autograd's threads with this thread's state
