@@ -193,24 +193,34 @@ class RunTask:
 def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slurm: SlurmOptions, *,
           profile: str, outside_plan: bool = False) -> None:
     """Submit ``runs`` as arrays and follow them until every task has ended (see the module's text); with
-    ``outside_plan`` (the calibration's runs), each run's config is written beside the scripts for ``run-one``."""
+    ``outside_plan`` (the calibration's runs), each run's config is written beside the scripts for ``run-one``. Runs
+    whose task of an earlier submission (:data:`LEDGER`) is still in the queue are followed, not submitted again."""
+    if not slurm.sbatch_only:
+        earlier_tasks, runs = still_in_queue(runs, slurm.folder)
+        if earlier_tasks:
+            print(f"{len(earlier_tasks)} runs are in the queue from an earlier submission (job "
+                  f"{', '.join(sorted({job_id.split('_')[0] for _, job_id, _ in earlier_tasks}))}): followed, not "
+                  "submitted again", file=sys.stderr)
+        if not runs:
+            return follow(earlier_tasks, options, progress, slurm.poll)
     arrays = [(name, groups(part, options)) for name, part in (("runs", [run for run in runs if not run.alone]),
                                                                 ("alone", [run for run in runs if run.alone])) if part]
     scripts = [sbatch_script(tasks, options, slurm, profile, name, outside_plan) for name, tasks in arrays]
     if slurm.sbatch_only:
         print("wrote " + ", ".join(map(str, scripts)) + ": submit each with `sbatch SCRIPT`", file=sys.stderr)
         return
-    if not outside_plan and (earlier := queued_tasks(profile)):  # the calibration's stand-ins share their names
-        print(f"note: {earlier} tasks of an earlier submission for the {profile} profile are still queued; a run they "
-              f"have not started is submitted again, and its second task waits for the first "
-              f"(`scancel --name topk-{profile}-runs` and `--name topk-{profile}-alone` stop the earlier ones)",
-              file=sys.stderr)
+    unknown = queued_tasks(profile) - len({job_id for _, job_id, _ in earlier_tasks})
+    if not outside_plan and unknown > 0:  # the calibration's stand-ins share their names
+        print(f"note: {unknown} tasks of an earlier submission for the {profile} profile are still queued that no "
+              f"ledger here lists (another --slurm-folder, or scripts submitted with sbatch); a run they have not "
+              f"started is submitted again, and its second task waits for the first (`scancel --name "
+              f"topk-{profile}-runs` and `--name topk-{profile}-alone` stop the earlier ones)", file=sys.stderr)
     try:
         import submitit
     except ImportError:
         raise SystemExit("the slurm executor submits through submitit: `pip install submitit`, or submit the scripts "
                          f"written with sbatch yourself: {', '.join(map(str, scripts))}") from None
-    jobs = []
+    tasks_submitted = []
     for name, tasks in arrays:
         executor = submitit.AutoExecutor(folder=Path(slurm.folder) / "submitit", cluster="slurm",
                                          slurm_max_num_timeout=slurm.max_requeues)  # submitit's default: 3
@@ -227,10 +237,48 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
         except submitit.core.utils.FailedJobError as error:  # sbatch said no: a partition, a gres, a limit
             why = str(error).strip().splitlines() or ["it gave no reason"]
             raise SystemExit(f"error: sbatch refused the {name} array: {why[-1]}") from None
-        jobs += [(run, job) for group, job in zip(tasks, submitted) for run in group]
-    print(f"submitted {len({job.job_id for _, job in jobs})} array tasks (job {', '.join(sorted({job.job_id.split('_')[0] for _, job in jobs}))})",
-          file=sys.stderr)
-    follow(jobs, options, progress, slurm.poll)
+        array_tasks = [(group, job.job_id, str(job.paths.stderr)) for group, job in zip(tasks, submitted)]
+        _record(array_tasks, slurm.folder)
+        tasks_submitted += [(run, job_id, log) for group, job_id, log in array_tasks for run in group]
+    print(f"submitted {len({job_id for _, job_id, _ in tasks_submitted})} array tasks (job "
+          f"{', '.join(sorted({job_id.split('_')[0] for _, job_id, _ in tasks_submitted}))})", file=sys.stderr)
+    follow(earlier_tasks + tasks_submitted, options, progress, slurm.poll)
+
+
+#: A line per submitted array task, in the Slurm folder: its job id, its runs' keys and its log (JSON lines, appended).
+LEDGER = "submitted.jsonl"
+
+
+def _record(array_tasks: list[tuple[list[PlannedRun], str, str]], folder: str) -> None:
+    """Append each submitted task (its runs, job id and log) to the folder's :data:`LEDGER`, in one write."""
+    lines = "".join(json.dumps({"job_id": job_id, "keys": [run.key for run in group], "log": log}) + "\n"
+                    for group, job_id, log in array_tasks)
+    with open(Path(folder) / LEDGER, "a") as ledger:
+        ledger.write(lines)
+
+
+def still_in_queue(runs: list[PlannedRun], folder: str) -> tuple[list[tuple[PlannedRun, str, str]], list[PlannedRun]]:
+    """``runs`` split into those whose task in the folder's :data:`LEDGER` is still in Slurm's queue (pending,
+    running or requeued), each with its task's job id and log, and the others. A line cut short by a crash, or a
+    queue that cannot be asked, leaves the runs to be submitted."""
+    path = Path(folder) / LEDGER
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:  # no submission yet from this folder
+        return [], runs
+    task_of = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            task_of.update({key: (entry["job_id"], entry["log"]) for key in entry["keys"]})
+        except (ValueError, KeyError, TypeError):
+            continue
+    listed = {run.key: task_of[run.key] for run in runs if run.key in task_of}
+    states = queued({job_id.split("_")[0] for job_id, _ in listed.values()}) if listed else {}
+    if not states:  # None (squeue did not answer) or nothing left
+        return [], runs
+    queued_runs = [(run, *listed[run.key]) for run in runs if run.key in listed and listed[run.key][0] in states]
+    return queued_runs, [run for run in runs if run.key not in listed or listed[run.key][0] not in states]
 
 
 def queued_tasks(profile: str) -> int:
@@ -260,22 +308,23 @@ def queued(job_ids: set[str]) -> dict[str, str] | None:
     return dict(line.split() for line in listing.stdout.splitlines() if line.strip())
 
 
-def follow(jobs: list, options: TrainOptions, progress: Progress, poll: float) -> None:
-    """Report each task as it runs and ends: finished when its run's record is in the store, diverged when the store
-    keeps its loss's NaN, failed when it left the queue with neither (its log: the task's stderr)."""
-    store, waiting = ResultsStore(options.store), {run.key: (run, job) for run, job in jobs}
-    array_ids = {job.job_id.split("_")[0] for _, job in jobs}
+def follow(tasks: list[tuple[PlannedRun, str, str]], options: TrainOptions, progress: Progress,
+           poll: float) -> None:
+    """Report each run (with its array task's job id and log) as it runs and ends: finished when its record is in the
+    store, diverged when the store keeps its loss's NaN, failed when its task left the queue with neither."""
+    store, waiting = ResultsStore(options.store), {run.key: (run, job_id, log) for run, job_id, log in tasks}
+    array_ids = {job_id.split("_")[0] for _, job_id, _ in tasks}
     while waiting:
         if (states := queued(array_ids)) is None:
             time.sleep(poll)
             continue
-        for key, (run, job) in list(waiting.items()):
-            if not progress.report_stored(run, store, str(job.paths.stderr)):
-                if job.job_id in states:
-                    if states[job.job_id] == "RUNNING" and run.key not in progress.running:
+        for key, (run, job_id, log) in list(waiting.items()):
+            if not progress.report_stored(run, store, log):
+                if job_id in states:
+                    if states[job_id] == "RUNNING" and run.key not in progress.running:
                         progress.start(run)
                     continue
-                progress.fail(run, str(job.paths.stderr))
+                progress.fail(run, log)
             del waiting[key]
         if waiting:
             time.sleep(poll)

@@ -155,6 +155,34 @@ def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
         assert DelayedSubmission.load(path)._timeout_countdown == slurm_options.max_requeues == 20
 
 
+def test_a_second_train_follows_the_runs_an_earlier_submission_still_has_queued(tmp_path, capsys):
+    """One task running, the other pending behind it (array parallelism 1): a second ``train`` of the same runs
+    submits nothing and reports both as the earlier tasks end them."""
+    runs = [PlannedRun(RunConfig(**{**TINY, "epochs": 8, "milestones": (4,), "seed": seed}), ("test",), None, 0)
+            for seed in (1, 2)]
+    inline = _inline(runs, tmp_path / "inline")
+    options, slurm_options = _options(tmp_path, "twice")
+    slurm_options = dataclasses.replace(slurm_options, array_parallelism=1)
+    ledger = Path(slurm_options.folder) / slurm.LEDGER
+    first = threading.Thread(target=slurm.train, args=(runs, options, Progress(runs), slurm_options),
+                             kwargs={"profile": "test"})
+    first.start()
+    deadline = time.time() + 120
+    while not ledger.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    store = ResultsStore(options.store)
+    left = [run for run in runs if store.finished(run.key) is None]  # what `train` would be given: plan's missing runs
+    assert len(left) == 2, "a run finished before the second train began"
+    progress = Progress(left)
+    slurm.train(left, options, progress, slurm_options, profile="test")
+    first.join(timeout=600)
+    assert "2 runs are in the queue from an earlier submission" in capsys.readouterr().err
+    assert progress.done == 2 and not progress.failed, progress.summary()
+    assert len(ledger.read_text().splitlines()) == 2  # the first submission's two tasks, nothing more
+    for run in runs:
+        assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
+
+
 def test_a_plain_script_task_warned_of_its_time_limit_requeues_itself_and_resumes_to_the_same_record(tmp_path):
     """Slurm never requeues a task that reaches its time limit: the plain script's trap does, on the warning Slurm
     sends before it (``--signal=B:USR1@...``), sent here at once by ``scancel --signal USR1 --batch``."""
