@@ -13,6 +13,7 @@ timings are the result (:attr:`PlannedRun.alone`) train last, in this process, w
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.resource_tracker
 import os
 import signal
 import sys
@@ -193,16 +194,16 @@ class WorkerPool:
         parent, child = self.context.Pipe()
         process = self.context.Process(target=_worker, args=(child, self.devices[slot], self.options, self.threads),
                                        name=f"topk-worker-{slot}", daemon=True)
-        if threading.current_thread() is threading.main_thread():  # where signal handlers can be set
-            # A spawned worker imports torch before its code runs: Ctrl-C then would print a traceback. It starts
-            # with SIGINT ignored (kept across exec) and takes Ctrl-C again once in _worker; this process has it.
-            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                process.start()
-            finally:
-                signal.signal(signal.SIGINT, previous)
-        else:
+        # A spawned worker imports torch before its code runs: Ctrl-C then would print a traceback. It starts with
+        # SIGINT blocked (the starting thread's mask, kept across fork and exec, whatever the thread: a calibration's
+        # search threads start workers too) and takes Ctrl-C again once in _worker. Starting multiprocessing's
+        # resource tracker unblocks SIGINT in the starting thread, so it is started first.
+        multiprocessing.resource_tracker.ensure_running()
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+        try:
             process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         child.close()
         self.workers[slot] = (process, parent, None)
 
@@ -359,7 +360,7 @@ def _received(connection):
 
 #: A worker's exit status after Ctrl-C (as a shell's after SIGINT): not a failure of its runs.
 INTERRUPTED = 130
-#: The exit codes of a worker that Ctrl-C ended: its own, or SIGINT's where it came before the worker's code ran
+#: The exit codes of a worker that Ctrl-C ended: its own, or SIGINT's where the signal found no Python handler
 INTERRUPTED_EXITS = (INTERRUPTED, -signal.SIGINT)
 
 
@@ -367,7 +368,9 @@ def _worker(connection, device: str, options: TrainOptions, threads: int) -> Non
     """A worker process: trains each group it is sent, until it is sent None (:func:`_serve`). Ctrl-C reaches the
     whole process group: the worker then ends quietly with :data:`INTERRUPTED`, and the parent says what is kept."""
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # started with it ignored (WorkerPool._start)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of its start, held blocked (WorkerPool._start): dropped
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         _serve(connection, device, options, threads)
     except KeyboardInterrupt:
         sys.exit(INTERRUPTED)

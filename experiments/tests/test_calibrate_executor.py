@@ -304,6 +304,32 @@ def test_ctrl_c_reaching_the_workers_ends_every_threads_call_and_the_pool_closes
     assert not any("died" in log.read_text() for log in (tmp_path / "logs").glob("*.log"))
 
 
+def test_a_worker_started_by_a_search_thread_drops_a_ctrl_c_of_its_start(tmp_path, capfd):
+    """A calibration's search threads start workers; Ctrl-C while one still imports torch printed its traceback and
+    ended it. Now it starts with SIGINT blocked, from any thread, drops what came meanwhile, then trains."""
+    import os
+    import signal
+
+    from experiments.scale.plan import PlannedRun
+    from experiments.scale.progress import Progress
+
+    runs = [PlannedRun.outside_plan(RunConfig(**{**CE, "seed": 64}))]
+    progress = Progress(runs, live=False)
+    with executors.WorkerPool.of(executors.TrainOptions(str(tmp_path), threads=1), jobs=1) as pool:
+        starter = threading.Thread(target=pool._start, args=(0,))
+        starter.start()
+        starter.join()
+        worker = pool.workers[0][0]
+        for _ in range(5):  # during its first second: the interpreter's start and torch's import
+            os.kill(worker.pid, signal.SIGINT)
+            time.sleep(0.2)
+        trainer = threading.Thread(target=pool.train_runs, args=(runs, progress))
+        trainer.start()
+        trainer.join(timeout=120)
+    assert progress.done == 1 and not progress.failed, progress.summary()
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_workers_that_ctrl_c_ended_while_idle_are_not_started_again_and_the_next_call_is_interrupted(tmp_path):
     """Ctrl-C reaches idle workers too (they wait for a group): the next call closes the pool instead of starting
     them again, and the threads' stop reads as an interruption."""
