@@ -69,11 +69,16 @@ def log_path(options: TrainOptions, group: list[PlannedRun]) -> Path:
     return Path(options.store) / "logs" / f"{group[0].key}.log"
 
 
-def _log_failure(options: TrainOptions, group: list[PlannedRun], error: BaseException) -> str:
+def _append_to_log(options: TrainOptions, group: list[PlannedRun], text: str) -> str:
+    """Append ``text`` to the group's log and return the log's path; where the log cannot be written (the store's
+    disk full or gone), ``text`` goes to stderr instead, so that the failure is still reported with its reason."""
     path = log_path(options, group)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        handle.write("".join(traceback.format_exception(error)))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            handle.write(text)
+    except OSError as error:
+        print(f"{text.rstrip()}\n(not written to {path}: {error})", file=sys.stderr, flush=True)
     return str(path)
 
 
@@ -85,7 +90,8 @@ def inline(runs: list[PlannedRun], options: TrainOptions, progress: Progress) ->
         try:
             train_group(group, options)
         except Exception as error:  # one failed group must not stop the others: it is logged and named
-            _report(group, options, progress, _log_failure(options, group, error))
+            _report(group, options, progress,
+                    _append_to_log(options, group, "".join(traceback.format_exception(error))))
         else:
             for run in group:
                 progress.finish(run)
@@ -96,9 +102,14 @@ def _report(group: list[PlannedRun], options: TrainOptions, progress: Progress, 
     loss became NaN (kept in the store) as diverged, the others as failed, each with the group's log."""
     store = ResultsStore(options.store)
     for run in group:
-        if store.finished(run.key) is not None:
+        try:
+            finished = store.finished(run.key) is not None
+            diverged = not finished and store.divergence(run.config.training_key()) is not None
+        except OSError:  # the store unreadable: the run is not known to have ended well
+            finished = diverged = False
+        if finished:
             progress.finish(run)
-        elif store.divergence(run.config.training_key()) is not None:
+        elif diverged:
             progress.diverge(run, log)
         else:
             progress.fail(run, log)
@@ -326,13 +337,11 @@ class WorkerPool:
                 if process.exitcode in INTERRUPTED_EXITS:  # Ctrl-C reached it: the user's stop, not the run's failure,
                     interrupted = self._closed = True  # and the pool's: every call ends, none trains its runs itself
                     continue
-                path = log_path(self.options, job.group)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with path.open("a") as handle:
-                    handle.write(f"worker process {process.pid} died (exit code {process.exitcode}) while training "
-                                 f"{'these runs' if len(job.group) > 1 else 'this run'}; the checkpoints are kept, "
-                                 f"the next `train` resumes them\n")
-                _report(job.group, self.options, job.progress, str(path))
+                log = _append_to_log(self.options, job.group, (
+                    f"worker process {process.pid} died (exit code {process.exitcode}) while training "
+                    f"{'these runs' if len(job.group) > 1 else 'this run'}; the checkpoints are kept, the next "
+                    f"`train` resumes them\n"))
+                _report(job.group, self.options, job.progress, log)
         if interrupted:
             raise KeyboardInterrupt
 

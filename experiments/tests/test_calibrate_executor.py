@@ -330,6 +330,37 @@ def test_a_worker_started_by_a_search_thread_drops_a_ctrl_c_of_its_start(tmp_pat
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_workers_dying_where_no_log_can_be_written_are_each_reported_to_their_own_thread(tmp_path, capfd):
+    """The store's logs unwritable (here a file where their folder belongs): each worker dies on its group, and the
+    thread that collects a death cannot write its note. Every thread's run is still reported failed, none raises,
+    and the notes go to stderr. An OSError there once ended the collecting call and left other threads' runs
+    unreported."""
+    from experiments.scale.plan import PlannedRun
+    from experiments.scale.progress import Progress
+
+    (tmp_path / "logs").write_text("not a folder")
+    runs = {seed: [PlannedRun.outside_plan(RunConfig(**{**CE, "seed": seed}))] for seed in (65, 66)}
+    progress = {seed: Progress(group, live=False) for seed, group in runs.items()}
+    raised = {}
+
+    def call(seed):
+        try:
+            pool.train_runs(runs[seed], progress[seed])
+        except BaseException as error:
+            raised[seed] = error
+
+    with executors.WorkerPool.of(executors.TrainOptions(str(tmp_path), threads=1), jobs=2) as pool:
+        threads = [threading.Thread(target=call, args=(seed,)) for seed in runs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert raised == {}
+    assert all(list(progress[seed].failed) == [runs[seed][0].key] for seed in runs), [
+        each.summary() for each in progress.values()]
+    assert capfd.readouterr().err.count("died (exit code 1) while training this run") == 2
+
+
 def test_workers_that_ctrl_c_ended_while_idle_are_not_started_again_and_the_next_call_is_interrupted(tmp_path):
     """Ctrl-C reaches idle workers too (they wait for a group): the next call closes the pool instead of starting
     them again, and the threads' stop reads as an interruption."""
