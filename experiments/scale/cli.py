@@ -120,7 +120,8 @@ def main(argv: list[str]) -> int:
     stack = getattr(args, "stack", 1)  # run-one stacks the runs it is given
     if args.command == "plan":
         groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
-        print(table(runs, ResultsStore(store), groups))
+        queued, _ = slurm.still_in_queue(runs, str(Path(store) / "slurm"))  # train's default --slurm-folder
+        print(table(runs, ResultsStore(store), groups, {run.key: job_id for run, job_id, _ in queued}))
         fewest = calibrations_to_make(profile)
         calibrations = (fewest, calibrations_to_make(profile, searched=None) if fewest else {})
         if fewest:

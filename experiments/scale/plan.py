@@ -22,7 +22,7 @@ from experiments.tuning.calibration import current_entry, shortest_search
 
 #: Notebooks whose result is the runs' own timing (Fig. 3's epoch times): their runs train with nothing beside them.
 TIMED_NOTEBOOKS = ("fig3_epoch_time",)
-STATES = ("finished", "diverged", "training", "partial", "missing")
+STATES = ("finished", "diverged", "training", "queued", "partial", "missing")
 
 
 @dataclass(frozen=True)
@@ -168,20 +168,26 @@ def stacks(runs: list[PlannedRun], size: int, store: ResultsStore | None) -> lis
     return groups
 
 
-def table(runs: list[PlannedRun], store: ResultsStore, groups: list[list[PlannedRun]] | None = None) -> str:
+def table(runs: list[PlannedRun], store: ResultsStore, groups: list[list[PlannedRun]] | None = None,
+          queued: dict[str, str] | None = None) -> str:
     """The plan as text: one line per run, then the totals by state; with ``groups`` (:func:`stacks`), each run's
-    group and its size, and how many groups of each size."""
+    group and its size, and how many groups of each size. ``queued``: the Slurm task (its job id) of each run whose
+    task waits in the queue (:func:`experiments.scale.slurm.still_in_queue`): a partial or missing run is "queued"."""
     group_of = {run.key: (number, len(group)) for number, group in enumerate(groups or [], 1) for run in group}
     lines = [f"{'key':16s} {'state':>9s} {'epochs':>9s} {'images':>13s}  " + "group      " * bool(groups) + "notebooks"]
     counts = dict.fromkeys(STATES, 0)
     for run in runs:
         status, done = state(run, store)
+        if status in ("partial", "missing") and run.key in (queued or {}):
+            status = "queued"
         counts[status] += 1
         images = f"{run.train_images:,}" if run.train_images is not None else "real data"
         group = f"{group_of[run.key][0]:>4d} (x{group_of[run.key][1]})".ljust(11) if groups else ""
         notes = "  (trained alone: its timings are the result)" if run.alone else ""
         if status == "training":
             notes += f"  (by {holder_text(live_holder(store.root, run.config.training_key()) or {})})"
+        elif status == "queued":
+            notes += f"  (Slurm task {queued[run.key]})"
         lines.append(f"{run.key:16s} {status:>9s} {done:>4d}/{run.config.epochs:<4d} {images:>13s}  {group}"
                      f"{', '.join(run.notebooks)}{notes}")
     counted = [run.train_images for run in runs if run.train_images is not None]

@@ -300,9 +300,12 @@ def still_queued(profile: str) -> str:
 
 def queued(job_ids: set[str]) -> dict[str, str] | None:
     """The state of every task of ``job_ids`` still in Slurm's queue (``<job>_<task>`` -> PENDING, RUNNING, ...);
-    None when ``squeue`` could not answer (the controller busy or restarting)."""
-    listing = subprocess.run(["squeue", "--noheader", "--array", "--format=%i %T", "--jobs", ",".join(sorted(job_ids))],
-                             capture_output=True, text=True)
+    None when ``squeue`` could not answer (the controller busy or restarting, or no ``squeue`` here)."""
+    try:
+        listing = subprocess.run(["squeue", "--noheader", "--array", "--format=%i %T", "--jobs",
+                                  ",".join(sorted(job_ids))], capture_output=True, text=True)
+    except OSError:  # no squeue on this machine (a store copied from a cluster, say)
+        return None
     if listing.returncode != 0 and "Invalid job id" not in listing.stderr:  # jobs gone from the queue: an empty answer
         return None
     return dict(line.split() for line in listing.stdout.splitlines() if line.strip())

@@ -17,7 +17,7 @@ import torch
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore, computed
 from experiments.engine.train import run_stacked
-from experiments.scale import executors, slurm
+from experiments.scale import cli, executors, slurm
 from experiments.scale.plan import PlannedRun, plan
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import get_profile
@@ -155,9 +155,10 @@ def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
         assert DelayedSubmission.load(path)._timeout_countdown == slurm_options.max_requeues == 20
 
 
-def test_a_second_train_follows_the_runs_an_earlier_submission_still_has_queued(tmp_path, capsys):
-    """One task running, the other pending behind it (array parallelism 1): a second ``train`` of the same runs
-    submits nothing and reports both as the earlier tasks end them."""
+def test_a_second_train_follows_the_runs_an_earlier_submission_still_has_queued(tmp_path, capsys, monkeypatch):
+    """One task running, the other pending behind it (array parallelism 1): ``plan`` shows the pending run queued
+    with its task, and a second ``train`` of the same runs submits nothing and reports both as the earlier tasks end
+    them."""
     runs = [PlannedRun(RunConfig(**{**TINY, "epochs": 8, "milestones": (4,), "seed": seed}), ("test",), None, 0)
             for seed in (1, 2)]
     inline = _inline(runs, tmp_path / "inline")
@@ -173,6 +174,10 @@ def test_a_second_train_follows_the_runs_an_earlier_submission_still_has_queued(
     store = ResultsStore(options.store)
     left = [run for run in runs if store.finished(run.key) is None]  # what `train` would be given: plan's missing runs
     assert len(left) == 2, "a run finished before the second train began"
+    monkeypatch.setattr(cli, "plan", lambda profile: runs)
+    assert cli.main(["plan", "smoke", "--store", options.store]) == 0
+    listing = capsys.readouterr().out
+    assert f"{runs[1].key}    queued" in listing and "(Slurm task " in listing, listing
     progress = Progress(left)
     slurm.train(left, options, progress, slurm_options, profile="test")
     first.join(timeout=600)
