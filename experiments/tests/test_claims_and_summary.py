@@ -133,6 +133,8 @@ def test_claim_4_flat_noised_time_and_growing_smoothed_time():
     assert claims.claim_4(frame).status == claims.NOT_REPRODUCED
     on_cpu = claims.claim_4(frame, device="cpu")  # sequential runs on a shared CPU: no basis for a timing claim
     assert on_cpu.status == claims.INCONCLUSIVE and "would have said 'not reproduced'" in on_cpu.evidence[0]
+    one_k = claims.claim_4(frame[frame["K"] == 50])  # a GPU measurement of one K (NOTES §20): no trend to judge
+    assert one_k.status == claims.INCONCLUSIVE and "measured at K=50 alone" in " ".join(one_k.evidence)
 
 
 def test_claim_5_holds_on_table_4_and_breaks_if_ce_wins_under_noise():
