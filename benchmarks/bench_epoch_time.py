@@ -36,7 +36,7 @@ from data_prep.common import TensorImages
 from data_prep.transforms import augment_and_normalise, normalise
 from experiments.engine.batches import InMemoryBatches, order_seed
 from experiments.spec.profiles import PAPER
-from experiments.analysis.timings import TRAIN_IMAGES, engine_code, repeat_of
+from experiments.analysis.timings import TRAIN_IMAGES, baseline_drift, engine_code, repeat_of
 from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
 from topk.losses import build_loss
@@ -80,13 +80,6 @@ def time_point(point: dict, args, data: InMemoryBatches, device: torch.device) -
         batches = data.shuffled(order_seed(0, epoch), args.batch_size)
         seconds, loss_seconds, _, _ = train_epoch(model, loss, batches, optimiser, device, progress=False, epoch=epoch)
     return seconds, loss_seconds
-
-
-def baseline_drift(rows: list[dict]) -> float | None:
-    """How much cross-entropy's last epoch time moved between its first and its closing measurement (last / first -
-    1), or None without both."""
-    seconds = {repeat_of(row): row["epoch_seconds"] for row in rows if row["loss"] == "cross_entropy"}
-    return seconds[1] / seconds[0] - 1 if {0, 1} <= set(seconds) else None
 
 
 def print_targets(rows: list[dict], on_gpu: bool) -> None:

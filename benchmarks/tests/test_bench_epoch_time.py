@@ -2,7 +2,8 @@
 overheads it judges only when that baseline held still."""
 
 from benchmarks._fig3_setup import points
-from benchmarks.bench_epoch_time import _identity, baseline_drift, bracketed, print_targets
+from benchmarks.bench_epoch_time import _identity, bracketed, print_targets
+from experiments.analysis.timings import baseline_drift
 
 
 def _row(loss, seconds, repeat=0, k="", backend=""):

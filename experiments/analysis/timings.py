@@ -46,6 +46,13 @@ def repeat_of(row: dict) -> int:
     return int(row.get("repeat") or 0)
 
 
+def baseline_drift(rows: list[dict]) -> float | None:
+    """How much cross-entropy's epoch time moved between its first and its closing measurement in ``rows`` (as
+    ``fig3_epoch_time.csv`` holds them: last / first - 1), or None without both."""
+    seconds = {repeat_of(row): row["epoch_seconds"] for row in rows if row["loss"] == "cross_entropy"}
+    return seconds[1] / seconds[0] - 1 if {0, 1} <= set(seconds) else None
+
+
 def made_with_todays_engine(row: dict) -> bool:
     """Whether an engine timing's row was made with today's code (:func:`engine_code`, with the stacking's for
     stacked runs)."""

@@ -137,6 +137,25 @@ def test_claim_4_flat_noised_time_and_growing_smoothed_time():
     assert one_k.status == claims.INCONCLUSIVE and "measured at K=50 alone" in " ".join(one_k.evidence)
 
 
+def test_claim_4_on_a_gpu_is_undecided_within_the_drift_of_its_bracketed_baseline():
+    """bench_epoch_time measures cross-entropy first and last (repeat 0 and 1): how far it moved is the noise of one
+    point. A ratio that noise could put on either side of its threshold is undecided; far from it, judged."""
+    def times(ce_last, noised_at_50):
+        rows = [("cross_entropy", None, 5.0, 0, ""), ("noised_balanced B=3", 1, 5.0, 0, "auto"),
+                ("noised_balanced B=3", 50, noised_at_50, 0, "auto"), ("noised_balanced B=3 (torch path)", 50, 50.0, 0,
+                                                                       "torch"),
+                ("smooth_hinge", 1, 5.0, 0, ""), ("smooth_hinge", 50, 10.0, 0, ""), ("cross_entropy", None, ce_last, 1, "")]
+        return pd.DataFrame(rows, columns=["loss", "K", "epoch_seconds", "repeat", "backend"])
+
+    steady = claims.claim_4_measured(times(ce_last=5.05, noised_at_50=5.5))  # drift 1%: x1.10 is flat
+    assert steady.status == claims.REPRODUCED and not steady.training
+    drifting = claims.claim_4_measured(times(ce_last=4.36, noised_at_50=5.5))  # drift 12.8%: x1.10 could be x1.4
+    assert drifting.status == claims.INCONCLUSIVE
+    assert "within the baseline's drift of 13%: undecided" in " ".join(drifting.evidence)
+    far = claims.claim_4_measured(times(ce_last=4.36, noised_at_50=10.0))  # x2.0 is beyond any such drift
+    assert far.status == claims.NOT_REPRODUCED
+
+
 def test_claim_5_holds_on_table_4_and_breaks_if_ce_wins_under_noise():
     table4 = pd.DataFrame([{"loss": loss, "p": p, "mean": values[i][0]} for loss, values in paper.TABLE_4.items()
                            for i, p in enumerate(paper.LABEL_NOISE)])
