@@ -120,8 +120,9 @@ def main(argv: list[str]) -> int:
     stack = getattr(args, "stack", 1)  # run-one stacks the runs it is given
     if args.command == "plan":
         groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
-        queued, _ = slurm.still_in_queue(runs, str(Path(store) / "slurm"))  # train's default --slurm-folder
-        print(table(runs, ResultsStore(store), groups, {run.key: job_id for run, job_id, _ in queued}))
+        in_queue = slurm.still_in_queue(runs, str(Path(store) / "slurm"))  # train's default --slurm-folder
+        print(table(runs, ResultsStore(store), groups,
+                    {run.key: job_id for run, job_id, _ in (in_queue.tasks if in_queue else [])}))
         fewest = calibrations_to_make(profile)
         calibrations = (fewest, calibrations_to_make(profile, searched=None) if fewest else {})
         if fewest:
@@ -138,7 +139,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        queued = slurm.still_queued(profile.name) if getattr(args, "executor", None) == "slurm" else ""
+        queued = slurm.still_queued_text(profile.name) if getattr(args, "executor", None) == "slurm" else ""
         print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store}; the same command "
               f"resumes{queued}", file=sys.stderr)
         return 130

@@ -195,8 +195,11 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     """Submit ``runs`` as arrays and follow them until every task has ended (see the module's text); with
     ``outside_plan`` (the calibration's runs), each run's config is written beside the scripts for ``run-one``. Runs
     whose task of an earlier submission (:data:`LEDGER`) is still in the queue are followed, not submitted again."""
+    earlier_tasks, in_queue = [], set()
     if not slurm.sbatch_only:
-        earlier_tasks, runs = still_in_queue(runs, slurm.folder)
+        earlier = _ledger_in_queue(runs, slurm)
+        earlier_tasks, in_queue = earlier.tasks, earlier.in_queue
+        runs = [run for run in runs if run.key not in {each.key for each, _, _ in earlier_tasks}]
         if earlier_tasks:
             print(f"{len(earlier_tasks)} runs are in the queue from an earlier submission (job "
                   f"{', '.join(sorted({job_id.split('_')[0] for _, job_id, _ in earlier_tasks}))}): followed, not "
@@ -209,7 +212,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     if slurm.sbatch_only:
         print("wrote " + ", ".join(map(str, scripts)) + ": submit each with `sbatch SCRIPT`", file=sys.stderr)
         return
-    unknown = queued_tasks(profile) - len({job_id for _, job_id, _ in earlier_tasks})
+    unknown = queued_tasks(profile) - len(in_queue)
     if not outside_plan and unknown > 0:  # the calibration's stand-ins share their names
         print(f"note: {unknown} tasks of an earlier submission for the {profile} profile are still queued that no "
               f"ledger here lists (another --slurm-folder, or scripts submitted with sbatch); a run they have not "
@@ -257,28 +260,61 @@ def _record(array_tasks: list[tuple[list[PlannedRun], str, str]], folder: str) -
         ledger.write(lines)
 
 
-def still_in_queue(runs: list[PlannedRun], folder: str) -> tuple[list[tuple[PlannedRun, str, str]], list[PlannedRun]]:
-    """``runs`` split into those whose task in the folder's :data:`LEDGER` is still in Slurm's queue (pending,
-    running or requeued), each with its task's job id and log, and the others. A line cut short by a crash, or a
-    queue that cannot be asked, leaves the runs to be submitted."""
-    path = Path(folder) / LEDGER
+#: The states of a task ``still_in_queue`` follows: waiting to run, or running. A held task (``scontrol hold``, or
+#: requeued and held) or a suspended one is not followed: a new ``train`` submits its runs again.
+FOLLOWED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED")
+
+
+@dataclass(frozen=True)
+class InQueue:
+    """What the ledger and the queue say of some runs: ``tasks``, each run whose latest task in the ledger is
+    followed (:data:`FOLLOWED`) with that task's job id and log; ``in_queue``, every task of the ledger the queue
+    lists, in any state."""
+
+    tasks: list[tuple[PlannedRun, str, str]]
+    in_queue: set[str]
+
+
+def still_in_queue(runs: list[PlannedRun], folder: str) -> InQueue | None:
+    """The folder's :data:`LEDGER` against Slurm's queue for ``runs`` (:class:`InQueue`); None where the queue could
+    not be asked about tasks the ledger holds. A line cut short by a crash is skipped; a run submitted several times
+    is followed in its latest task still followed."""
     try:
-        lines = path.read_text().splitlines()
+        lines = (Path(folder) / LEDGER).read_text().splitlines()
     except OSError:  # no submission yet from this folder
-        return [], runs
-    task_of = {}
+        return InQueue([], set())
+    tasks_of: dict[str, list[tuple[str, str]]] = {}  # key -> its tasks, the earliest first
     for line in lines:
         try:
             entry = json.loads(line)
-            task_of.update({key: (entry["job_id"], entry["log"]) for key in entry["keys"]})
+            for key in entry["keys"]:
+                tasks_of.setdefault(key, []).append((entry["job_id"], entry["log"]))
         except (ValueError, KeyError, TypeError):
             continue
-    listed = {run.key: task_of[run.key] for run in runs if run.key in task_of}
-    states = queued({job_id.split("_")[0] for job_id, _ in listed.values()}) if listed else {}
-    if not states:  # None (squeue did not answer) or nothing left
-        return [], runs
-    queued_runs = [(run, *listed[run.key]) for run in runs if run.key in listed and listed[run.key][0] in states]
-    return queued_runs, [run for run in runs if run.key not in listed or listed[run.key][0] not in states]
+    if not tasks_of:
+        return InQueue([], set())
+    states = queued({job_id.split("_")[0] for tasks in tasks_of.values() for job_id, _ in tasks})
+    if states is None:
+        return None
+    followed = []
+    for run in runs:
+        live = [(job_id, log) for job_id, log in tasks_of.get(run.key, []) if states.get(job_id) in FOLLOWED]
+        if live:
+            followed.append((run, *live[-1]))
+    return InQueue(followed, {job_id for tasks in tasks_of.values() for job_id, _ in tasks if job_id in states})
+
+
+def _ledger_in_queue(runs: list[PlannedRun], slurm: SlurmOptions, tries: int = 3) -> InQueue:
+    """:func:`still_in_queue` for ``train``, asked up to ``tries`` times ``slurm.poll`` apart while the queue does not
+    answer; then the command stops rather than submit runs whose tasks may still be queued."""
+    for attempt in range(tries):
+        if (answer := still_in_queue(runs, slurm.folder)) is not None:
+            return answer
+        if attempt + 1 < tries:
+            time.sleep(slurm.poll)
+    raise SystemExit(f"error: squeue did not answer {tries} times, so the tasks that {Path(slurm.folder) / LEDGER} "
+                     "lists may still be queued: nothing submitted, so that no run is submitted twice; run the same "
+                     "command again once `squeue --me` answers")
 
 
 def queued_tasks(profile: str) -> int:
@@ -292,23 +328,29 @@ def queued_tasks(profile: str) -> int:
     return len(listing.stdout.split()) if listing.returncode == 0 else 0
 
 
-def still_queued(profile: str) -> str:
+def still_queued_text(profile: str) -> str:
     """What an interrupted follower says of the arrays it submitted for ``profile``: they go on without it."""
     return (f"; the Slurm tasks already submitted go on (`squeue --me` lists them; `scancel --name topk-{profile}-runs` "
             f"and `scancel --name topk-{profile}-alone` stop them)")
 
 
 def queued(job_ids: set[str]) -> dict[str, str] | None:
-    """The state of every task of ``job_ids`` still in Slurm's queue (``<job>_<task>`` -> PENDING, RUNNING, ...);
-    None when ``squeue`` could not answer (the controller busy or restarting, or no ``squeue`` here)."""
+    """The state of every task of this user's jobs ``job_ids`` still in Slurm's queue (``<job>_<task>`` -> PENDING,
+    RUNNING, ...; a pending task held by ``scontrol hold`` reads HELD); None when ``squeue`` could not answer (the
+    controller busy or restarting, or no ``squeue`` here)."""
     try:
-        listing = subprocess.run(["squeue", "--noheader", "--array", "--format=%i %T", "--jobs",
-                                  ",".join(sorted(job_ids))], capture_output=True, text=True)
-    except OSError:  # no squeue on this machine (a store copied from a cluster, say)
+        listing = subprocess.run(["squeue", "--noheader", "--array", "--format=%i %T %r", "--user", getpass.getuser(),
+                                  "--jobs", ",".join(sorted(job_ids))], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):  # no squeue on this machine (a store copied from a cluster, say)
         return None
     if listing.returncode != 0 and "Invalid job id" not in listing.stderr:  # jobs gone from the queue: an empty answer
         return None
-    return dict(line.split() for line in listing.stdout.splitlines() if line.strip())
+    states = {}
+    for line in listing.stdout.splitlines():
+        if len(fields := line.split(maxsplit=2)) >= 2:
+            job_id, state, reason = *fields[:2], fields[2] if len(fields) > 2 else ""
+            states[job_id] = "HELD" if state == "PENDING" and reason.startswith("JobHeld") else state
+    return states
 
 
 def follow(tasks: list[tuple[PlannedRun, str, str]], options: TrainOptions, progress: Progress,

@@ -605,3 +605,19 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
     assert "none.csv does not exist" in capsys.readouterr().err
     assert cli.main(["plan", "smoke", "--gpus", "0", *rates]) == 2
     assert "--gpus should be a positive number of GPUs, got 0" in capsys.readouterr().err
+
+
+def test_a_slurm_train_whose_ledger_squeue_cannot_check_submits_nothing(tmp_path, monkeypatch):
+    """The ledger lists a task and ``squeue`` does not answer (here: not on PATH): ``train`` asks again, then stops
+    with the reason instead of submitting runs whose tasks may still be queued."""
+    from experiments.scale import slurm
+
+    run = PlannedRun(RunConfig(**TINY), ("test",), None, 0)
+    folder = tmp_path / "slurm"
+    folder.mkdir()
+    (folder / slurm.LEDGER).write_text(json.dumps({"job_id": "12_0", "keys": [run.key], "log": "12_0.err"}) + "\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-commands"))
+    options = slurm.SlurmOptions(str(folder), poll=0.01)
+    with pytest.raises(SystemExit, match="squeue did not answer 3 times.*nothing submitted"):
+        slurm.train([run], executors.TrainOptions(str(tmp_path / "store")), Progress([run]), options, profile="test")
+    assert not list(folder.glob("*.sbatch"))  # not even the scripts were written

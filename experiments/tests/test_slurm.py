@@ -4,6 +4,7 @@ by ``scontrol requeue`` resumes to the same record. Skipped where no cluster ans
 ``TOPK_REQUIRE_SLURM=1`` (CI), where that is a failure."""
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -186,6 +187,38 @@ def test_a_second_train_follows_the_runs_an_earlier_submission_still_has_queued(
     assert len(ledger.read_text().splitlines()) == 2  # the first submission's two tasks, nothing more
     for run in runs:
         assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
+
+
+def test_a_held_task_is_not_followed_and_a_run_is_followed_in_its_latest_live_task(tmp_path):
+    """The ledger against the queue: a pending task held by ``scontrol hold`` is not followed (a new ``train``
+    submits its run again), and a later ledger line whose task is gone does not hide the earlier task still live."""
+    runs = [PlannedRun(RunConfig(**{**TINY, "epochs": 8, "milestones": (4,), "seed": seed}), ("test",), None, 0)
+            for seed in (3, 4)]
+    options, slurm_options = _options(tmp_path, "held")
+    slurm_options = dataclasses.replace(slurm_options, array_parallelism=1)
+    ledger = Path(slurm_options.folder) / slurm.LEDGER
+    progress = Progress(runs)
+    follower = threading.Thread(target=slurm.train, args=(runs, options, progress, slurm_options),
+                                kwargs={"profile": "test"})
+    follower.start()
+    deadline = time.time() + 120
+    while not ledger.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    task_of = {entry["keys"][0]: entry["job_id"] for entry in map(json.loads, ledger.read_text().splitlines())}
+    second = task_of[runs[1].key]
+    hold = subprocess.run(["scontrol", "hold", second], capture_output=True, text=True)
+    try:
+        assert hold.returncode == 0, hold.stderr
+        gone = task_of[runs[0].key].split("_")[0] + "_99"  # a task index the array never had
+        with ledger.open("a") as handle:
+            handle.write(json.dumps({"job_id": gone, "keys": [runs[0].key], "log": "gone.err"}) + "\n")
+        in_queue = slurm.still_in_queue(runs, slurm_options.folder)
+        assert [(run.key, job_id) for run, job_id, _ in in_queue.tasks] == [(runs[0].key, task_of[runs[0].key])]
+        assert second in in_queue.in_queue  # listed by the queue, though not followed
+    finally:
+        subprocess.run(["scontrol", "release", second], capture_output=True, text=True)
+    follower.join(timeout=600)
+    assert progress.done == 2 and not progress.failed, progress.summary()
 
 
 def test_a_plain_script_task_warned_of_its_time_limit_requeues_itself_and_resumes_to_the_same_record(tmp_path):
