@@ -392,8 +392,13 @@ def _serve(connection, device: str, options: TrainOptions, threads: int) -> None
         torch.cuda.set_device(torch.device(device).index or 0)  # "cuda" alone: the first visible GPU
     while (group := connection.recv()) is not None:
         path = log_path(options, group)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as log:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            log = path.open("a")
+        except OSError as error:  # the store's disk full or gone: nothing trains without its log
+            connection.send(("failed", f"{path}, which could not be written ({error})"))
+            continue
+        with log:
             sys.stdout.flush(), sys.stderr.flush()
             saved = os.dup(1), os.dup(2)
             os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
