@@ -33,7 +33,7 @@
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests (238 s in NOTES section 20: the
 #           library's, then the engine's and the examples', which compile), then 1, 2 and 4 runs as threads on their
 #           own streams, then the compiled training step's overheads (section 20's call cut them), every stage under
-#           its own limit (LEASE_LIMITS="tests streams step" seconds, default "260 150 150": 560 s, with the stages'
+#           its own limit (LEASE_LIMITS="tests streams step" seconds, default "275 140 145": 560 s, with the stages'
 #           grace inside a 600 s call); wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a
 #           device machine returns few files), written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
@@ -132,7 +132,7 @@ case "${1:-tests}" in
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
     read -r tests_s streams_s step_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-260} streams_s=${streams_s:-150} step_s=${step_s:-150}
+    tests_s=${tests_s:-275} streams_s=${streams_s:-140} step_s=${step_s:-145}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
