@@ -280,7 +280,7 @@ def test_a_run_whose_loss_becomes_nan_is_diverged_not_failed_and_is_not_trained_
         assert f"  diverged: {runs[1].key} (log: {tmp_path / 'logs' / runs[1].key}.log)" in err
         assert state(runs[1], store) == ("diverged", 0)  # NaN from its second step: no epoch kept
         assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
-        assert capsys.readouterr().out.splitlines()[-1].startswith("2 runs: 1 finished, 1 diverged, 0 training, 0 partial, 0 missing")
+        assert capsys.readouterr().out.splitlines()[-1].startswith("2 runs: 1 finished, 1 diverged, 0 training, 0 queued, 0 partial, 0 missing")
         assert cli.main(arguments) == 0
         assert "2 runs, 1 already finished, 1 diverged, 0 to train" in capsys.readouterr().err
         (store.root / "diverged").rename(tmp_path / "kept")  # as an array task meets it: no traceback, status 0
