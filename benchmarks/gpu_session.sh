@@ -25,17 +25,19 @@
 #           later: the stack sizes). CUDNN_BENCHMARK=1 lets cuDNN time its algorithms first in this stage and in
 #           concurrency's (the rows say so); STEPS=N times N steps a run instead of 200 in both
 #   step-profile  where the engine's DenseNet-40-40 step spends the device's time, compiled with reduce-overhead
-#           then default: kernels a step, their summed time against the step's, the share in short kernels, the
+#           then default (or the modes given after the stage): kernels a step, their summed time against the step's, the share in short kernels, the
 #           heaviest kernels (benchmarks.profile_training_step)
 #   streams 1, 2, 4 and 8 compiled DenseNet-40-40 trainings as threads of one process, each on its own CUDA stream:
 #           MPS's overlap without its daemon (benchmarks.bench_streams; the second argument: torch.compile's mode,
 #           "reduce-overhead" unless given; the third and later: the counts)
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests (238 s in NOTES section 20: the
-#           library's, then the engine's and the examples', which compile), then 1, 2 and 4 runs as threads on their
-#           own streams, then the compiled training step's overheads (section 20's call cut them), every stage under
-#           its own limit (LEASE_LIMITS="tests streams step" seconds, default "275 140 145": 560 s, with the stages'
-#           grace inside a 600 s call); wheels in .whl/ installed first; everything in one archive, $OUT/lease.tgz (a
-#           device machine returns few files), written again after each stage, and each stage's end
+#           library's, then the engine's and the examples', which compile), the reduce-overhead step's profile (29 s
+#           in section 20; now with the libraries' share of its kernels, which bounds what max-autotune can gain),
+#           then 1, 2 and 4 runs as threads on their own streams, then the compiled training step's overheads
+#           (section 20's call cut them), every stage under its own limit (LEASE_LIMITS="tests step-profile streams
+#           step" seconds, default "270 45 120 125": 560 s, with the stages' grace inside a 600 s call); wheels in
+#           .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device machine returns few files),
+#           written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
@@ -98,7 +100,8 @@ case "${1:-tests}" in
     done
     grep -h "^==" "$out"/profile_overhead_*.txt ;;
   step-profile)
-    for mode in reduce-overhead default; do
+    modes="${*:2}"
+    for mode in ${modes:-reduce-overhead default}; do
       python3 -m benchmarks.profile_training_step --device cuda --compile-mode $mode --out "$out/step_profile.csv" \
         2>&1 | tee -a "$out/step_profile.log" || status=1
     done ;;
@@ -131,8 +134,8 @@ case "${1:-tests}" in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s streams_s step_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-275} streams_s=${streams_s:-140} step_s=${step_s:-145}
+    read -r tests_s profile_s streams_s step_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-270} profile_s=${profile_s:-45} streams_s=${streams_s:-120} step_s=${step_s:-125}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
@@ -146,6 +149,7 @@ case "${1:-tests}" in
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
     done <<EOF
 $tests_s tests tests
+$profile_s step_profile step-profile reduce-overhead
 $streams_s streams_reduce_overhead streams reduce-overhead 1 2 4
 $step_s step_compiled step compiled
 EOF

@@ -8,7 +8,8 @@ over its in-memory batches, compiled by ``compile_step``); after ``--warmup`` st
 without the profiler, then the same number under ``torch.profiler``. The device's work items are its kernels on
 CUDA (memory copies and sets included) and the operators' own time on a CPU. Printed: the step's wall time, the
 items per step and their summed time (busy: their share of the step), the share of that time in items shorter than
-10, 50 and 200 microseconds, and the items that take the most time. One row per invocation is appended to ``--out``.
+10, 50 and 200 microseconds, the shares of the vendor libraries' kernels, inductor's and the others (on CUDA, with
+the most a faster choice of library kernels could gain), and the items that take the most time. One row per invocation is appended to ``--out``.
 
     python -m benchmarks.profile_training_step --device cuda --compile-mode reduce-overhead
     python -m benchmarks.profile_training_step --device cpu --model small_cnn --steps 2 --warmup 1 --no-compile
@@ -35,8 +36,14 @@ from experiments.provenance import STAMP_FIELDS, stamp
 
 #: The item lengths (microseconds) below which the share of the step's device time is reported.
 SHORT_US = (10, 50, 200)
+#: Who wrote a kernel, by its name: the vendor libraries' (cuDNN's and cuBLAS's convolutions and matrix products, the
+#: only kernels ``max-autotune``'s templates compete with), inductor's generated Triton kernels, and the rest (ATen's
+#: own kernels, copies, memory sets).
+LIBRARY_MARKERS = ("xmma", "cutlass", "nvjet", "gemm", "cudnn", "cublas", "convolve", "winograd")
+ORIGINS = ("library", "triton", "other")
 FIELDS = [*STAMP_FIELDS, "engine_code", "date", "model", "compile", "batch_size", "warmup", "steps", "step_ms",
-          "items_per_step", "items_ms_per_step", "busy", *(f"share_under_{limit}us" for limit in SHORT_US)]
+          "items_per_step", "items_ms_per_step", "busy", *(f"share_under_{limit}us" for limit in SHORT_US),
+          *(f"share_{origin}" for origin in ORIGINS)]
 
 
 def device_items(events, device: torch.device) -> list[tuple[str, float]]:
@@ -59,9 +66,28 @@ def summarise(items: list[tuple[str, float]], steps: int, step_ms: float) -> dic
                          "torch or driver did not give it")
     shares = {f"share_under_{limit}us": round(sum(us for _, us in items if us < limit) / total_us, 4)
               for limit in SHORT_US}
+    origins = {f"share_{origin}": round(sum(us for name, us in items if origin_of(name) == origin) / total_us, 4)
+               for origin in ORIGINS}
     return {"step_ms": round(step_ms, 4), "items_per_step": round(len(items) / steps, 1),
             "items_ms_per_step": round(total_us / 1e3 / steps, 4), "busy": round(total_us / 1e3 / steps / step_ms, 4),
-            **shares}
+            **shares, **origins}
+
+
+def origin_of(name: str) -> str:
+    """Which of :data:`ORIGINS` wrote the kernel ``name`` (:data:`LIBRARY_MARKERS`)."""
+    if name.startswith("triton_"):
+        return "triton"
+    return "library" if any(marker in name.lower() for marker in LIBRARY_MARKERS) else "other"
+
+
+def library_bound_text(row: dict) -> str:
+    """The most a faster choice of library kernels could gain (Amdahl: the step without their share of its kernels'
+    time, taking the step as its kernels), which bounds what ``max-autotune``'s templates can give."""
+    share = float(row["share_library"])
+    bound = f"at most x{1 / (1 - share):.2f}" if share < 1 else "without bound"
+    return (f"of the kernels' time, {share:.0%} in the vendor libraries' kernels (convolutions, matrix products), "
+            f"{float(row['share_triton']):.0%} in inductor's Triton kernels, {float(row['share_other']):.0%} in "
+            f"others: faster library kernels (max-autotune's templates) would make the step {bound} faster")
 
 
 def heaviest(items: list[tuple[str, float]], steps: int, rows: int) -> list[tuple[str, float, float, float]]:
@@ -120,6 +146,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"{row['step_ms']:.3f} ms; {row['items_per_step']:g} device items a step, {row['items_ms_per_step']:.3f} ms "
           f"in all (busy {row['busy']:.0%}); of that time "
           + ", ".join(f"{row[f'share_under_{limit}us']:.0%} in items under {limit} us" for limit in SHORT_US))
+    if device.type == "cuda":
+        print(library_bound_text(row))
     print(f"{'calls/step':>10} {'mean us':>9} {'share':>6}  name")
     for name, calls, mean_us, share in heaviest(items, args.steps, args.rows):
         print(f"{calls:10.1f} {mean_us:9.1f} {share:6.1%}  {name[:110]}")

@@ -7,15 +7,32 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from benchmarks.profile_training_step import FIELDS, device_items, heaviest, main, summarise
+from benchmarks.profile_training_step import (FIELDS, device_items, heaviest, library_bound_text, main, origin_of,
+                                              summarise)
 
 
 def test_the_summary_is_per_step_with_the_share_of_short_items():
     items = [("a", 5.0), ("b", 20.0), ("a", 100.0), ("c", 875.0)]  # 1000 us over 2 steps of 1 ms
     assert summarise(items, steps=2, step_ms=1.0) == {
         "step_ms": 1.0, "items_per_step": 2.0, "items_ms_per_step": 0.5, "busy": 0.5,
-        "share_under_10us": 0.005, "share_under_50us": 0.025, "share_under_200us": 0.125}
+        "share_under_10us": 0.005, "share_under_50us": 0.025, "share_under_200us": 0.125,
+        "share_library": 0.0, "share_triton": 0.0, "share_other": 1.0}
     assert heaviest(items, steps=2, rows=2) == [("c", 0.5, 875.0, 0.875), ("a", 1.0, 52.5, 0.105)]
+
+
+def test_kernels_are_told_apart_by_who_wrote_them_and_bound_what_max_autotune_can_gain():
+    # names from the H200's reduce-overhead profile of 2026-11-27 (results/h200-2026-11-27/call3_step_profile/)
+    library = ["sm80_xmma_wgrad_implicit_gemm_indexed_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize32x128x32_stage4",
+               "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816dgrad_optimized_bf16_128x64_32x6_nhwc",
+               "nvjet_sm90_tst_64x64_64x13_2x1_v_bz_splitK_NTT"]
+    triton = ["triton_red_fused__native_batch_norm_legit_functional_native_batch_norm_backward_threshold_backward_70"]
+    other = ["void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy",
+             "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)"]
+    assert [origin_of(name) for name in library + triton + other] == ["library"] * 3 + ["triton"] + ["other"] * 2
+    items = [(library[0], 40.0), (triton[0], 35.0), (other[0], 25.0)]
+    row = summarise(items, steps=1, step_ms=0.1)
+    assert (row["share_library"], row["share_triton"], row["share_other"]) == (0.4, 0.35, 0.25)
+    assert "step at most x1.67 faster" in library_bound_text(row)
 
 
 def _event(name, device_type, us, annotation=False):
