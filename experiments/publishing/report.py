@@ -3,7 +3,7 @@ per executed notebook, readable offline (no script or style from a CDN; code hid
 paper's appendix: each notebook page leads with its figures and tables, its runs' progress lines are folded away, a
 claim's evidence is one lead line with the rest a click away, and no page scrolls sideways at 1300 px.
 
-    python -m experiments.publishing.report --profile quick            # render
+    python -m experiments.publishing.report --profile quick            # render (outputs no notebook writes removed)
     python -m experiments.publishing.report --profile smoke --check    # render, then fail on any missing output or error cell
     python -m experiments.publishing.report --check-screenshot build/report/screenshot.png   # check it in Chromium
 """
@@ -373,6 +373,21 @@ def _read_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+#: What a notebook writes in ``figures/<profile>/`` (figures, tables, verdicts): other files there are never removed.
+OUTPUT_SUFFIXES = (".png", ".pdf", ".csv", ".md")
+
+
+def unclaimed_outputs(figures: Path) -> list[Path]:
+    """The files of ``figures`` (its top level and ``claims/``) that no notebook's manifest names among its outputs:
+    left by an earlier run of a notebook that no longer writes them (a GPU figure whose measurement was taken back,
+    say), which the report would not show but the folder would still hold."""
+    named = {output for manifest in sorted(figures.glob("manifests/*.json"))
+             for output in (_read_json(manifest) or {}).get("outputs", [])}
+    files = [path for path in figures.iterdir() if path.is_file() and path.suffix in OUTPUT_SUFFIXES]
+    files += sorted((figures / "claims").glob("*.json"))
+    return sorted(path for path in files if path.relative_to(figures).as_posix() not in named)
+
+
 def screenshot_problems(path: Path) -> list[str]:
     """A screenshot of the entry page must exist and show something (not one flat colour)."""
     from PIL import Image
@@ -433,7 +448,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(problems) or f"screenshot: {args.check_screenshot} shows the report; no page of {args.out} "
               f"scrolls sideways at {PAGE_WIDTH} px", file=sys.stderr)
         return 1 if problems else 0
-    runs = render(args.profile, args.executed or BUILD / args.profile, args.figures or FIGURES / args.profile, args.out)
+    figures = args.figures or FIGURES / args.profile
+    if any((figures / "manifests").glob("*.json")):  # outputs are told apart by the manifests: none, nothing is
+        for path in unclaimed_outputs(figures):
+            path.unlink()
+            print(f"removed {path}: no notebook writes it any more", file=sys.stderr)
+    runs = render(args.profile, args.executed or BUILD / args.profile, figures, args.out)
     print(f"report: {args.out / 'index.html'}")
     problems = check(runs)
     for problem in problems:
