@@ -144,7 +144,7 @@ build/$(PROFILE)/%.ipynb: notebooks/%.ipynb $(SOURCES) | $(STAMP)
 		echo "FAILED: notebook $* (executed copy: build/$(PROFILE)/$*.failed.ipynb)"; exit 1; \
 	fi
 
-report: | $(STAMP) ## Re-render build/report/index.html from the executed notebooks of PROFILE (and remove the outputs no notebook writes any more)
+report: | $(STAMP) ## Re-render build/report/index.html from the executed notebooks of PROFILE (once every notebook ran, remove the outputs none writes any more)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.publishing.report --profile $(PROFILE)
 
 check-report: | $(STAMP) ## Fail unless every notebook of PROFILE ran and wrote its outputs; screenshot the report (chromium) and fail if a page scrolls sideways at 1300 px

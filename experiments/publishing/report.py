@@ -388,6 +388,21 @@ def unclaimed_outputs(figures: Path) -> list[Path]:
     return sorted(path for path in files if path.relative_to(figures).as_posix() not in named)
 
 
+def remove_unclaimed_outputs(figures: Path, complete: bool) -> list[str]:
+    """Remove :func:`unclaimed_outputs` where the report is ``complete`` (every notebook ran and wrote its outputs);
+    what was done, a line each. A notebook's manifest lists its outputs anew from its start, so one that failed or
+    did not run may own files it does not name yet: then they are kept, and said to be."""
+    if not any((figures / "manifests").glob("*.json")):  # outputs are told apart by the manifests
+        return []
+    unclaimed = unclaimed_outputs(figures)
+    if unclaimed and not complete:
+        return [f"kept {len(unclaimed)} files that no notebook's manifest names ({', '.join(p.name for p in unclaimed)}): "
+                "they are removed once every notebook has run"]
+    for path in unclaimed:
+        path.unlink()
+    return [f"removed {path}: no notebook writes it any more" for path in unclaimed]
+
+
 def screenshot_problems(path: Path) -> list[str]:
     """A screenshot of the entry page must exist and show something (not one flat colour)."""
     from PIL import Image
@@ -449,13 +464,11 @@ def main(argv: list[str] | None = None) -> int:
               f"scrolls sideways at {PAGE_WIDTH} px", file=sys.stderr)
         return 1 if problems else 0
     figures = args.figures or FIGURES / args.profile
-    if any((figures / "manifests").glob("*.json")):  # outputs are told apart by the manifests: none, nothing is
-        for path in unclaimed_outputs(figures):
-            path.unlink()
-            print(f"removed {path}: no notebook writes it any more", file=sys.stderr)
     runs = render(args.profile, args.executed or BUILD / args.profile, figures, args.out)
     print(f"report: {args.out / 'index.html'}")
     problems = check(runs)
+    for line in remove_unclaimed_outputs(figures, complete=not problems):
+        print(line, file=sys.stderr)
     for problem in problems:
         print(f"  problem: {problem}", file=sys.stderr)
     return 1 if args.check and problems else 0
