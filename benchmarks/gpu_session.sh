@@ -32,10 +32,11 @@
 #           "reduce-overhead" unless given; the third and later: the counts)
 #   lease   the next lease's checks in one call that ends inside ten minutes: tests (238 s in NOTES section 20: the
 #           library's, then the engine's and the examples', which compile), the reduce-overhead step's profile (29 s
-#           in section 20; now with the libraries' share of its kernels, which bounds what max-autotune can gain),
+#           on a warm machine in section 20, its first compilation cold here; now with the libraries' share of its
+#           kernels, which bounds what max-autotune can gain),
 #           then 1, 2 and 4 runs as threads on their own streams, then the compiled training step's overheads
 #           (section 20's call cut them), every stage under its own limit (LEASE_LIMITS="tests step-profile streams
-#           step" seconds, default "270 45 120 125": 560 s, with the stages' grace inside a 600 s call); wheels in
+#           step" seconds, default "265 70 100 125": 560 s, with the stages' grace inside a 600 s call); wheels in
 #           .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device machine returns few files),
 #           written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
@@ -135,7 +136,7 @@ case "${1:-tests}" in
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
     read -r tests_s profile_s streams_s step_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-270} profile_s=${profile_s:-45} streams_s=${streams_s:-120} step_s=${step_s:-125}
+    tests_s=${tests_s:-265} profile_s=${profile_s:-70} streams_s=${streams_s:-100} step_s=${step_s:-125}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS

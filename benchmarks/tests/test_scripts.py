@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import torch
 
@@ -78,6 +79,24 @@ def test_fused_kernel_benchmark_appends_each_configuration_once(tmp_path):
     assert len(rows) == 8 * len(methods)  # 2 kinds of input x 2 class counts x 2 values of k, each method once
     assert all(row["status"] == "ok" and float(row["ms"]) > 0 and float(row["noise_floor_ms"]) > 0 for row in rows)
     assert {(row["logit_scale"], row["epsilon"]) for row in rows} == {("1.0", "1.0"), ("20.0", "0.01")}
+
+
+def test_the_epoch_times_read_back_are_the_last_measurements_alone(tmp_path):
+    """Two measurements at one commit with another engine (or model, batch, images, epochs): only the last one's rows
+    are read back, so that its baseline's drift pairs its own first and closing cross-entropy."""
+    columns = ["device", "device_name", "commit", "compile", "engine_code", "model", "batch_size", "images", "epochs",
+               "loss", "backend", "K", "repeat", "epoch_seconds", "loss_seconds"]
+    common = ["cuda", "H200", "abc", "reduce-overhead"]
+    rows = [[*common, "old", "densenet40_40", 64, 45000, 2, "cross_entropy", "", "", 0, 9.0, 0.01],
+            [*common, "new", "densenet40_40", 64, 45000, 2, "cross_entropy", "", "", 0, 5.0, 0.01],
+            [*common, "new", "densenet40_40", 64, 45000, 2, "smooth_hinge", "", 5, 0, 5.2, 0.02],
+            [*common, "new", "densenet40_40", 64, 45000, 2, "noised_balanced B=3", "auto", 5, 0, 5.1, 0.04],
+            [*common, "new", "densenet40_40", 64, 45000, 2, "cross_entropy", "", "", 1, 4.9, 0.01]]
+    path = tmp_path / "fig3_epoch_time.csv"
+    pd.DataFrame(rows, columns=columns).to_csv(path, index=False)
+    times = timings.load_epoch_times(path)
+    assert list(times["engine_code"]) == ["new"] * 4
+    assert abs(timings.baseline_drift(times.to_dict("records")) - (4.9 / 5.0 - 1)) < 1e-12
 
 
 def test_epoch_time_benchmark_is_read_back_drawn_and_judged(tmp_path):

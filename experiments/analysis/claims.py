@@ -142,7 +142,7 @@ def claim_4(figure3: pd.DataFrame, device: str = "cuda", noise: float = 0.0) -> 
     """Noised loss flat in K, smoothed hinge growing. ``figure3``: loss, K, epoch_seconds (one row per point). Epoch
     times of training runs made one after the other on a CPU (``device``) that other processes share are no basis for
     a timing claim: the verdict is then inconclusive, with the numbers; the GPU figure judges it. ``noise``: how far
-    one point's time may be off (relative); a ratio within it of its threshold is undecided."""
+    the ratio of two points' times may be off (relative); a ratio within it of its threshold is undecided."""
     parts = []
     for loss, group in figure3.dropna(subset=["K"]).groupby("loss"):
         group = group.sort_values("K")
@@ -166,9 +166,9 @@ def claim_4(figure3: pd.DataFrame, device: str = "cuda", noise: float = 0.0) -> 
 
 
 def _beyond_noise(ratio: float, threshold: float, noise: float, at_most: bool) -> bool | None:
-    """Whether ``ratio`` is at most (``at_most``) or at least ``threshold`` with each of its two times off by up to
-    ``noise`` either way; None where the noise could put it on either side."""
-    low, high = ratio * (1 - noise) / (1 + noise), ratio * (1 + noise) / (1 - noise)
+    """Whether ``ratio`` is at most (``at_most``) or at least ``threshold`` with the ratio itself off by up to
+    ``noise`` (relative) either way; None where the noise could put it on either side."""
+    low, high = ratio / (1 + noise), ratio * (1 + noise)
     if at_most:
         return True if high <= threshold else False if low > threshold else None
     return True if low >= threshold else False if high < threshold else None
@@ -176,14 +176,13 @@ def _beyond_noise(ratio: float, threshold: float, noise: float, at_most: bool) -
 
 def claim_4_measured(times: pd.DataFrame) -> Verdict:
     """Claim 4 on epoch times measured outside training (``python -m benchmarks.bench_epoch_time`` on a GPU): the same
-    test, valid at any profile since a timing does not depend on how long the model was trained, with the noise of one
-    point taken as the drift of cross-entropy measured first and last (:func:`timings.baseline_drift`; none where it
-    was measured once). The noised loss is judged in the library's default implementation; its PyTorch-path rows
+    test, valid at any profile since a timing does not depend on how long the model was trained, with the noise of a
+    ratio of two points taken as the drift of cross-entropy measured first and last, the ratio of two measurements of
+    one point (:func:`timings.baseline_drift`; none where it was measured once). The noised loss is judged in the library's default implementation; its PyTorch-path rows
     ("(torch path)") are left out."""
     drift = timings.baseline_drift(times.to_dict("records"))
     default = times[~times["loss"].str.endswith("(torch path)")]
-    return replace(claim_4(default[["loss", "K", "epoch_seconds"]], noise=min(abs(drift or 0.0), 0.5)),
-                   training=False)
+    return replace(claim_4(default[["loss", "K", "epoch_seconds"]], noise=abs(drift or 0.0)), training=False)
 
 
 def claim_5(table4: pd.DataFrame) -> Verdict:

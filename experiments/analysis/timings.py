@@ -75,8 +75,8 @@ def runs_text(concurrency: int, stack: int) -> str:
 
 
 def load_epoch_times(path: Path = EPOCH_TIME_CSV, device: str = "cuda") -> pd.DataFrame | None:
-    """The rows measured on ``device`` (on the last device name, compile mode and commit measured), or None if there
-    are none.
+    """The rows measured on ``device`` in the last measurement (its device name, compile mode, commit, engine code,
+    model, batch, images and epochs), or None if there are none.
 
     Columns: loss (the PyTorch path of the noised loss is labelled "(torch path)"), K (NaN for cross-entropy),
     epoch_seconds and loss_seconds (of one whole epoch), repeat (1 for cross-entropy measured again last), and the
@@ -89,8 +89,9 @@ def load_epoch_times(path: Path = EPOCH_TIME_CSV, device: str = "cuda") -> pd.Da
     if rows.empty:
         return None
     last = rows.iloc[-1]
-    rows = rows[(rows["device_name"] == last["device_name"]) & (rows["compile"] == last["compile"])
-                & (rows["commit"] == last["commit"])].copy()
+    same = [column for column in ("device_name", "compile", "commit", "engine_code", "model", "batch_size", "images",
+                                  "epochs") if column in rows]
+    rows = rows[(rows[same] == last[same]).all(axis=1)].copy()  # one measurement: its baseline's drift is its own
     torch_path = rows["backend"].fillna("") == "torch"
     rows.loc[torch_path, "loss"] = rows.loc[torch_path, "loss"] + " (torch path)"
     return rows.reset_index(drop=True)

@@ -322,8 +322,9 @@ def queued_tasks(profile: str) -> int:
     Slurm's queue; 0 when ``squeue`` cannot answer."""
     try:
         listing = subprocess.run(["squeue", "--noheader", "--array", "--user", getpass.getuser(), "--format=%i",
-                                  "--name", f"topk-{profile}-runs,topk-{profile}-alone"], capture_output=True, text=True)
-    except OSError:  # no squeue here
+                                  "--name", f"topk-{profile}-runs,topk-{profile}-alone"], capture_output=True, text=True,
+                                 timeout=60)
+    except (OSError, subprocess.TimeoutExpired):  # no squeue here, or no answer
         return 0
     return len(listing.stdout.split()) if listing.returncode == 0 else 0
 
@@ -349,7 +350,7 @@ def queued(job_ids: set[str]) -> dict[str, str] | None:
     for line in listing.stdout.splitlines():
         if len(fields := line.split(maxsplit=2)) >= 2:
             job_id, state, reason = *fields[:2], fields[2] if len(fields) > 2 else ""
-            states[job_id] = "HELD" if state == "PENDING" and reason.startswith("JobHeld") else state
+            states[job_id] = "HELD" if state == "PENDING" and "held" in reason.lower() else state
     return states
 
 
