@@ -174,19 +174,19 @@ def check_hyperparameter(name: str, value: object):
     return HYPERPARAMETERS[name](value)
 
 
-#: Where the PyTorch path of the noised top-K was measured faster than its fused kernel, every time: rank 51 (the
-#: hinge's K = 50) over 4096 rows of 10,000 classes (x1.3 to x1.6 on N(0, 1) and x5 scores, three H200 sessions;
-#: ``benchmarks/NOTES.md`` §10 and §20). From there outwards in rank and rows ``"auto"`` keeps the PyTorch path, and
-#: down to ``fewest_classes``: at 1,000 classes the PyTorch path's time moved from 5.4 to 10.1 ms between sessions
-#: against the kernel's steady 6.4 to 7.3, and over seven measurements the kernel took less in all (§20). Between
-#: 1,001 and 9,999 classes nothing was measured: the corner's lower edge there is a guess.
-NOISED_TORCH_FASTER = {"rank": 51, "rows": 4096, "classes": 10_000, "fewest_classes": 1_001}
+#: Where the PyTorch path of the noised top-K was measured faster than its fused kernel: rank 51 (the hinge's K = 50)
+#: over 4096 rows of 1,000 and 10,000 classes, on N(0, 1) and x5 scores; at rank 6 the kernel won everywhere, and over
+#: 256 rows everywhere but 1,000 classes of N(0, 1) scores, an eager call where the host's time dominates (H200, commit
+#: 97562b2, ``fused_kernel.csv``; ``benchmarks/NOTES.md`` §10). From that corner outwards (a higher rank, more rows,
+#: fewer classes) ``"auto"`` keeps the PyTorch path: over 4096 rows of 100 classes it was x2.5 faster (H100,
+#: 2026-11-23, before §8's kernel changes; not measured since). At 1,000 classes the two are close (§20: seven
+#: measurements in three sessions, the kernel 6.4 to 7.3 ms, the PyTorch path 5.4 to 10.1 ms).
+NOISED_TORCH_FASTER = {"rank": 51, "rows": 4096, "classes": 10_000}
 
 
 def _in_corner(s: torch.Tensor, rank: int, corner: dict | None) -> bool:
     """Whether scores ``s`` (rows of classes) with this ``rank`` lie in ``corner`` (as :data:`NOISED_TORCH_FASTER`)."""
-    return (corner is not None and rank >= corner["rank"]
-            and corner.get("fewest_classes", 1) <= s.shape[-1] <= corner["classes"]
+    return (corner is not None and rank >= corner["rank"] and s.shape[-1] <= corner["classes"]
             and s.numel() // s.shape[-1] >= corner["rows"])
 
 
