@@ -354,16 +354,28 @@ def queued(job_ids: set[str]) -> dict[str, str] | None:
     return states
 
 
+#: Seconds without an answer from ``squeue`` after which the follower stops (the tasks go on; a new ``train`` follows
+#: them through the ledger).
+SILENT_QUEUE_S = 1800.0
+
+
 def follow(tasks: list[tuple[PlannedRun, str, str]], options: TrainOptions, progress: Progress,
            poll: float) -> None:
     """Report each run (with its array task's job id and log) as it runs and ends: finished when its record is in the
-    store, diverged when the store keeps its loss's NaN, failed when its task left the queue with neither."""
+    store, diverged when the store keeps its loss's NaN, failed when its task left the queue with neither; stops after
+    :data:`SILENT_QUEUE_S` seconds without an answer from the queue."""
     store, waiting = ResultsStore(options.store), {run.key: (run, job_id, log) for run, job_id, log in tasks}
     array_ids = {job_id.split("_")[0] for _, job_id, _ in tasks}
+    last_answer = time.monotonic()
     while waiting:
         if (states := queued(array_ids)) is None:
+            if time.monotonic() - last_answer > SILENT_QUEUE_S:
+                raise SystemExit(f"error: squeue has not answered for {SILENT_QUEUE_S / 60:g} minutes: the "
+                                 f"{len(waiting)} tasks still followed go on without this command; run it again to "
+                                 "follow them (runs still queued are not submitted again)")
             time.sleep(poll)
             continue
+        last_answer = time.monotonic()
         for key, (run, job_id, log) in list(waiting.items()):
             if not progress.report_stored(run, store, log):
                 if job_id in states:

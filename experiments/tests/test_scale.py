@@ -621,3 +621,17 @@ def test_a_slurm_train_whose_ledger_squeue_cannot_check_submits_nothing(tmp_path
     with pytest.raises(SystemExit, match="squeue did not answer 3 times.*nothing submitted"):
         slurm.train([run], executors.TrainOptions(str(tmp_path / "store")), Progress([run]), options, profile="test")
     assert not list(folder.glob("*.sbatch"))  # not even the scripts were written
+
+
+def test_the_slurm_follower_stops_with_the_way_back_when_squeue_stays_silent(tmp_path, monkeypatch):
+    """A follower whose ``squeue`` does not answer (here: not on PATH) for :data:`slurm.SILENT_QUEUE_S` stops, saying
+    the tasks go on and that the same command follows them again, instead of waiting for ever."""
+    from experiments.scale import slurm
+
+    run = PlannedRun(RunConfig(**TINY), ("test",), None, 0)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-commands"))
+    monkeypatch.setattr(slurm, "SILENT_QUEUE_S", 0.05)
+    progress = Progress([run])
+    with pytest.raises(SystemExit, match="squeue has not answered .* run it again to follow them"):
+        slurm.follow([(run, "12_0", "12_0.err")], executors.TrainOptions(str(tmp_path)), progress, poll=0.01)
+    assert not progress.failed  # not reported failed: its task may still run
