@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from hashlib import sha1
 from pathlib import Path
+from typing import Iterable
 
 from experiments.engine.store import ResultsStore
 from experiments.paths import PROJECT_ROOT
@@ -199,11 +200,12 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     if not slurm.sbatch_only:
         earlier = _ledger_in_queue(runs, slurm)
         earlier_tasks, in_queue = earlier.tasks, earlier.in_queue
-        runs = [run for run in runs if run.key not in {each.key for each, _, _ in earlier_tasks}]
+        followed = {run.key for run, _, _ in earlier_tasks}
+        runs = [run for run in runs if run.key not in followed]
         if earlier_tasks:
             print(f"{len(earlier_tasks)} runs are in the queue from an earlier submission (job "
-                  f"{', '.join(sorted({job_id.split('_')[0] for _, job_id, _ in earlier_tasks}))}): followed, not "
-                  "submitted again", file=sys.stderr)
+                  f"{', '.join(_arrays(job_id for _, job_id, _ in earlier_tasks))}): followed, not submitted again",
+                  file=sys.stderr)
         if not runs:
             return follow(earlier_tasks, options, progress, slurm.poll)
     arrays = [(name, groups(part, options)) for name, part in (("runs", [run for run in runs if not run.alone]),
@@ -244,7 +246,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
         _record(array_tasks, slurm.folder)
         tasks_submitted += [(run, job_id, log) for group, job_id, log in array_tasks for run in group]
     print(f"submitted {len({job_id for _, job_id, _ in tasks_submitted})} array tasks (job "
-          f"{', '.join(sorted({job_id.split('_')[0] for _, job_id, _ in tasks_submitted}))})", file=sys.stderr)
+          f"{', '.join(_arrays(job_id for _, job_id, _ in tasks_submitted))})", file=sys.stderr)
     follow(earlier_tasks + tasks_submitted, options, progress, slurm.poll)
 
 
@@ -293,7 +295,7 @@ def still_in_queue(runs: list[PlannedRun], folder: str) -> InQueue | None:
             continue
     if not tasks_of:
         return InQueue([], set())
-    states = queued({job_id.split("_")[0] for tasks in tasks_of.values() for job_id, _ in tasks})
+    states = queued(_arrays(job_id for tasks in tasks_of.values() for job_id, _ in tasks))
     if states is None:
         return None
     followed = []
@@ -335,13 +337,18 @@ def still_queued_text(profile: str) -> str:
             f"and `scancel --name topk-{profile}-alone` stop them)")
 
 
-def queued(job_ids: set[str]) -> dict[str, str] | None:
+def _arrays(job_ids: Iterable[str]) -> list[str]:
+    """The arrays of array tasks ``job_ids`` (``<job>_<task>``: the job ids alone), each once, sorted."""
+    return sorted({job_id.split("_")[0] for job_id in job_ids})
+
+
+def queued(job_ids: Iterable[str]) -> dict[str, str] | None:
     """The state of every task of this user's jobs ``job_ids`` still in Slurm's queue (``<job>_<task>`` -> PENDING,
     RUNNING, ...; a pending task held by ``scontrol hold`` reads HELD); None when ``squeue`` could not answer (the
     controller busy or restarting, or no ``squeue`` here)."""
     try:
         listing = subprocess.run(["squeue", "--noheader", "--array", "--format=%i %T %r", "--user", getpass.getuser(),
-                                  "--jobs", ",".join(sorted(job_ids))], capture_output=True, text=True, timeout=60)
+                                  "--jobs", ",".join(job_ids)], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):  # no squeue on this machine (a store copied from a cluster, say)
         return None
     if listing.returncode != 0 and "Invalid job id" not in listing.stderr:  # jobs gone from the queue: an empty answer
@@ -365,7 +372,7 @@ def follow(tasks: list[tuple[PlannedRun, str, str]], options: TrainOptions, prog
     store, diverged when the store keeps its loss's NaN, failed when its task left the queue with neither; stops after
     :data:`SILENT_QUEUE_S` seconds without an answer from the queue."""
     store, waiting = ResultsStore(options.store), {run.key: (run, job_id, log) for run, job_id, log in tasks}
-    array_ids = {job_id.split("_")[0] for _, job_id, _ in tasks}
+    array_ids = _arrays(job_id for _, job_id, _ in tasks)
     last_answer = time.monotonic()
     while waiting:
         if (states := queued(array_ids)) is None:
