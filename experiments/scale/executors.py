@@ -103,15 +103,10 @@ def _report(group: list[PlannedRun], options: TrainOptions, progress: Progress, 
     store = ResultsStore(options.store)
     for run in group:
         try:
-            finished = store.finished(run.key) is not None
-            diverged = not finished and store.divergence(run.config.training_key()) is not None
+            reported = progress.report_stored(run, store, log)
         except OSError:  # the store unreadable: the run is not known to have ended well
-            finished = diverged = False
-        if finished:
-            progress.finish(run)
-        elif diverged:
-            progress.diverge(run, log)
-        else:
+            reported = False
+        if not reported:
             progress.fail(run, log)
 
 

@@ -87,8 +87,9 @@ class Progress:
 
     def report_stored(self, run: PlannedRun, store: ResultsStore, log: str) -> bool:
         """Report ``run`` finished or diverged where ``store`` holds its outcome (its record, or its loss's NaN, for
-        which ``log`` says where to read why); False while it holds neither."""
-        if store.record_path(run.key).exists():
+        which ``log`` says where to read why); False while it holds neither (a damaged record is set aside by the
+        store's read and counts as none: the run is trained again)."""
+        if store.finished(run.key) is not None:
             self.finish(run)
         elif store.divergence(run.config.training_key()) is not None:
             self.diverge(run, log)

@@ -15,7 +15,7 @@ import torch
 
 from experiments.engine import run_claim
 from experiments.engine.config import RunConfig
-from experiments.engine.store import ResultsStore, computed
+from experiments.engine.store import DamagedStoreWarning, ResultsStore, computed
 from experiments.engine.train import run, run_stacked
 from experiments.scale import cli, executors
 from experiments.scale.plan import CalibrationFirst, PlannedRun, plan, stacks, state
@@ -635,3 +635,20 @@ def test_the_slurm_follower_stops_with_the_way_back_when_squeue_stays_silent(tmp
     with pytest.raises(SystemExit, match="squeue has not answered .* run it again to follow them"):
         slurm.follow([(run, "12_0", "12_0.err")], executors.TrainOptions(str(tmp_path)), progress, poll=0.01)
     assert not progress.failed  # not reported failed: its task may still run
+
+
+def test_a_damaged_record_is_no_finished_run_for_any_reporter(tmp_path):
+    """A record cut by a crash is set aside by every reporter (a failed group's, the Slurm follower's, the follower of
+    other processes' runs): the run is reported failed, not finished, and the next ``train`` trains it again."""
+    run = PlannedRun(RunConfig(**TINY), ("test",), None, 0)
+    store = ResultsStore(str(tmp_path))
+    store.record_path(run.key).parent.mkdir(parents=True, exist_ok=True)
+    store.record_path(run.key).write_text('{"config": ')
+    progress = Progress([run])
+    with pytest.warns(DamagedStoreWarning, match="the run will be trained again"):
+        assert not progress.report_stored(run, store, "log")
+    assert not store.record_path(run.key).exists() and not progress.finished
+    store.record_path(run.key).write_text('{"config": ')
+    with pytest.warns(DamagedStoreWarning, match="the run will be trained again"):
+        executors._report([run], executors.TrainOptions(str(tmp_path)), progress, "the group's log")
+    assert list(progress.failed) == [run.key] and not progress.finished
