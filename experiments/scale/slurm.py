@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -217,7 +218,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     unknown = queued_tasks(profile) - len(in_queue)
     if not outside_plan and unknown > 0:  # the calibration's stand-ins share their names
         print(f"note: {unknown} tasks of an earlier submission for the {profile} profile are still queued that no "
-              f"ledger here lists (another --slurm-folder, or scripts submitted with sbatch); a run they have not "
+              f"ledger here lists (from another --slurm-folder, or another script); a run they have not "
               f"started is submitted again, and its second task waits for the first (`scancel --name "
               f"topk-{profile}-runs` and `--name topk-{profile}-alone` stop the earlier ones)", file=sys.stderr)
     try:
@@ -243,7 +244,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
             why = str(error).strip().splitlines() or ["it gave no reason"]
             raise SystemExit(f"error: sbatch refused the {name} array: {why[-1]}") from None
         array_tasks = [(group, job.job_id, str(job.paths.stderr)) for group, job in zip(tasks, submitted)]
-        _record(array_tasks, slurm.folder)
+        _record([([run.key for run in group], job_id, log) for group, job_id, log in array_tasks], slurm.folder)
         tasks_submitted += [(run, job_id, log) for group, job_id, log in array_tasks for run in group]
     print(f"submitted {len({job_id for _, job_id, _ in tasks_submitted})} array tasks (job "
           f"{', '.join(_arrays(job_id for _, job_id, _ in tasks_submitted))})", file=sys.stderr)
@@ -254,12 +255,74 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
 LEDGER = "submitted.jsonl"
 
 
-def _record(array_tasks: list[tuple[list[PlannedRun], str, str]], folder: str) -> None:
-    """Append each submitted task (its runs, job id and log) to the folder's :data:`LEDGER`, in one write."""
-    lines = "".join(json.dumps({"job_id": job_id, "keys": [run.key for run in group], "log": log}) + "\n"
-                    for group, job_id, log in array_tasks)
+def _record(array_tasks: list[tuple[list[str], str, str]], folder: str) -> None:
+    """Append each submitted task (its runs' keys, job id and log) to the folder's :data:`LEDGER`, in one write."""
+    lines = "".join(json.dumps({"job_id": job_id, "keys": keys, "log": log}) + "\n" for keys, job_id, log in array_tasks)
     with open(Path(folder) / LEDGER, "a") as ledger:
         ledger.write(lines)
+
+
+#: The line of a plain script that reads its task's keys (:func:`sbatch_script`): the key list's path is its end.
+_KEYS_LINE = re.compile(r'^keys=\$\(sed -n "[^"]*" (?P<path>.+)\)$', re.MULTILINE)
+
+
+def adopt_sbatch_submissions(folder: str) -> None:
+    """Add to the folder's :data:`LEDGER` the queued tasks of arrays submitted with ``sbatch`` from its plain scripts
+    (:func:`sbatch_script`), so that they are followed as submitit's are: each array's script is read back from Slurm
+    (``scontrol write batch_script``), and its key list, which names the task's runs, must lie in ``folder``. Arrays
+    already in the ledger, others' and those Slurm cannot show are left alone."""
+    folder_path = Path(folder).resolve()
+    listing = _squeue(["--format=%i %j"])
+    if listing is None or not folder_path.is_dir():
+        return
+    tasks_of: dict[str, list[str]] = {}  # array -> its task ids in the queue (``<array>_<index>``)
+    for line in listing.splitlines():
+        job_id, _, name = line.partition(" ")
+        if name.startswith("topk-") and "_" in job_id and "[" not in job_id:
+            tasks_of.setdefault(job_id.split("_")[0], []).append(job_id)
+    known = set(_arrays(job_id for job_id, _, _ in _ledger_entries(folder)))
+    adopted = []
+    for array in sorted(set(tasks_of) - known):
+        if (keys := _array_keys(array, folder_path)) is None:
+            continue
+        for job_id in tasks_of[array]:
+            index = int(job_id.split("_")[1])
+            if index < len(keys):
+                adopted.append((keys[index], job_id, str(folder_path / f"{job_id}.err")))
+    if adopted:
+        _record(adopted, folder)
+
+
+def _array_keys(array: str, folder: Path) -> list[list[str]] | None:
+    """Each task's keys of the array ``array`` submitted from one of ``folder``'s plain scripts; None for another
+    script, or where Slurm no longer shows it."""
+    try:
+        script = subprocess.run(["scontrol", "write", "batch_script", array, "-"], capture_output=True, text=True,
+                                timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if script.returncode != 0 or (match := _KEYS_LINE.search(script.stdout)) is None:
+        return None
+    keys = Path(shlex.split(match["path"])[0])
+    if keys.parent != folder:
+        return None
+    try:
+        return [line.split() for line in keys.read_text().splitlines()]
+    except OSError:
+        return None
+
+
+def _squeue(arguments: list[str]) -> str | None:
+    """What ``squeue`` lists of this user's tasks, one array task a line, with ``arguments``; None when it could not
+    answer (the controller busy or restarting, or no ``squeue`` here)."""
+    try:
+        listing = subprocess.run(["squeue", "--noheader", "--array", "--user", getpass.getuser(), *arguments],
+                                 capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if listing.returncode != 0 and "Invalid job id" not in listing.stderr:  # jobs gone from the queue: an empty answer
+        return None
+    return listing.stdout
 
 
 #: The states of a task ``still_in_queue`` follows: waiting to run, or running. A held task (``scontrol hold``, or
@@ -277,22 +340,32 @@ class InQueue:
     in_queue: set[str]
 
 
+def _ledger_entries(folder: str) -> list[tuple[str, list[str], str]]:
+    """The folder's :data:`LEDGER`, a (job id, keys, log) per task, the earliest first; a line cut short by a crash is
+    skipped, and a folder without submissions has none."""
+    try:
+        lines = (Path(folder) / LEDGER).read_text().splitlines()
+    except OSError:
+        return []
+    entries = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            entries.append((str(entry["job_id"]), [str(key) for key in entry["keys"]], str(entry["log"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return entries
+
+
 def still_in_queue(runs: list[PlannedRun], folder: str) -> InQueue | None:
     """The folder's :data:`LEDGER` against Slurm's queue for ``runs`` (:class:`InQueue`); None where the queue could
     not be asked about tasks the ledger holds. A line cut short by a crash is skipped; a run submitted several times
     is followed in its latest task still followed."""
-    try:
-        lines = (Path(folder) / LEDGER).read_text().splitlines()
-    except OSError:  # no submission yet from this folder
-        return InQueue([], set())
+    adopt_sbatch_submissions(folder)
     tasks_of: dict[str, list[tuple[str, str]]] = {}  # key -> its tasks, the earliest first
-    for line in lines:
-        try:
-            entry = json.loads(line)
-            for key in entry["keys"]:
-                tasks_of.setdefault(key, []).append((entry["job_id"], entry["log"]))
-        except (ValueError, KeyError, TypeError):
-            continue
+    for job_id, keys, log in _ledger_entries(folder):
+        for key in keys:
+            tasks_of.setdefault(key, []).append((job_id, log))
     if not tasks_of:
         return InQueue([], set())
     states = queued(_arrays(job_id for tasks in tasks_of.values() for job_id, _ in tasks))
@@ -322,13 +395,8 @@ def _ledger_in_queue(runs: list[PlannedRun], slurm: SlurmOptions, tries: int = 3
 def queued_tasks(profile: str) -> int:
     """How many tasks of this user's arrays for ``profile`` (named ``topk-PROFILE-runs`` or ``-alone``) are still in
     Slurm's queue; 0 when ``squeue`` cannot answer."""
-    try:
-        listing = subprocess.run(["squeue", "--noheader", "--array", "--user", getpass.getuser(), "--format=%i",
-                                  "--name", f"topk-{profile}-runs,topk-{profile}-alone"], capture_output=True, text=True,
-                                 timeout=60)
-    except (OSError, subprocess.TimeoutExpired):  # no squeue here, or no answer
-        return 0
-    return len(listing.stdout.split()) if listing.returncode == 0 else 0
+    listing = _squeue(["--format=%i", "--name", f"topk-{profile}-runs,topk-{profile}-alone"])
+    return len(listing.split()) if listing is not None else 0
 
 
 def still_queued_text(profile: str) -> str:
@@ -346,15 +414,10 @@ def queued(job_ids: Iterable[str]) -> dict[str, str] | None:
     """The state of every task of this user's jobs ``job_ids`` still in Slurm's queue (``<job>_<task>`` -> PENDING,
     RUNNING, ...; a pending task held by ``scontrol hold`` reads HELD); None when ``squeue`` could not answer (the
     controller busy or restarting, or no ``squeue`` here)."""
-    try:
-        listing = subprocess.run(["squeue", "--noheader", "--array", "--format=%i %T %r", "--user", getpass.getuser(),
-                                  "--jobs", ",".join(job_ids)], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):  # no squeue on this machine (a store copied from a cluster, say)
-        return None
-    if listing.returncode != 0 and "Invalid job id" not in listing.stderr:  # jobs gone from the queue: an empty answer
+    if (listing := _squeue(["--format=%i %T %r", "--jobs", ",".join(job_ids)])) is None:
         return None
     states = {}
-    for line in listing.stdout.splitlines():
+    for line in listing.splitlines():
         if len(fields := line.split(maxsplit=2)) >= 2:
             job_id, state, reason = *fields[:2], fields[2] if len(fields) > 2 else ""
             states[job_id] = "HELD" if state == "PENDING" and "held" in reason.lower() else state

@@ -4,6 +4,7 @@ run twice; a killed worker's run resumes to the same result."""
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -652,3 +653,15 @@ def test_a_damaged_record_is_no_finished_run_for_any_reporter(tmp_path):
     with pytest.warns(DamagedStoreWarning, match="the run will be trained again"):
         executors._report([run], executors.TrainOptions(str(tmp_path)), progress, "the group's log")
     assert list(progress.failed) == [run.key] and not progress.finished
+
+
+def test_the_slurm_ledger_finds_the_key_list_in_the_plain_script_slurm_gives_back(tmp_path):
+    """What :func:`slurm.adopt_sbatch_submissions` reads of a plain script, as Slurm gives it back: the key list's path
+    (quoted where it holds a space), which lies in the Slurm folder."""
+    from experiments.scale import slurm
+
+    run = PlannedRun(RunConfig(**TINY), ("test",), None, 0)
+    options = slurm.SlurmOptions(str(tmp_path / "a folder" / "slurm"))
+    script = slurm.sbatch_script([[run]], executors.TrainOptions(str(tmp_path / "a folder")), options, "test", "runs")
+    path = Path(shlex.split(slurm._KEYS_LINE.search(script.read_text())["path"])[0])
+    assert path.parent == Path(options.folder).resolve() and path.read_text().split() == [run.key]

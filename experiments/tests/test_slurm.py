@@ -189,6 +189,33 @@ def test_a_second_train_follows_the_runs_an_earlier_submission_still_has_queued(
         assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
 
 
+def test_a_train_follows_the_tasks_of_a_plain_script_submitted_with_sbatch(tmp_path, capsys):
+    """The plain script submitted by hand (one task running, the other pending behind it): a ``train`` of the runs
+    still missing reads the array's script back from Slurm, finds their tasks, follows them and submits nothing."""
+    runs = [PlannedRun(RunConfig(**{**TINY, "epochs": 8, "milestones": (4,), "seed": seed}), ("test",), None, 0)
+            for seed in (5, 6)]
+    inline = _inline(runs, tmp_path / "inline")
+    options, slurm_options = _options(tmp_path, "plain")
+    slurm_options = dataclasses.replace(slurm_options, array_parallelism=1)
+    script = slurm.sbatch_script([[run] for run in runs], options, slurm_options, "smoke", "runs", outside_plan=True)
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    array = submitted.stdout.strip().split(";")[0]
+    store = ResultsStore(options.store)
+    left = [run for run in runs if store.finished(run.key) is None]  # what `train` would be given: plan's missing runs
+    progress = Progress(left)
+    slurm.train(left, options, progress, slurm_options, profile="smoke")
+    _wait_for(array)
+    assert f"{len(left)} runs are in the queue from an earlier submission (job {array})" in capsys.readouterr().err
+    assert progress.done == len(left) and not progress.failed, progress.summary()
+    ledger = [json.loads(line) for line in (Path(slurm_options.folder) / slurm.LEDGER).read_text().splitlines()]
+    assert {entry["job_id"].split("_")[0] for entry in ledger} == {array}  # nothing submitted through submitit
+    assert [run.key for run in runs[1:]] == [key for entry in ledger if entry["job_id"] == f"{array}_1"
+                                             for key in entry["keys"]]
+    for run in runs:
+        assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
+
+
 def test_a_held_task_is_not_followed_and_a_run_is_followed_in_its_latest_live_task(tmp_path):
     """The ledger against the queue: a pending task held by ``scontrol hold`` is not followed (a new ``train``
     submits its run again), and a later ledger line whose task is gone does not hide the earlier task still live."""
