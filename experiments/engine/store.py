@@ -69,12 +69,14 @@ def write_csv(rows: list[dict], fields: list[str], path: Path) -> None:
 
 def _set_aside(path: Path, error: Exception, consequence: str) -> None:
     """``path`` renamed to the first free ``<name>.damaged[.N]`` (an earlier damaged copy is never overwritten), and a
-    :class:`DamagedStoreWarning` saying why and what happens next."""
+    :class:`DamagedStoreWarning` saying why and what happens next; nothing where ``path`` is gone meanwhile."""
     damaged = next(candidate for n in itertools.count(1)
                    if not (candidate := path.with_name(path.name + ".damaged" + (f".{n}" if n > 1 else ""))).exists())
     why = _reason(error)
     try:
         path.replace(damaged)
+    except FileNotFoundError:  # another reader of the store set it aside first (and said so)
+        return
     except OSError as cannot:
         raise DamagedFileError(f"{path} is damaged ({why}) and could not be set aside as {damaged.name} "
                                f"({cannot.strerror}): move it away, then run again") from None

@@ -35,6 +35,13 @@ from experiments.scale.progress import Progress
 
 
 WARNING_S = 120  #: seconds before its time limit that Slurm warns a plain script's task (``--signal=B:USR1@...``)
+JOB_PREFIX = "topk-"  #: how the name of every array this executor submits begins
+
+
+def job_name(profile: str, array: str) -> str:
+    """The name of ``profile``'s array ``array`` (``runs``, or ``alone`` for the runs trained alone) in Slurm's queue."""
+    return f"{JOB_PREFIX}{profile}-{array}"
+
 
 #: The plain scripts' answer to Slurm's warning: requeue the task, which then resumes from its checkpoints.
 _OUT_OF_TIME = """out_of_time() {{  # Slurm's warning, {warning} s before the time limit
@@ -138,7 +145,7 @@ def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: S
         for run in (run for group in tasks for run in group):
             (folder / "configs" / f"{run.key}.json").write_text(json.dumps(run.config.to_dict()))
     alone = name.endswith("alone")
-    directives = [f"--job-name=topk-{profile}-{name}", f"--array=0-{len(tasks) - 1}%{1 if alone else slurm.array_parallelism}",
+    directives = [f"--job-name={job_name(profile, name)}", f"--array=0-{len(tasks) - 1}%{1 if alone else slurm.array_parallelism}",
                   "--ntasks=1", f"--cpus-per-task={slurm.cpus_per_task}", f"--time={slurm.time_min}", "--requeue",
                   f"--signal=B:USR1@{WARNING_S}", f"--output={folder}/%A_%a.out", f"--error={folder}/%A_%a.err",
                   "--open-mode=append"]  # a requeued task's log goes on after its earlier runs
@@ -218,9 +225,9 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     unknown = queued_tasks(profile) - len(in_queue)
     if not outside_plan and unknown > 0:  # the calibration's stand-ins share their names
         print(f"note: {unknown} tasks of an earlier submission for the {profile} profile are still queued that no "
-              f"ledger here lists (from another --slurm-folder, or another script); a run they have not "
-              f"started is submitted again, and its second task waits for the first (`scancel --name "
-              f"topk-{profile}-runs` and `--name topk-{profile}-alone` stop the earlier ones)", file=sys.stderr)
+              f"ledger here lists (from another --slurm-folder, or another script); a run they have not started is "
+              f"submitted again, and its second task waits for the first (`scancel --name {job_name(profile, 'runs')}`"
+              f" and `--name {job_name(profile, 'alone')}` stop the earlier ones)", file=sys.stderr)
     try:
         import submitit
     except ImportError:
@@ -230,7 +237,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     for name, tasks in arrays:
         executor = submitit.AutoExecutor(folder=Path(slurm.folder) / "submitit", cluster="slurm",
                                          slurm_max_num_timeout=slurm.max_requeues)  # submitit's default: 3
-        executor.update_parameters(name=f"topk-{profile}-{name}", timeout_min=slurm.time_min,
+        executor.update_parameters(name=job_name(profile, name), timeout_min=slurm.time_min,
                                    cpus_per_task=slurm.cpus_per_task, slurm_array_parallelism=
                                    1 if name == "alone" else slurm.array_parallelism,
                                    slurm_additional_parameters={"requeue": True, **({"exclusive": True}
@@ -244,7 +251,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
             why = str(error).strip().splitlines() or ["it gave no reason"]
             raise SystemExit(f"error: sbatch refused the {name} array: {why[-1]}") from None
         array_tasks = [(group, job.job_id, str(job.paths.stderr)) for group, job in zip(tasks, submitted)]
-        _record([([run.key for run in group], job_id, log) for group, job_id, log in array_tasks], slurm.folder)
+        _record([(job_id, [run.key for run in group], log) for group, job_id, log in array_tasks], slurm.folder)
         tasks_submitted += [(run, job_id, log) for group, job_id, log in array_tasks for run in group]
     print(f"submitted {len({job_id for _, job_id, _ in tasks_submitted})} array tasks (job "
           f"{', '.join(_arrays(job_id for _, job_id, _ in tasks_submitted))})", file=sys.stderr)
@@ -255,61 +262,65 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
 LEDGER = "submitted.jsonl"
 
 
-def _record(array_tasks: list[tuple[list[str], str, str]], folder: str) -> None:
-    """Append each submitted task (its runs' keys, job id and log) to the folder's :data:`LEDGER`, in one write."""
-    lines = "".join(json.dumps({"job_id": job_id, "keys": keys, "log": log}) + "\n" for keys, job_id, log in array_tasks)
+def _record(entries: list[tuple[str, list[str], str]], folder: str) -> None:
+    """Append each task's (job id, keys, log) to the folder's :data:`LEDGER`, in one write."""
+    lines = "".join(json.dumps({"job_id": job_id, "keys": keys, "log": log}) + "\n" for job_id, keys, log in entries)
     with open(Path(folder) / LEDGER, "a") as ledger:
         ledger.write(lines)
 
 
 #: The line of a plain script that reads its task's keys (:func:`sbatch_script`): the key list's path is its end.
 _KEYS_LINE = re.compile(r'^keys=\$\(sed -n "[^"]*" (?P<path>.+)\)$', re.MULTILINE)
+#: An array task's id as ``squeue --array`` lists it, queued or running: ``<array>_<index>``.
+_ARRAY_TASK = re.compile(r"(?P<array>\d+)_(?P<index>\d+)")
+#: What Slurm's commands print when the controller does not answer, as against a job it does not know.
+_UNANSWERED = re.compile(r"contact|timed out|connect|standby|zero bytes|not responding", re.IGNORECASE)
 
 
-def adopt_sbatch_submissions(folder: str) -> None:
-    """Add to the folder's :data:`LEDGER` the queued tasks of arrays submitted with ``sbatch`` from its plain scripts
-    (:func:`sbatch_script`), so that they are followed as submitit's are: each array's script is read back from Slurm
-    (``scontrol write batch_script``), and its key list, which names the task's runs, must lie in ``folder``. Arrays
-    already in the ledger, others' and those Slurm cannot show are left alone."""
+def sbatch_submissions(folder: str, known_arrays: set[str]) -> list[tuple[str, list[str], str]] | None:
+    """The queued tasks (job id, keys, log) of the arrays but ``known_arrays`` that were submitted with ``sbatch`` from
+    ``folder``'s plain scripts (:func:`sbatch_script`): each array's script is read back from Slurm (``scontrol write
+    batch_script``), and its key list, which names each task's runs, must lie in ``folder``; None where Slurm did not
+    answer."""
     folder_path = Path(folder).resolve()
-    listing = _squeue(["--format=%i %j"])
-    if listing is None or not folder_path.is_dir():
-        return
-    tasks_of: dict[str, list[str]] = {}  # array -> its task ids in the queue (``<array>_<index>``)
+    if not folder_path.is_dir():  # nothing written here: no script of it can be queued
+        return []
+    if (listing := _squeue(["--format=%i %j"])) is None:
+        return None
+    tasks_of: dict[str, list[re.Match]] = {}  # array -> its tasks in the queue
     for line in listing.splitlines():
         job_id, _, name = line.partition(" ")
-        if name.startswith("topk-") and "_" in job_id and "[" not in job_id:
-            tasks_of.setdefault(job_id.split("_")[0], []).append(job_id)
-    known = set(_arrays(job_id for job_id, _, _ in _ledger_entries(folder)))
-    adopted = []
-    for array in sorted(set(tasks_of) - known):
-        if (keys := _array_keys(array, folder_path)) is None:
-            continue
-        for job_id in tasks_of[array]:
-            index = int(job_id.split("_")[1])
-            if index < len(keys):
-                adopted.append((keys[index], job_id, str(folder_path / f"{job_id}.err")))
-    if adopted:
-        _record(adopted, folder)
+        if name.startswith(JOB_PREFIX) and (task := _ARRAY_TASK.fullmatch(job_id)):
+            tasks_of.setdefault(task["array"], []).append(task)
+    found = []
+    for array in sorted(set(tasks_of) - known_arrays):
+        if (keys := _array_keys(tasks_of[array][0][0], folder_path)) is None:
+            return None
+        found += [(task[0], keys[int(task["index"])], str(_task_log(folder_path, task[0])))
+                  for task in tasks_of[array] if int(task["index"]) < len(keys)]
+    return found
 
 
-def _array_keys(array: str, folder: Path) -> list[list[str]] | None:
-    """Each task's keys of the array ``array`` submitted from one of ``folder``'s plain scripts; None for another
-    script, or where Slurm no longer shows it."""
+def _array_keys(task: str, folder: Path) -> list[list[str]] | None:
+    """Each task's keys of the array of ``task`` where one of ``folder``'s plain scripts submitted it, none where
+    another script did (or its key list cannot be read); None where Slurm did not answer."""
     try:
-        script = subprocess.run(["scontrol", "write", "batch_script", array, "-"], capture_output=True, text=True,
+        script = subprocess.run(["scontrol", "write", "batch_script", task, "-"], capture_output=True, text=True,
                                 timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if script.returncode != 0 or (match := _KEYS_LINE.search(script.stdout)) is None:
-        return None
-    keys = Path(shlex.split(match["path"])[0])
-    if keys.parent != folder:
-        return None
+    if script.returncode != 0:
+        return None if _UNANSWERED.search(script.stderr) else []  # else gone from the queue meanwhile
     try:
-        return [line.split() for line in keys.read_text().splitlines()]
-    except OSError:
-        return None
+        keys = Path(shlex.split(match["path"])[0]) if (match := _KEYS_LINE.search(script.stdout)) else None
+        return [line.split() for line in keys.read_text().splitlines()] if keys and keys.parent == folder else []
+    except (OSError, ValueError, IndexError):  # a line like ours in a script of another's, a list damaged or gone
+        return []
+
+
+def _task_log(folder: Path, job_id: str) -> Path:
+    """The stderr log of the plain scripts' task ``job_id`` (``<array>_<index>``: their ``--error`` pattern)."""
+    return folder / f"{job_id}.err"
 
 
 def _squeue(arguments: list[str]) -> str | None:
@@ -344,7 +355,7 @@ def _ledger_entries(folder: str) -> list[tuple[str, list[str], str]]:
     """The folder's :data:`LEDGER`, a (job id, keys, log) per task, the earliest first; a line cut short by a crash is
     skipped, and a folder without submissions has none."""
     try:
-        lines = (Path(folder) / LEDGER).read_text().splitlines()
+        lines = (Path(folder) / LEDGER).read_text(errors="replace").splitlines()
     except OSError:
         return []
     entries = []
@@ -359,11 +370,20 @@ def _ledger_entries(folder: str) -> list[tuple[str, list[str], str]]:
 
 def still_in_queue(runs: list[PlannedRun], folder: str) -> InQueue | None:
     """The folder's :data:`LEDGER` against Slurm's queue for ``runs`` (:class:`InQueue`); None where the queue could
-    not be asked about tasks the ledger holds. A line cut short by a crash is skipped; a run submitted several times
-    is followed in its latest task still followed."""
-    adopt_sbatch_submissions(folder)
+    not be asked. The queued tasks of the folder's plain scripts submitted with ``sbatch`` are added to the ledger
+    first (:func:`sbatch_submissions`). A run submitted several times is followed in its latest task still
+    followed."""
+    entries = _ledger_entries(folder)
+    if (adopted := sbatch_submissions(folder, set(_arrays(job_id for job_id, _, _ in entries)))) is None:
+        return None
+    if adopted:
+        try:
+            _record(adopted, folder)
+        except OSError as error:
+            print(f"warning: the tasks of the plain scripts found in the queue are followed, but not added to "
+                  f"{Path(folder) / LEDGER} ({error})", file=sys.stderr)
     tasks_of: dict[str, list[tuple[str, str]]] = {}  # key -> its tasks, the earliest first
-    for job_id, keys, log in _ledger_entries(folder):
+    for job_id, keys, log in entries + adopted:
         for key in keys:
             tasks_of.setdefault(key, []).append((job_id, log))
     if not tasks_of:
@@ -393,16 +413,16 @@ def _ledger_in_queue(runs: list[PlannedRun], slurm: SlurmOptions, tries: int = 3
 
 
 def queued_tasks(profile: str) -> int:
-    """How many tasks of this user's arrays for ``profile`` (named ``topk-PROFILE-runs`` or ``-alone``) are still in
+    """How many tasks of this user's arrays for ``profile`` (:func:`job_name`) are still in
     Slurm's queue; 0 when ``squeue`` cannot answer."""
-    listing = _squeue(["--format=%i", "--name", f"topk-{profile}-runs,topk-{profile}-alone"])
+    listing = _squeue(["--format=%i", "--name", f"{job_name(profile, 'runs')},{job_name(profile, 'alone')}"])
     return len(listing.split()) if listing is not None else 0
 
 
 def still_queued_text(profile: str) -> str:
     """What an interrupted follower says of the arrays it submitted for ``profile``: they go on without it."""
-    return (f"; the Slurm tasks already submitted go on (`squeue --me` lists them; `scancel --name topk-{profile}-runs` "
-            f"and `scancel --name topk-{profile}-alone` stop them)")
+    return (f"; the Slurm tasks already submitted go on (`squeue --me` lists them; `scancel --name "
+            f"{job_name(profile, 'runs')}` and `scancel --name {job_name(profile, 'alone')}` stop them)")
 
 
 def _arrays(job_ids: Iterable[str]) -> list[str]:

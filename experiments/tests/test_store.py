@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,30 @@ def test_a_cut_record_is_set_aside_and_its_run_trained_again(tmp_path, whole, de
     _cut(path)
     with pytest.warns(DamagedStoreWarning, match="trained again"):  # run() itself meets the damaged record
         assert _same_run(run(config, store), whole)
+
+
+def test_a_record_another_reader_set_aside_first_is_none_without_a_traceback(tmp_path, whole):
+    """Two followers of one store meet the same damaged record: the second finds it gone when it reads (or when it
+    renames it) and counts it as no record, leaving the first's ``.damaged`` copy and warning as the only ones."""
+    config, store = RunConfig(**TINY), ResultsStore(tmp_path)
+    path = store.record_path(config.key())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(whole)[:40])
+    real_read = Path.read_text
+
+    def set_aside_by_another_reader_first(self, *args, **kwargs):
+        text = real_read(self, *args, **kwargs)
+        if self == path:
+            self.replace(self.with_name(self.name + ".damaged"))
+        return text
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Path, "read_text", set_aside_by_another_reader_first)
+            assert store.finished(config.key()) is None
+        assert store.finished(config.key()) is None  # gone before the read: none too
+    assert [p.name for p in path.parent.iterdir()] == [path.name + ".damaged"]
 
 
 def _damages(record: dict, other: dict) -> dict:
