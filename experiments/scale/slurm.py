@@ -71,12 +71,29 @@ class SlurmOptions:
     array_parallelism: int = 64  #: tasks of one array running at once
     poll: float = 10.0  #: seconds between two looks at the queue
     sbatch_only: bool = False
+    #: other sbatch options for every task, each (name, value) or (name, None) for a flag: ``--account``, ``--qos``...
+    sbatch_options: tuple[tuple[str, str | None], ...] = ()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "SlurmOptions":
         folder = args.slurm_folder or str(Path(args.store or PROJECT_ROOT / "results" / args.profile) / "slurm")
         return cls(folder, args.partition, args.gpus_per_task, args.cpus_per_task, args.mem_gb, args.time_min,
-                   args.max_requeues, args.array_parallelism, args.poll, args.sbatch_only)
+                   args.max_requeues, args.array_parallelism, args.poll, args.sbatch_only, sbatch_options(args))
+
+
+#: The sbatch options the executor sets itself (each from its own flag, or fixed), which ``--sbatch-option`` cannot give.
+OWN_SBATCH_OPTIONS = ("job-name", "array", "ntasks", "cpus-per-task", "time", "requeue", "no-requeue", "signal",
+                      "output", "error", "open-mode", "partition", "gpus-per-task", "gpus", "gres", "mem",
+                      "exclusive", "wrap", "account", "qos", "constraint")
+_SBATCH_OPTION = re.compile(r"(?P<name>[a-z][a-z0-9-]*)(?:=(?P<value>.+))?")
+
+
+def sbatch_options(args: argparse.Namespace) -> tuple[tuple[str, str | None], ...]:
+    """``--account``, ``--qos``, ``--constraint`` and each ``--sbatch-option NAME[=VALUE]`` as (name, value) pairs,
+    in that order (:func:`refusal` has checked them)."""
+    named = [(name, getattr(args, name)) for name in ("account", "qos", "constraint") if getattr(args, name)]
+    given = [_SBATCH_OPTION.fullmatch(option.removeprefix("--")) for option in args.sbatch_option or ()]
+    return tuple(named + [(match["name"], match["value"]) for match in given])
 
 
 def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm",
@@ -98,6 +115,12 @@ def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm",
                             "--time-min")
     group.add_argument("--array-parallelism", type=int, default=64, help="tasks of an array running at once (default 64)")
     group.add_argument("--poll", type=float, default=10.0, help="seconds between two looks at the queue (default 10)")
+    group.add_argument("--account", help="the account the tasks are charged to (sbatch --account)")
+    group.add_argument("--qos", help="the tasks' quality of service (sbatch --qos)")
+    group.add_argument("--constraint", help="the node features the tasks need, e.g. a GPU model (sbatch --constraint)")
+    group.add_argument("--sbatch-option", action="append", metavar="NAME[=VALUE]",
+                       help="any other sbatch option for every task, without its dashes (repeatable): "
+                            "--sbatch-option reservation=ours --sbatch-option mail-type=FAIL")
     group.add_argument("--slurm-folder", help=f"scripts and task logs (default: {folder})")
     group.add_argument("--sbatch-only", action="store_true", help=sbatch_only)
 
@@ -115,6 +138,13 @@ def refusal(args: argparse.Namespace) -> str | None:
                 f"limit to requeue it; give more than {(WARNING_S + 60) // 60} minutes")
     if args.poll <= 0:
         return f"--poll should be a positive number of seconds, got {args.poll}"
+    for option in args.sbatch_option or ():
+        if (match := _SBATCH_OPTION.fullmatch(option.removeprefix("--"))) is None:
+            return (f"--sbatch-option {option!r} should be an sbatch option's long name, with =VALUE if it takes one "
+                    "(mail-type=FAIL, say)")
+        if match["name"] in OWN_SBATCH_OPTIONS:
+            return (f"--sbatch-option {option!r}: the executor sets --{match['name']} itself; give it through its own "
+                    "option (python -m experiments train --help lists them)")
     if args.mem_gb is not None and args.mem_gb <= 0:
         return f"--mem-gb should be a positive number of GB, got {args.mem_gb}"
     if args.slurm_folder and Path(args.slurm_folder).exists() and not Path(args.slurm_folder).is_dir():
@@ -153,6 +183,8 @@ def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: S
     directives += [f"--gpus-per-task={slurm.gpus_per_task}"] if slurm.gpus_per_task else []
     directives += [f"--mem={int(slurm.mem_gb * 1024)}M"] if slurm.mem_gb else []
     directives += ["--exclusive"] if alone else []
+    directives += [f"--{name}" + (f"={shlex.quote(value)}" if value is not None else "")
+                   for name, value in slurm.sbatch_options]
     command = [sys.executable, "-m", "experiments", "run-one", "$keys", "--profile", profile,
                *(["--configs", str(folder / "configs")] if outside_plan else []), *_run_one_options(options)]
     runs = sum(len(group) for group in tasks)
@@ -241,7 +273,9 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
                                    cpus_per_task=slurm.cpus_per_task, slurm_array_parallelism=
                                    1 if name == "alone" else slurm.array_parallelism,
                                    slurm_additional_parameters={"requeue": True, **({"exclusive": True}
-                                                                                    if name == "alone" else {})},
+                                                                                    if name == "alone" else {}),
+                                                                **{option: True if value is None else value
+                                                                   for option, value in slurm.sbatch_options}},
                                    **({"slurm_partition": slurm.partition} if slurm.partition else {}),
                                    **({"gpus_per_task": slurm.gpus_per_task} if slurm.gpus_per_task else {}),
                                    **({"mem_gb": slurm.mem_gb} if slurm.mem_gb else {}))

@@ -80,6 +80,42 @@ def test_an_array_sbatch_refuses_stops_with_its_reason_in_one_line(tmp_path):
         slurm.train(runs, options, Progress(runs), slurm_options, profile="smoke")
 
 
+def test_other_sbatch_options_reach_every_task_through_submitit_and_the_plain_script(tmp_path):
+    """``--sbatch-option hold`` and ``comment=...`` (as ``--account`` or ``--qos`` would): each array's task is held
+    with that comment, in submitit's array and in the plain script's; released, each trains its run."""
+    run = PlannedRun(RunConfig(**{**TINY, "seed": 7}), ("test",), None, 0)
+    options, slurm_options = _options(tmp_path, "options")
+    slurm_options = dataclasses.replace(slurm_options, sbatch_options=(("hold", None), ("comment", "topk-ci")))
+    ledger = Path(slurm_options.folder) / slurm.LEDGER
+    progress = Progress([run])
+    follower = threading.Thread(target=slurm.train, args=([run], options, progress, slurm_options),
+                                kwargs={"profile": "options"})  # a name of its own: other tests count theirs
+    follower.start()
+    deadline = time.time() + 120
+    while not ledger.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    script = slurm.sbatch_script([[run]], options, slurm_options, "smoke", "alone", outside_plan=True)
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    tasks = [json.loads(ledger.read_text())["job_id"], submitted.stdout.strip().split(";")[0] + "_0"]
+    try:
+        for task in tasks:
+            shown = subprocess.run(["scontrol", "show", "job", task], capture_output=True, text=True).stdout
+            assert "Reason=JobHeldUser" in shown and "Comment=topk-ci" in shown, shown
+    finally:
+        for task in tasks:
+            subprocess.run(["scontrol", "release", task], capture_output=True, text=True)
+    follower.join(timeout=600)
+    _wait_for(tasks[1].split("_")[0])
+    assert progress.done == 1 and not progress.failed, progress.summary()
+    deadline, state = time.time() + 30, ""
+    while state != "COMPLETED" and time.time() < deadline:  # the accounting's record comes a moment later
+        time.sleep(0.5)
+        state = subprocess.run(["sacct", "--noheader", "--allocations", "--jobs", tasks[1], "--format=State"],
+                               capture_output=True, text=True).stdout.strip()
+    assert state == "COMPLETED", f"the plain script's task ended {state or 'unrecorded'}"
+
+
 def test_the_plain_sbatch_script_runs_the_same_runs_through_run_one(tmp_path):
     runs = plan(get_profile("smoke"))[2:3]
     inline = _inline(runs, tmp_path / "inline")

@@ -58,6 +58,10 @@ REFUSED = [
      "--mem-gb should be a positive number of GB, got -1.0"),
     (["train", "smoke", "--executor", "slurm", "--slurm-folder", "{file}", "--sbatch-only"],
      "--slurm-folder {file} is a file: give a folder"),
+    (["train", "smoke", "--executor", "slurm", "--sbatch-option", "time=5", "--sbatch-only"],
+     "--sbatch-option 'time=5': the executor sets --time itself; give it through its own option"),
+    (["train", "smoke", "--executor", "slurm", "--sbatch-option", "mail type", "--sbatch-only"],
+     "--sbatch-option 'mail type' should be an sbatch option's long name, with =VALUE if it takes one"),
     (["train", "smoke", "--device", "tpu"], "--device should be cpu, cuda or cuda:N, got 'tpu'"),
     (["run-one", SMOKE_KEY, "--profile", "smoke", "--device", "gpu"], "--device should be cpu, cuda or cuda:N, got 'gpu'"),
     (["{config}", "--store", "{tmp}/one", "--device", "tpu"], "--device should be cpu, cuda or cuda:N, got 'tpu'"),
@@ -139,11 +143,14 @@ def test_sbatch_scripts_without_a_memory_request_leave_it_to_the_partition_and_w
     monkeypatch.setattr(cli, "FIGURES", tmp_path / "figures")
     store = tmp_path / "store"
     arguments = ["train", "smoke", "--executor", "slurm", "--partition", "gpu", "--gpus-per-task", "1", "--device",
-                 "cuda", "--time-min", "600", "--store", str(store), "--sbatch-only"]
+                 "cuda", "--time-min", "600", "--store", str(store), "--account", "lab", "--qos", "long",
+                 "--sbatch-option", "mail-type=FAIL", "--sbatch-option=--hold", "--sbatch-only"]
     assert main(arguments) == 0 and main([*arguments, "--figures", str(tmp_path / "figures")]) == 0
     runs, alone = (store / "slurm" / f"{name}.sbatch" for name in ("runs", "alone"))
     directives = runs.read_text().splitlines()
     assert "#SBATCH --partition=gpu" in directives and "#SBATCH --gpus-per-task=1" in directives
+    for given in ("--account=lab", "--qos=long", "--mail-type=FAIL", "--hold"):  # every task, both arrays
+        assert f"#SBATCH {given}" in directives and f"#SBATCH {given}" in alone.read_text().splitlines()
     assert "#SBATCH --time=600" in directives and not any(line.startswith("#SBATCH --mem") for line in directives)
     assert "#SBATCH --exclusive" in alone.read_text().splitlines() and "--device cuda" in runs.read_text()
     assert not (tmp_path / "figures").exists()
