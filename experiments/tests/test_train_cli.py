@@ -3,6 +3,7 @@ the value and what was expected (exit 2, no traceback); the Slurm executor write
 request when none is given; ``train`` writes its manifest only for a training into the notebooks' store."""
 
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -319,3 +320,16 @@ def test_train_waits_for_the_runs_other_processes_train_and_trains_those_they_le
     assert "1 of the runs other processes trained were left without an outcome" in err
     assert "2 of 2 runs finished, 0 failed" in err and trainer.returncode == 0
     assert all(ResultsStore(store).finished(run.key) is not None for run in runs)
+
+
+def test_every_executor_command_the_docs_show_is_one_the_command_line_takes():
+    """Each ``python -m experiments plan|train|run-one ...`` line of the docs' shell blocks parses (a renamed or
+    removed option fails here, not in a reader's terminal)."""
+    shown = [line.split("#")[0].split()[3:]
+             for page in (PROJECT_ROOT / "docs").glob("*.md")
+             for block in re.findall(r"^```(?:bash|sh|shell)\n(.*?)^```", page.read_text(), flags=re.M | re.S)
+             for line in block.splitlines()
+             if re.match(r"python -m experiments (plan|train|run-one) ", line)]
+    assert len(shown) >= 10, shown
+    for arguments in shown:
+        cli.parser().parse_args(arguments)  # argparse exits on an option it does not know
