@@ -35,7 +35,7 @@ from experiments.engine.store import ResultsStore, unusable_store
 from experiments.engine.train import COMPILE_MODES
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
-from experiments.scale import executors, slurm
+from experiments.scale import executors, slurm, slurm_queue
 from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import (Rates, calibration_first_then, completeness_then_hours, counted_text, estimate,
                                     estimate_moves, invocations, read_measurements, runs_measured_by, setting_text)
@@ -120,7 +120,7 @@ def main(argv: list[str]) -> int:
     stack = getattr(args, "stack", 1)  # run-one stacks the runs it is given
     if args.command == "plan":
         groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
-        in_queue = slurm.still_in_queue(runs, str(Path(store) / "slurm"))  # train's default --slurm-folder
+        in_queue = slurm_queue.still_in_queue(runs, str(Path(store) / "slurm"))  # train's default --slurm-folder
         print(table(runs, ResultsStore(store), groups,
                     {run.key: job_id for run, job_id, _ in (in_queue.tasks if in_queue else [])}))
         fewest = calibrations_to_make(profile)

@@ -172,7 +172,8 @@ def table(runs: list[PlannedRun], store: ResultsStore, groups: list[list[Planned
           queued: dict[str, str] | None = None) -> str:
     """The plan as text: one line per run, then the totals by state; with ``groups`` (:func:`stacks`), each run's
     group and its size, and how many groups of each size. ``queued``: the Slurm task (its job id) of each run whose
-    task waits in the queue (:func:`experiments.scale.slurm.still_in_queue`): a partial or missing run is "queued"."""
+    task waits in the queue (:func:`experiments.scale.slurm_queue.still_in_queue`): a partial or missing run is
+    "queued"."""
     group_of = {run.key: (number, len(group)) for number, group in enumerate(groups or [], 1) for run in group}
     lines = [f"{'key':16s} {'state':>9s} {'epochs':>9s} {'images':>13s}  " + "group      " * bool(groups) + "notebooks"]
     counts = dict.fromkeys(STATES, 0)

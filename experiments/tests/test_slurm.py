@@ -1,7 +1,8 @@
 """The slurm executor on a real one-node Slurm cluster (``.ci/slurm/up.sh``; ``.ci/run`` starts and stops it): array
 tasks give the inline records, through submitit and through the plain sbatch script, and a running task requeued
 by ``scontrol requeue`` resumes to the same record. Skipped where no cluster answers, unless
-``TOPK_REQUIRE_SLURM=1`` (CI), where that is a failure."""
+``TOPK_REQUIRE_SLURM=1`` (CI), where that is a failure. Tests that count or follow their arrays by name give
+``slurm.train`` a profile name of their own: pytest-xdist runs them side by side on the one cluster."""
 
 import dataclasses
 import json
@@ -18,7 +19,7 @@ import torch
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore, computed
 from experiments.engine.train import run_stacked
-from experiments.scale import cli, executors, slurm
+from experiments.scale import cli, executors, slurm, slurm_queue
 from experiments.scale.plan import PlannedRun, plan
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import get_profile
@@ -86,10 +87,10 @@ def test_other_sbatch_options_reach_every_task_through_submitit_and_the_plain_sc
     run = PlannedRun(RunConfig(**{**TINY, "seed": 7}), ("test",), None, 0)
     options, slurm_options = _options(tmp_path, "options")
     slurm_options = dataclasses.replace(slurm_options, sbatch_options=(("hold", None), ("comment", "topk-ci")))
-    ledger = Path(slurm_options.folder) / slurm.LEDGER
+    ledger = Path(slurm_options.folder) / slurm_queue.LEDGER
     progress = Progress([run])
     follower = threading.Thread(target=slurm.train, args=([run], options, progress, slurm_options),
-                                kwargs={"profile": "options"})  # a name of its own: other tests count theirs
+                                kwargs={"profile": "options"})
     follower.start()
     deadline = time.time() + 120
     while not ledger.exists() and time.time() < deadline:
@@ -166,14 +167,14 @@ def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
     options, slurm_options = _options(tmp_path, "requeued")
     store, progress = ResultsStore(options.store), Progress([run])
     follower = threading.Thread(target=slurm.train, args=([run], options, progress, slurm_options),
-                                kwargs={"profile": "test"})
+                                kwargs={"profile": "requeue"})
     follower.start()
     deadline = time.time() + 300
     while not store.checkpoint_path(run.key).exists() and time.time() < deadline:
         time.sleep(0.1)
     assert store.finished(run.key) is None, "the task finished before it could be requeued"
-    assert slurm.queued_tasks("test") == 1  # what a second `train` of the same profile would warn of
-    job = subprocess.run(["squeue", "--noheader", "--format=%i", "--name=topk-test-runs"], capture_output=True,
+    assert slurm_queue.queued_tasks("requeue") == 1  # what a second `train` of the same profile would warn of
+    job = subprocess.run(["squeue", "--noheader", "--format=%i", "--name=topk-requeue-runs"], capture_output=True,
                          text=True).stdout.split()
     assert len(job) == 1, job
     requeue = subprocess.run(["scontrol", "requeue", job[0]], capture_output=True, text=True)
@@ -201,9 +202,9 @@ def test_a_second_train_follows_the_runs_an_earlier_submission_still_has_queued(
     inline = _inline(runs, tmp_path / "inline")
     options, slurm_options = _options(tmp_path, "twice")
     slurm_options = dataclasses.replace(slurm_options, array_parallelism=1)
-    ledger = Path(slurm_options.folder) / slurm.LEDGER
+    ledger = Path(slurm_options.folder) / slurm_queue.LEDGER
     first = threading.Thread(target=slurm.train, args=(runs, options, Progress(runs), slurm_options),
-                             kwargs={"profile": "test"})
+                             kwargs={"profile": "twice"})
     first.start()
     deadline = time.time() + 120
     while not ledger.exists() and time.time() < deadline:
@@ -216,7 +217,7 @@ def test_a_second_train_follows_the_runs_an_earlier_submission_still_has_queued(
     listing = capsys.readouterr().out
     assert f"{runs[1].key}    queued" in listing and "(Slurm task " in listing, listing
     progress = Progress(left)
-    slurm.train(left, options, progress, slurm_options, profile="test")
+    slurm.train(left, options, progress, slurm_options, profile="twice")
     first.join(timeout=600)
     assert "2 runs are in the queue from an earlier submission" in capsys.readouterr().err
     assert progress.done == 2 and not progress.failed, progress.summary()
@@ -244,7 +245,7 @@ def test_a_train_follows_the_tasks_of_a_plain_script_submitted_with_sbatch(tmp_p
     _wait_for(array)
     assert f"{len(left)} runs are in the queue from an earlier submission (job {array})" in capsys.readouterr().err
     assert progress.done == len(left) and not progress.failed, progress.summary()
-    ledger = [json.loads(line) for line in (Path(slurm_options.folder) / slurm.LEDGER).read_text().splitlines()]
+    ledger = [json.loads(line) for line in (Path(slurm_options.folder) / slurm_queue.LEDGER).read_text().splitlines()]
     assert {entry["job_id"].split("_")[0] for entry in ledger} == {array}  # nothing submitted through submitit
     assert [run.key for run in runs[1:]] == [key for entry in ledger if entry["job_id"] == f"{array}_1"
                                              for key in entry["keys"]]
@@ -259,10 +260,10 @@ def test_a_held_task_is_not_followed_and_a_run_is_followed_in_its_latest_live_ta
             for seed in (3, 4)]
     options, slurm_options = _options(tmp_path, "held")
     slurm_options = dataclasses.replace(slurm_options, array_parallelism=1)
-    ledger = Path(slurm_options.folder) / slurm.LEDGER
+    ledger = Path(slurm_options.folder) / slurm_queue.LEDGER
     progress = Progress(runs)
     follower = threading.Thread(target=slurm.train, args=(runs, options, progress, slurm_options),
-                                kwargs={"profile": "test"})
+                                kwargs={"profile": "held"})
     follower.start()
     deadline = time.time() + 120
     while not ledger.exists() and time.time() < deadline:
@@ -275,7 +276,7 @@ def test_a_held_task_is_not_followed_and_a_run_is_followed_in_its_latest_live_ta
         gone = task_of[runs[0].key].split("_")[0] + "_99"  # a task index the array never had
         with ledger.open("a") as handle:
             handle.write(json.dumps({"job_id": gone, "keys": [runs[0].key], "log": "gone.err"}) + "\n")
-        in_queue = slurm.still_in_queue(runs, slurm_options.folder)
+        in_queue = slurm_queue.still_in_queue(runs, slurm_options.folder)
         assert [(run.key, job_id) for run, job_id, _ in in_queue.tasks] == [(runs[0].key, task_of[runs[0].key])]
         assert second in in_queue.in_queue  # listed by the queue, though not followed
     finally:
