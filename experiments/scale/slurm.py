@@ -76,7 +76,7 @@ class SlurmOptions:
 
 #: The sbatch options the executor sets itself (each from its own flag, or fixed), which ``--sbatch-option`` cannot give.
 OWN_SBATCH_OPTIONS = ("job-name", "array", "ntasks", "cpus-per-task", "time", "requeue", "no-requeue", "signal",
-                      "output", "error", "open-mode", "partition", "gpus-per-task", "gpus", "gres", "mem",
+                      "output", "error", "open-mode", "partition", "gpus-per-task", "gpus", "mem",
                       "exclusive", "wrap", "account", "qos", "constraint")
 _SBATCH_OPTION = re.compile(r"(?P<name>[a-z][a-z0-9-]*)(?:=(?P<value>.+))?")
 
@@ -118,9 +118,20 @@ def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm",
     group.add_argument("--sbatch-only", action="store_true", help=sbatch_only)
 
 
+def gres_gpus(gres: str) -> int:
+    """The GPUs a ``--gres`` value asks for: ``gpu`` is one, ``gpu:2`` and ``gpu:a100:2`` two; other resources none."""
+    count = 0
+    for resource in gres.split(","):
+        name, *rest = resource.split(":")
+        if name == "gpu":
+            count += int(rest[-1]) if rest and rest[-1].isdigit() else 1
+    return count
+
+
 def refusal(args: argparse.Namespace) -> str | None:
     """What is wrong with the Slurm options of ``train`` (None: nothing). A run trains on one GPU, the first its task
-    sees, so a task holds one GPU exactly when it trains on ``cuda``."""
+    sees, so a task holds one GPU exactly when it trains on ``cuda``: through ``--gpus-per-task 1``, or, where the
+    cluster counts GPUs as generic resources only, ``--sbatch-option gres=gpu:1``."""
     for name in ("cpus_per_task", "time_min", "array_parallelism"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} should be a positive number, got {getattr(args, name)}"
@@ -146,10 +157,16 @@ def refusal(args: argparse.Namespace) -> str | None:
         return f"--device should be cpu or cuda for Slurm's tasks (each numbers its own GPUs from 0), got {args.device}"
     if args.gpus_per_task not in (0, 1):
         return f"--gpus-per-task should be 0 or 1 (a run trains on one GPU), got {args.gpus_per_task}"
-    if bool(args.gpus_per_task) != (args.device == "cuda"):
-        return (f"--gpus-per-task {args.gpus_per_task} with --device {args.device}: the tasks would "
-                + ("hold GPUs and train on the CPU; add --device cuda" if args.gpus_per_task else
-                   "train on CUDA without a GPU; add --gpus-per-task 1"))
+    gres = sum(gres_gpus(value or "") for name, value in sbatch_options(args) if name == "gres")
+    if gres and args.gpus_per_task:
+        return "--gpus-per-task 1 and --sbatch-option gres=gpu...: each asks for the task's GPU; give one of them"
+    if gres > 1:
+        return f"--sbatch-option gres=... asks for {gres} GPUs a task, where a run trains on one: give gres=gpu:1"
+    if bool(args.gpus_per_task or gres) != (args.device == "cuda"):
+        asked = f"--gpus-per-task {args.gpus_per_task}" if not gres else "--sbatch-option gres=gpu:1"
+        return (f"{asked} with --device {args.device}: the tasks would "
+                + ("hold GPUs and train on the CPU; add --device cuda" if args.gpus_per_task or gres else
+                   "train on CUDA without a GPU; add --gpus-per-task 1 (or --sbatch-option gres=gpu:1)"))
     return None
 
 

@@ -63,6 +63,12 @@ REFUSED = [
      "--sbatch-option 'time=5': the executor sets --time itself; give it through its own option"),
     (["train", "smoke", "--executor", "slurm", "--sbatch-option", "mail type", "--sbatch-only"],
      "--sbatch-option 'mail type' should be an sbatch option's long name, with =VALUE if it takes one"),
+    (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--gpus-per-task", "1", "--sbatch-option",
+      "gres=gpu:1", "--sbatch-only"], "--gpus-per-task 1 and --sbatch-option gres=gpu...: each asks for the task's GPU"),
+    (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-option", "gres=gpu:a100:2",
+      "--sbatch-only"], "--sbatch-option gres=... asks for 2 GPUs a task, where a run trains on one"),
+    (["train", "smoke", "--executor", "slurm", "--sbatch-option", "gres=gpu", "--sbatch-only"],
+     "--sbatch-option gres=gpu:1 with --device cpu: the tasks would hold GPUs and train on the CPU"),
     (["train", "smoke", "--device", "tpu"], "--device should be cpu, cuda or cuda:N, got 'tpu'"),
     (["run-one", SMOKE_KEY, "--profile", "smoke", "--device", "gpu"], "--device should be cpu, cuda or cuda:N, got 'gpu'"),
     (["{config}", "--store", "{tmp}/one", "--device", "tpu"], "--device should be cpu, cuda or cuda:N, got 'tpu'"),
@@ -333,3 +339,13 @@ def test_every_executor_command_the_docs_show_is_one_the_command_line_takes():
     assert len(shown) >= 10, shown
     for arguments in shown:
         cli.parser().parse_args(arguments)  # argparse exits on an option it does not know
+
+
+def test_a_cluster_that_counts_gpus_as_generic_resources_gets_its_gpu_through_gres(tmp_path):
+    """``--sbatch-option gres=gpu:1`` in place of ``--gpus-per-task 1`` (clusters without ``select/cons_tres``): each
+    task asks for its GPU that way, and no ``--gpus-per-task``."""
+    store = tmp_path / "store"
+    assert main(["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-option", "gres=gpu:v100:1",
+                 "--store", str(store), "--sbatch-only"]) == 0
+    directives = (store / "slurm" / "runs.sbatch").read_text().splitlines()
+    assert "#SBATCH --gres=gpu:v100:1" in directives and not any("--gpus-per-task" in line for line in directives)
