@@ -74,10 +74,17 @@ class SlurmOptions:
                    args.max_requeues, args.array_parallelism, args.poll, args.sbatch_only, sbatch_options(args))
 
 
-#: The sbatch options the executor sets itself (each from its own flag, or fixed), which ``--sbatch-option`` cannot give.
-OWN_SBATCH_OPTIONS = ("job-name", "array", "ntasks", "cpus-per-task", "time", "requeue", "no-requeue", "signal",
-                      "output", "error", "open-mode", "partition", "gpus-per-task", "gpus", "mem",
-                      "exclusive", "wrap", "account", "qos", "constraint")
+#: The sbatch options that ``--sbatch-option`` cannot give, nor any abbreviation of them (which sbatch would take for
+#: them), each with the option of ``train`` that gives it, or None: those the executor sets itself, those that would
+#: change what a task runs on (more tasks, nodes or GPUs than its one run uses), and those that change how sbatch
+#: answers (the job id the executor reads).
+OWN_SBATCH_OPTIONS = {
+    "account": "--account", "qos": "--qos", "constraint": "--constraint", "partition": "--partition",
+    "time": "--time-min", "cpus-per-task": "--cpus-per-task", "mem": "--mem-gb", "array": "--array-parallelism",
+    **dict.fromkeys(("gpus-per-task", "gpus", "gpus-per-node", "gpus-per-socket", "tres-per-task"), "--gpus-per-task"),
+    **dict.fromkeys(("job-name", "ntasks", "ntasks-per-node", "nodes", "requeue", "no-requeue", "signal", "output",
+                     "error", "open-mode", "exclusive", "wrap", "wckey", "parsable", "quiet", "test-only", "wait")),
+}
 _SBATCH_OPTION = re.compile(r"(?P<name>[a-z][a-z0-9-]*)(?:=(?P<value>.+))?")
 
 
@@ -119,13 +126,35 @@ def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm",
 
 
 def gres_gpus(gres: str) -> int:
-    """The GPUs a ``--gres`` value asks for: ``gpu`` is one, ``gpu:2`` and ``gpu:a100:2`` two; other resources none."""
+    """The GPUs a ``--gres`` value asks for: ``gpu`` and ``gpu:a100`` one, ``gpu:2`` and ``gpu:a100:2`` two (a socket
+    binding such as ``(S:0-1)`` aside); other resources none."""
     count = 0
     for resource in gres.split(","):
-        name, *rest = resource.split(":")
+        name, *rest = re.sub(r"\(.*\)$", "", resource).split(":")
         if name == "gpu":
-            count += int(rest[-1]) if rest and rest[-1].isdigit() else 1
+            count += int(rest[-1]) if rest and re.fullmatch(r"[0-9]+", rest[-1]) else 1
     return count
+
+
+def _sbatch_options_refusal(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``--sbatch-option`` (:data:`OWN_SBATCH_OPTIONS`, an option given twice, or a memory per CPU
+    or GPU beside ``--mem-gb``); None: nothing."""
+    for option in args.sbatch_option or ():
+        if (match := _SBATCH_OPTION.fullmatch(option.removeprefix("--"))) is None:
+            return (f"--sbatch-option {option!r} should be an sbatch option's long name, with =VALUE if it takes one "
+                    "(mail-type=FAIL, say)")
+        if owned := [own for own in OWN_SBATCH_OPTIONS if own.startswith(match["name"])]:
+            own = match["name"] if match["name"] in owned else owned[0]
+            return f"--sbatch-option {option!r} is sbatch's --{own}, which " + (
+                f"train gives itself: use {OWN_SBATCH_OPTIONS[own]}" if OWN_SBATCH_OPTIONS[own] else
+                "the executor sets itself, or which would change what a task runs on or how sbatch answers")
+        if match["name"] in ("mem-per-cpu", "mem-per-gpu") and args.mem_gb is not None:
+            return f"--sbatch-option {option!r} and --mem-gb {args.mem_gb:g} each set the tasks' memory: give one"
+    names = [name for name, _ in sbatch_options(args)]
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        return (f"sbatch's --{twice[0]} is given twice (--sbatch-option, or its own option): give it once, with "
+                "every value in it (gres=gpu:1,nvme:1, say)")
+    return None
 
 
 def refusal(args: argparse.Namespace) -> str | None:
@@ -142,13 +171,6 @@ def refusal(args: argparse.Namespace) -> str | None:
                 f"limit to requeue it; give more than {(WARNING_S + 60) // 60} minutes")
     if args.poll <= 0:
         return f"--poll should be a positive number of seconds, got {args.poll}"
-    for option in args.sbatch_option or ():
-        if (match := _SBATCH_OPTION.fullmatch(option.removeprefix("--"))) is None:
-            return (f"--sbatch-option {option!r} should be an sbatch option's long name, with =VALUE if it takes one "
-                    "(mail-type=FAIL, say)")
-        if match["name"] in OWN_SBATCH_OPTIONS:
-            return (f"--sbatch-option {option!r}: the executor sets --{match['name']} itself; give it through its own "
-                    "option (python -m experiments train --help lists them)")
     if args.mem_gb is not None and args.mem_gb <= 0:
         return f"--mem-gb should be a positive number of GB, got {args.mem_gb}"
     if args.slurm_folder and Path(args.slurm_folder).exists() and not Path(args.slurm_folder).is_dir():
@@ -157,13 +179,15 @@ def refusal(args: argparse.Namespace) -> str | None:
         return f"--device should be cpu or cuda for Slurm's tasks (each numbers its own GPUs from 0), got {args.device}"
     if args.gpus_per_task not in (0, 1):
         return f"--gpus-per-task should be 0 or 1 (a run trains on one GPU), got {args.gpus_per_task}"
-    gres = sum(gres_gpus(value or "") for name, value in sbatch_options(args) if name == "gres")
-    if gres and args.gpus_per_task:
+    if problem := _sbatch_options_refusal(args):
+        return problem
+    gres_value = next((value or "" for name, value in sbatch_options(args) if name == "gres"), "")
+    if (gres := gres_gpus(gres_value)) and args.gpus_per_task:
         return "--gpus-per-task 1 and --sbatch-option gres=gpu...: each asks for the task's GPU; give one of them"
     if gres > 1:
-        return f"--sbatch-option gres=... asks for {gres} GPUs a task, where a run trains on one: give gres=gpu:1"
+        return f"--sbatch-option gres={gres_value} asks for {gres} GPUs a task, where a run trains on one: give gpu:1"
     if bool(args.gpus_per_task or gres) != (args.device == "cuda"):
-        asked = f"--gpus-per-task {args.gpus_per_task}" if not gres else "--sbatch-option gres=gpu:1"
+        asked = f"--gpus-per-task {args.gpus_per_task}" if not gres else f"--sbatch-option gres={gres_value}"
         return (f"{asked} with --device {args.device}: the tasks would "
                 + ("hold GPUs and train on the CPU; add --device cuda" if args.gpus_per_task or gres else
                    "train on CUDA without a GPU; add --gpus-per-task 1 (or --sbatch-option gres=gpu:1)"))
@@ -294,6 +318,9 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
         except submitit.core.utils.FailedJobError as error:  # sbatch said no: a partition, a gres, a limit
             why = str(error).strip().splitlines() or ["it gave no reason"]
             raise SystemExit(f"error: sbatch refused the {name} array: {why[-1]}") from None
+        except submitit.core.utils.FailedSubmissionError as error:  # an answer without the job id
+            raise SystemExit(f"error: sbatch's answer for the {name} array names no job ({error}); it may be queued "
+                             f"all the same: `squeue --me --name {job_name(profile, name)}` tells") from None
         array_tasks = [(group, job.job_id, str(job.paths.stderr)) for group, job in zip(tasks, submitted)]
         record([(job_id, [run.key for run in group], log) for group, job_id, log in array_tasks], slurm.folder)
         tasks_submitted += [(run, job_id, log) for group, job_id, log in array_tasks for run in group]
