@@ -39,7 +39,13 @@ def holder() -> dict:
     """This process, as a claim names it."""
     return {"host": socket.gethostname(), "pid_namespace": _pid_namespace(), "pid": os.getpid(),
             "pid_start": _process_start(os.getpid()), "slurm_job": os.environ.get("SLURM_JOB_ID"),
-            "slurm_restart": _slurm_restart(), "since": time.time()}
+            "slurm_task": _slurm_array_task(), "slurm_restart": _slurm_restart(), "since": time.time()}
+
+
+def _slurm_array_task() -> str | None:
+    """This Slurm array task as ``squeue`` names it (``<array>_<index>``); None outside an array."""
+    array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{index}" if array and index else None
 
 
 def _stat_after_name(pid: int) -> list[str] | None:

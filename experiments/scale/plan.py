@@ -141,8 +141,10 @@ def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
 
 
 def holder_text(holder: dict) -> str:
-    """Who trains a run, as its claim names it: "HOST pid N, Slurm job J"."""
-    job = f", Slurm job {holder['slurm_job']}" if holder.get("slurm_job") else ""
+    """Who trains a run, as its claim names it: "HOST pid N, Slurm task A_I" (an array's task, as ``squeue`` names
+    it), or "..., Slurm job J"."""
+    job = (f", Slurm task {holder['slurm_task']}" if holder.get("slurm_task") else
+           f", Slurm job {holder['slurm_job']}" if holder.get("slurm_job") else "")
     return f"{holder.get('host', 'an unnamed host')} pid {holder.get('pid', '?')}{job}"
 
 

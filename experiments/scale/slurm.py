@@ -119,10 +119,20 @@ def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm",
     group.add_argument("--qos", help="the tasks' quality of service (sbatch --qos)")
     group.add_argument("--constraint", help="the node features the tasks need, e.g. a GPU model (sbatch --constraint)")
     group.add_argument("--sbatch-option", action="append", metavar="NAME[=VALUE]",
-                       help="any other sbatch option for every task, without its dashes (repeatable): "
-                            "--sbatch-option reservation=ours --sbatch-option mail-type=FAIL")
+                       help="any other sbatch option for every task, without its dashes or as "
+                            "--sbatch-option=--NAME=VALUE (repeatable): --sbatch-option reservation=ours "
+                            "--sbatch-option mail-type=FAIL")
     group.add_argument("--slurm-folder", help=f"scripts and task logs (default: {folder})")
     group.add_argument("--sbatch-only", action="store_true", help=sbatch_only)
+
+
+def options_given(args: argparse.Namespace) -> list[str]:
+    """The Slurm executor's options that ``args`` gives other values than their defaults (to refuse them with another
+    executor, which would ignore them)."""
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    defaults = vars(parser.parse_args([]))
+    return [f"--{name.replace('_', '-')}" for name, default in defaults.items() if getattr(args, name, default) != default]
 
 
 def gres_gpus(gres: str) -> int:
@@ -179,6 +189,9 @@ def refusal(args: argparse.Namespace) -> str | None:
         return f"--device should be cpu or cuda for Slurm's tasks (each numbers its own GPUs from 0), got {args.device}"
     if args.gpus_per_task not in (0, 1):
         return f"--gpus-per-task should be 0 or 1 (a run trains on one GPU), got {args.gpus_per_task}"
+    for name in ("partition", "account", "qos", "constraint"):
+        if (value := getattr(args, name)) is not None and not value.strip():
+            return f"--{name} is empty ({value!r}): give one, or leave the option out"
     if problem := _sbatch_options_refusal(args):
         return problem
     gres_value = next((value or "" for name, value in sbatch_options(args) if name == "gres"), "")
@@ -284,7 +297,11 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
             return follow(earlier_tasks, options, progress, slurm.poll)
     arrays = [(name, groups(part, options)) for name, part in (("runs", [run for run in runs if not run.alone]),
                                                                 ("alone", [run for run in runs if run.alone])) if part]
-    scripts = [sbatch_script(tasks, options, slurm, profile, name, outside_plan) for name, tasks in arrays]
+    try:
+        scripts = [sbatch_script(tasks, options, slurm, profile, name, outside_plan) for name, tasks in arrays]
+    except OSError as error:
+        raise SystemExit(f"error: the Slurm scripts cannot be written in {slurm.folder} ({error.strerror or error}): "
+                         "give a --slurm-folder (or --store) you can write to") from None
     if slurm.sbatch_only:
         print("wrote " + ", ".join(map(str, scripts)) + ": submit each with `sbatch SCRIPT`", file=sys.stderr)
         return
@@ -316,8 +333,9 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
         try:
             submitted = executor.map_array(RunTask(options), tasks)
         except submitit.core.utils.FailedJobError as error:  # sbatch said no: a partition, a gres, a limit
-            why = str(error).strip().splitlines() or ["it gave no reason"]
-            raise SystemExit(f"error: sbatch refused the {name} array: {why[-1]}") from None
+            why = [line for line in str(error).strip().splitlines() if line and not line.startswith("Try ")]
+            raise SystemExit(f"error: sbatch refused the {name} array: {why[-1] if why else 'it gave no reason'}") \
+                from None
         except submitit.core.utils.FailedSubmissionError as error:  # an answer without the job id
             raise SystemExit(f"error: sbatch's answer for the {name} array names no job ({error}); it may be queued "
                              f"all the same: `squeue --me --name {job_name(profile, name)}` tells") from None
@@ -344,8 +362,9 @@ def _ledger_in_queue(runs: list[PlannedRun], slurm: SlurmOptions, tries: int = 3
 
 def still_queued_text(profile: str) -> str:
     """What an interrupted follower says of the arrays it submitted for ``profile``: they go on without it."""
-    return (f"; the Slurm tasks already submitted go on (`squeue --me` lists them; `scancel --name "
-            f"{job_name(profile, 'runs')}` and `scancel --name {job_name(profile, 'alone')}` stop them)")
+    runs, alone = job_name(profile, "runs"), job_name(profile, "alone")
+    return (f"; the Slurm tasks already submitted go on (`squeue --me` lists them; `scancel --user $USER --name {runs}` "
+            f"and `scancel --user $USER --name {alone}` stop them)")
 
 
 #: Seconds without an answer from ``squeue`` after which the follower stops (the tasks go on; a new ``train`` follows

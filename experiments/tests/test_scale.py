@@ -669,3 +669,17 @@ def test_the_slurm_ledger_finds_the_key_list_in_the_plain_script_slurm_gives_bac
     script = slurm.sbatch_script([[run]], executors.TrainOptions(str(tmp_path / "a folder")), options, "test", "runs")
     path = Path(shlex.split(slurm_queue._KEYS_LINE.search(script.read_text())["path"])[0])
     assert path.parent == Path(options.folder).resolve() and path.read_text().split() == [run.key]
+
+
+def test_a_claim_names_the_slurm_array_task_as_squeue_does(monkeypatch):
+    """A run trained by an array task is named by ``plan`` as ``squeue`` lists the task (``<array>_<index>``), not by
+    the task's own job id; outside an array, by the job id."""
+    from experiments.engine import run_claim
+    from experiments.scale.plan import holder_text
+
+    monkeypatch.setenv("SLURM_JOB_ID", "1102")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "1099")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "2")
+    assert holder_text(run_claim.holder()).endswith(", Slurm task 1099_2")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID")
+    assert holder_text(run_claim.holder()).endswith(", Slurm job 1102")

@@ -79,6 +79,12 @@ REFUSED = [
       "--sbatch-only"], "--sbatch-option gres=gpu:a100:2 asks for 2 GPUs a task, where a run trains on one"),
     (["train", "smoke", "--executor", "slurm", "--sbatch-option", "gres=gpu", "--sbatch-only"],
      "--sbatch-option gres=gpu with --device cpu: the tasks would hold GPUs and train on the CPU"),
+    (["train", "smoke", "--executor", "slurm", "--account", " ", "--sbatch-only"],
+     "--account is empty (' '): give one, or leave the option out"),
+    (["train", "smoke", "--executor", "local", "--jobs", "1", "--account", "lab"],
+     "--account is an option of the Slurm executor: add --executor slurm, or leave it out"),
+    (["train", "smoke", "--executor", "inline", "--time-min", "600"],
+     "--time-min is an option of the Slurm executor: add --executor slurm, or leave it out"),
     (["train", "smoke", "--device", "tpu"], "--device should be cpu, cuda or cuda:N, got 'tpu'"),
     (["run-one", SMOKE_KEY, "--profile", "smoke", "--device", "gpu"], "--device should be cpu, cuda or cuda:N, got 'gpu'"),
     (["{config}", "--store", "{tmp}/one", "--device", "tpu"], "--device should be cpu, cuda or cuda:N, got 'tpu'"),
@@ -353,3 +359,13 @@ def test_every_executor_command_the_docs_show_is_one_the_command_line_takes():
             pytest.fail(f"the docs show a command the command line refuses: {line}")
         if getattr(args, "executor", None) == "slurm":
             assert slurm.refusal(args) is None, f"{line}: {slurm.refusal(args)}"
+
+
+def test_a_slurm_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, capsys):
+    """The scripts' folder under a file (or on a read-only disk): one line naming the folder and why, no traceback."""
+    (tmp_path / "a file").write_text("")
+    folder = tmp_path / "a file" / "slurm"
+    with pytest.raises(SystemExit, match=f"^error: the Slurm scripts cannot be written in {re.escape(str(folder))} "
+                                         r"\(Not a directory\): give a --slurm-folder \(or --store\) you can write to$"):
+        main(["train", "smoke", "--executor", "slurm", "--store", str(tmp_path / "store"), "--slurm-folder",
+              str(folder), "--sbatch-only"])
