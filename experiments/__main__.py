@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 try:  # torch's import takes seconds: Ctrl-C then ends the command as it would later, with no traceback
@@ -104,7 +105,15 @@ def _progress_kept(store: ResultsStore, config: RunConfig) -> str:
             f"{store.root / 'checkpoints'})")
 
 
+def _stop_as_ctrl_c(signum: int, frame) -> None:
+    """SIGTERM (``kill``, a scheduler) and SIGHUP (a closed terminal or ssh session) stop a command as Ctrl-C does:
+    what finished is kept, the message says so, and no traceback."""
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    for stop in (signal.SIGTERM, signal.SIGHUP):  # here, not at import: spawned workers import this module too
+        signal.signal(stop, _stop_as_ctrl_c)
     try:
         sys.exit(main())
     except KeyboardInterrupt:  # before a command's own handling began (planning, say): nothing was trained

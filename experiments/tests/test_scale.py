@@ -444,6 +444,37 @@ def test_ctrl_c_stops_a_local_train_with_its_workers_and_one_message_no_tracebac
     assert "Traceback" not in errors, errors[-3000:]
 
 
+def test_sigterm_to_a_local_train_alone_stops_it_with_its_workers_as_ctrl_c_does(tmp_path):
+    """SIGTERM to the command's process only (``kill``, a scheduler ending the job; SIGHUP, a closed terminal, is taken
+    the same way): exit 130, the message that the same command resumes, no traceback, and no worker left running."""
+    store, mark = tmp_path / "store", f"topk-test-{os.getpid()}-{time.time_ns()}"
+    command = [sys.executable, "-m", "experiments", "train", "smoke", "--executor", "local", "--jobs", "2",
+               "--store", str(store)]
+    train = subprocess.Popen(command, cwd=ROOT, env={**_env(), "TOPK_TEST_MARK": mark}, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while not any((store / "runs").glob("*.json")) and time.time() < deadline and train.poll() is None:
+        time.sleep(0.05)
+    train.send_signal(signal.SIGTERM)
+    _, errors = train.communicate(timeout=120)
+    assert train.returncode == 130, errors[-3000:]
+    assert "interrupted: every finished run and every epoch's checkpoint is kept" in errors
+    assert "Traceback" not in errors, errors[-3000:]
+    assert _processes_marked(mark) == [], "workers outlived the command"
+
+
+def _processes_marked(mark: str) -> list[int]:
+    """The live processes whose environment holds ``mark`` (this test's own command and the workers it started)."""
+    marked = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"TOPK_TEST_MARK={mark}".encode() in environ.read_bytes():
+                marked.append(int(environ.parent.name))
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return marked
+
+
 class _CountingStore(ResultsStore):
     checkpoints_saved = 0
 
