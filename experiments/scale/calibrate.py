@@ -165,8 +165,8 @@ def _refusal(args: argparse.Namespace, device: str) -> str | None:
     """What is wrong with the executor's options (None: nothing)."""
     if args.executor == "slurm":
         return slurm.refusal(args)
-    if given := slurm.options_given(args):
-        return f"{given[0]} is an option of the Slurm executor: add --executor slurm, or leave it out"
+    if problem := slurm.refusal_elsewhere(args):
+        return problem
     return None if _no_gpu_for_per_gpu(args) else executors.slots_refusal(args.jobs, args.per_gpu, device)
 
 

@@ -196,8 +196,8 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
         return problem
     if args.executor == "slurm" and (problem := slurm.refusal(args)):
         return problem
-    if args.executor != "slurm" and (given := slurm.options_given(args)):
-        return f"{given[0]} is an option of the Slurm executor: add --executor slurm, or leave it out"
+    if args.executor != "slurm" and (problem := slurm.refusal_elsewhere(args)):
+        return problem
     real = [run for run in todo if run.data_subdir is not None]
     if real and args.data_root is None:
         return (f"{len(real)} runs of the {args.profile} profile still to train are on real datasets: pass their root "

@@ -35,7 +35,6 @@ from experiments.scale.slurm_queue import (LEDGER, InQueue, array_ids, job_name,
 
 WARNING_S = 120  #: seconds before its time limit that Slurm warns a plain script's task (``--signal=B:USR1@...``)
 
-
 #: The plain scripts' answer to Slurm's warning: requeue the task, which then resumes from its checkpoints.
 _OUT_OF_TIME = """out_of_time() {{  # Slurm's warning, {warning} s before the time limit
   if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {max_requeues} ]; then
@@ -126,13 +125,14 @@ def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm",
     group.add_argument("--sbatch-only", action="store_true", help=sbatch_only)
 
 
-def options_given(args: argparse.Namespace) -> list[str]:
-    """The Slurm executor's options that ``args`` gives other values than their defaults (to refuse them with another
-    executor, which would ignore them)."""
+def refusal_elsewhere(args: argparse.Namespace) -> str | None:
+    """Why the Slurm executor's options cannot go with ``args``'s other executor, which would ignore them: the first
+    given another value than its default; None where none is."""
     parser = argparse.ArgumentParser()
     add_options(parser)
-    defaults = vars(parser.parse_args([]))
-    return [f"--{name.replace('_', '-')}" for name, default in defaults.items() if getattr(args, name, default) != default]
+    given = [name for name, default in vars(parser.parse_args([])).items() if getattr(args, name, default) != default]
+    return (f"--{given[0].replace('_', '-')} is an option of the Slurm executor: add --executor slurm, or leave it out"
+            if given else None)
 
 
 def gres_gpus(gres: str) -> int:
@@ -309,8 +309,8 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     if not outside_plan and unknown > 0:  # the calibration's stand-ins share their names
         print(f"note: {unknown} tasks of an earlier submission for the {profile} profile are still queued that no "
               f"ledger here lists (from another --slurm-folder, or another script); a run they have not started is "
-              f"submitted again, and its second task waits for the first (`scancel --name {job_name(profile, 'runs')}`"
-              f" and `--name {job_name(profile, 'alone')}` stop the earlier ones)", file=sys.stderr)
+              f"submitted again, and its second task waits for the first ({_scancel_hint(profile)} stop the earlier "
+              "ones)", file=sys.stderr)
     try:
         import submitit
     except ImportError:
@@ -362,9 +362,12 @@ def _ledger_in_queue(runs: list[PlannedRun], slurm: SlurmOptions, tries: int = 3
 
 def still_queued_text(profile: str) -> str:
     """What an interrupted follower says of the arrays it submitted for ``profile``: they go on without it."""
-    runs, alone = job_name(profile, "runs"), job_name(profile, "alone")
-    return (f"; the Slurm tasks already submitted go on (`squeue --me` lists them; `scancel --user $USER --name {runs}` "
-            f"and `scancel --user $USER --name {alone}` stop them)")
+    return f"; the Slurm tasks already submitted go on (`squeue --me` lists them; {_scancel_hint(profile)} stop them)"
+
+
+def _scancel_hint(profile: str) -> str:
+    """The commands that cancel this user's arrays of ``profile``, and no other user's of the same names."""
+    return " and ".join(f"`scancel --user $USER --name {job_name(profile, array)}`" for array in ("runs", "alone"))
 
 
 #: Seconds without an answer from ``squeue`` after which the follower stops (the tasks go on; a new ``train`` follows
