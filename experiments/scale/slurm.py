@@ -17,7 +17,9 @@ import argparse
 import json
 import re
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -303,7 +305,9 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
         raise SystemExit(f"error: the Slurm scripts cannot be written in {slurm.folder} ({error.strerror or error}): "
                          "give a --slurm-folder (or --store) you can write to") from None
     if slurm.sbatch_only:
-        print("wrote " + ", ".join(map(str, scripts)) + ": submit each with `sbatch SCRIPT`", file=sys.stderr)
+        checked = test_only(scripts)
+        print("wrote " + ", ".join(map(str, scripts)) + f" ({checked}): submit each with `sbatch SCRIPT`",
+              file=sys.stderr)
         return
     unknown = queued_tasks(profile) - len(in_queue)
     if not outside_plan and unknown > 0:  # the calibration's stand-ins share their names
@@ -347,6 +351,33 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     follow(earlier_tasks + tasks_submitted, options, progress, slurm.poll)
 
 
+#: What sbatch says when the controller does not answer, so that a script's options are known to sbatch but the
+#: cluster's limits unchecked.
+_NO_CONTROLLER = ("Unable to contact slurm controller", "Socket timed out", "Zero Bytes were transmitted")
+
+
+def test_only(scripts: list[Path], timeout: float = 60.0) -> str:
+    """Ask this machine's sbatch whether it would take each script as written (``sbatch --test-only``: its options
+    parsed, then its partition, GPUs, account and limits weighed by the controller; nothing is queued), so that a
+    misspelled ``--sbatch-option`` is caught before a script is submitted by hand. Returns how far the scripts were
+    checked; raises SystemExit with sbatch's reason where it refuses one."""
+    if shutil.which("sbatch") is None:
+        return "not checked: no sbatch here; sbatch checks them when you submit them"
+    for script in scripts:
+        try:
+            answer = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True,
+                                    timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"not checked: sbatch --test-only gave no answer in {timeout:g} s"
+        why = [line for line in answer.stderr.splitlines() if line.strip() and not line.startswith("Try ")]
+        if answer.returncode and any(words in answer.stderr for words in _NO_CONTROLLER):
+            return f"sbatch knows their options; the cluster's limits are unchecked: {why[-1]}"
+        if answer.returncode:
+            raise SystemExit(f"error: sbatch --test-only refuses {script}: {'; '.join(why) or 'it gave no reason'} "
+                             "(nothing was submitted; mend the option and run the same command again)")
+    return "sbatch --test-only takes each, nothing queued"
+
+
 def _ledger_in_queue(runs: list[PlannedRun], slurm: SlurmOptions, tries: int = 3) -> InQueue:
     """:func:`still_in_queue` for ``train``, asked up to ``tries`` times ``slurm.poll`` apart while the queue does not
     answer; then the command stops rather than submit runs whose tasks may still be queued."""
@@ -355,7 +386,7 @@ def _ledger_in_queue(runs: list[PlannedRun], slurm: SlurmOptions, tries: int = 3
             return answer
         if attempt + 1 < tries:
             time.sleep(slurm.poll)
-    raise SystemExit(f"error: squeue did not answer {tries} times, so the tasks that {Path(slurm.folder) / LEDGER} "
+    raise SystemExit(f"error: Slurm (squeue or scontrol) did not answer {tries} times, so the tasks that {Path(slurm.folder) / LEDGER} "
                      "lists may still be queued: nothing submitted, so that no run is submitted twice; run the same "
                      "command again once `squeue --me` answers")
 

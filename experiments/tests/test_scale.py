@@ -654,7 +654,7 @@ def test_a_slurm_train_whose_ledger_squeue_cannot_check_submits_nothing(tmp_path
                                                  + "\n")
     monkeypatch.setenv("PATH", str(tmp_path / "no-commands"))
     options = slurm.SlurmOptions(str(folder), poll=0.01)
-    with pytest.raises(SystemExit, match="squeue did not answer 3 times.*nothing submitted"):
+    with pytest.raises(SystemExit, match=r"Slurm \(squeue or scontrol\) did not answer 3 times.*nothing submitted"):
         slurm.train([run], executors.TrainOptions(str(tmp_path / "store")), Progress([run]), options, profile="test")
     assert not list(folder.glob("*.sbatch"))  # not even the scripts were written
 

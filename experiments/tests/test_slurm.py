@@ -81,6 +81,43 @@ def test_an_array_sbatch_refuses_stops_with_its_reason_in_one_line(tmp_path):
         slurm.train(runs, options, Progress(runs), slurm_options, profile="smoke")
 
 
+def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_nothing(tmp_path, capsys):
+    """``--sbatch-only`` writes the scripts, then ``sbatch --test-only`` weighs each: a misspelled ``--sbatch-option``
+    (which ``train`` cannot know from a right one) or a partition the cluster lacks stops the command with sbatch's
+    reason; good scripts are said to be taken, and nothing is queued either way."""
+    from experiments.__main__ import main
+
+    arguments = ["train", "smoke", "--executor", "slurm", "--store", str(tmp_path / "store"), "--sbatch-only",
+                 "--time-min", "10"]
+    for wrong, reason in ((["--sbatch-option", "holdd"], "unrecognized option '--holdd'"),
+                          (["--partition", "nosuch"], "invalid partition specified: nosuch")):
+        with pytest.raises(SystemExit, match=f"^error: sbatch --test-only refuses .*runs.sbatch: .*{reason}"):
+            main([*arguments, *wrong])
+    assert main([*arguments, "--sbatch-option", "hold"]) == 0
+    assert "(sbatch --test-only takes each, nothing queued): submit each with `sbatch SCRIPT`" in capsys.readouterr().err
+    queued = subprocess.run(["squeue", "--noheader", "--name", slurm_queue.job_name("smoke", "runs")],
+                            capture_output=True, text=True)
+    assert queued.returncode == 0 and not queued.stdout.strip(), queued.stdout
+
+
+def test_sbatch_only_says_how_far_its_scripts_were_checked_without_a_controller_or_an_sbatch(tmp_path, monkeypatch):
+    """A controller that does not answer (here: a configuration naming a port nothing listens on) leaves the cluster's
+    limits unchecked, while sbatch still refuses an option it does not know; without sbatch, nothing is checked."""
+    script = tmp_path / "runs.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --time=10\ntrue\n")
+    config = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text().splitlines()
+    unreachable = tmp_path / "slurm.conf"
+    unreachable.write_text("\n".join(line for line in config if not line.startswith(("SlurmctldPort", "MessageTimeout")))
+                           + "\nSlurmctldPort=1\nMessageTimeout=1\n")
+    monkeypatch.setenv("SLURM_CONF", str(unreachable))
+    assert slurm.test_only([script]).startswith("sbatch knows their options; the cluster's limits are unchecked: ")
+    script.write_text("#!/bin/bash\n#SBATCH --holdd\ntrue\n")
+    with pytest.raises(SystemExit, match="unrecognized option '--holdd'"):
+        slurm.test_only([script])
+    monkeypatch.setenv("PATH", str(tmp_path / "no-commands"))
+    assert slurm.test_only([script]) == "not checked: no sbatch here; sbatch checks them when you submit them"
+
+
 def test_other_sbatch_options_reach_every_task_through_submitit_and_the_plain_script(tmp_path):
     """``--sbatch-option hold`` and ``comment=...`` (as ``--account`` or ``--qos`` would): each array's task is held
     with that comment, in submitit's array and in the plain script's; released, each trains its run."""
