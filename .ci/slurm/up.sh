@@ -10,6 +10,8 @@
 # Accounting (default on, SLURM_CI_ACCOUNTING=0 to skip): a private MariaDB (own datadir /var/lib/slurm-ci-db, TCP
 # 127.0.0.1:${SLURM_CI_DB_PORT:-13306}, own socket; no system service) + slurmdbd, so that `sacct` answers. submitit
 # learns job states only from `sacct` (see README.md); without accounting `sacct` fails and every state is UNKNOWN.
+# With accounting, jobs must name an account of theirs (root's by default; topk-ci too), so --account is checked.
+# The node has two stand-in GPUs (device files under /var/spool/slurm-ci-gpus), so GPU requests are weighed.
 # Logs: ${SLURM_CI_LOG_DIR:-/tmp/slurm-ci}/{slurmctld,slurmd,slurmdbd,mariadb}.log, apt.log; munged: /var/log/munge/.
 # Other knobs: SLURM_CI_TIMEOUT (s to wait for the node, 60), SLURM_CI_SELECT (select/cons_tres or select/linear),
 # SLURM_CI_CRED_EXPIRE (s, 5: sets how long a requeued job waits before it may start again).
@@ -28,6 +30,9 @@ DB_PORT=${SLURM_CI_DB_PORT:-13306}
 DB_PASS=slurmci                                   # local throwaway DB, reachable from 127.0.0.1 only
 MARK="# written by .ci/slurm/up.sh"
 NODE=$(hostname -s)
+USER_NAME=$(id -un)
+CI_ACCOUNT=topk-ci                                # an account beside root's, for tests of --account
+GPU_DIR=/var/spool/slurm-ci-gpus                  # the stand-in GPUs' device files
 t0=$(date +%s%N)
 elapsed() { awk -v ms="$(( ($(date +%s%N) - t0) / 1000000 ))" 'BEGIN {printf "%.1f s", ms / 1000}'; }
 pid_alive() { $SUDO test -s "$1" && $SUDO kill -0 "$($SUDO cat "$1")" 2>/dev/null; }
@@ -94,7 +99,9 @@ CRED_EXPIRE=${SLURM_CI_CRED_EXPIRE:-5}
 if [ "$ACCT" = 1 ]; then
     ACCT_CONF="# Accounting through slurmdbd (SLURM_CI_ACCOUNTING=1): sacct works. No resource usage is gathered.
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=127.0.0.1"
+AccountingStorageHost=127.0.0.1
+# A job must name an account its user belongs to (or fall back on the user's default, root): --account is checked.
+AccountingStorageEnforce=associations"
 else
     ACCT_CONF="# No accounting (SLURM_CI_ACCOUNTING=0): no slurmdbd, so sacct fails (\"Slurm accounting storage is disabled\").
 AccountingStorageType=accounting_storage/none"
@@ -116,6 +123,9 @@ TaskPlugin=task/none
 SchedulerType=sched/backfill
 SelectType=$SELECT
 SelectTypeParameters=$SELECT_PARAMS
+# Two stand-in GPUs (gres.conf: two device files made here, like /dev/null): the controller weighs, queues and starts
+# tasks that ask for a GPU (--gpus-per-task, --gres=gpu) and sets their CUDA_VISIBLE_DEVICES; nothing computes on them.
+GresTypes=gpu
 DefMemPerCPU=$DEF_MEM
 JobRequeue=1
 ReturnToService=2
@@ -139,7 +149,7 @@ SlurmctldLogFile=$LOG_DIR/slurmctld.log
 SlurmdLogFile=$LOG_DIR/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$REAL_MB State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$REAL_MB Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 CONF
 )
@@ -163,13 +173,19 @@ CONF
 $SUDO mkdir -p "$CONF_DIR"
 conf_changed=""; dbd_changed=""
 write_if_changed "$CONF" 644 "$slurm_conf" && conf_changed=1
+$SUDO mkdir -p "$GPU_DIR"
+for gpu in 0 1; do   # a character device where mknod is allowed, else a plain file (slurmd logs an error, counts it)
+    $SUDO test -e "$GPU_DIR/gpu$gpu" || $SUDO mknod "$GPU_DIR/gpu$gpu" c 1 3 2>/dev/null || $SUDO touch "$GPU_DIR/gpu$gpu"
+done
+write_if_changed "$CONF_DIR/gres.conf" 644 "$MARK -- do not edit by hand, rerun up.sh.
+NodeName=$NODE Name=gpu File=$GPU_DIR/gpu[0-1]" && conf_changed=1
 if [ "$ACCT" = 1 ]; then write_if_changed "$DBD_CONF" 600 "$dbd_conf" && dbd_changed=1; fi
 
 # ---------------------------------------------------------------- already up with this config? then nothing to do
 node_state() { sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n1; }
 node_ok() { [[ "$(node_state)" =~ ^(idle|mixed|allocated|completing)$ ]]; }
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
-acct_ok() { [ "$ACCT" != 1 ] || sacctmgr -n -P list cluster format=cluster 2>/dev/null | grep -qx ci; }
+acct_ok() { [ "$ACCT" != 1 ] || sacctmgr -n -P list assoc format=cluster,account,user 2>/dev/null | grep -qx "ci|$CI_ACCOUNT|$USER_NAME"; }
 if [ -z "$conf_changed$dbd_changed" ] && munge_ok && scontrol ping 2>/dev/null | grep -q 'is UP' && node_ok \
    && acct_ok; then
     echo "up.sh: already up (node $NODE $(node_state)); nothing to do ($(elapsed))"
@@ -224,6 +240,13 @@ if [ "$ACCT" = 1 ]; then
     # slurmdbd creates its tables on first start (a few seconds), then answers sacctmgr
     wait_for "$TIMEOUT" slurmdbd sacctmgr -n list cluster
     sacctmgr -n -P list cluster format=cluster | grep -qx ci || $SUDO sacctmgr -i add cluster ci >/dev/null
+    # with AccountingStorageEnforce, this user needs an association: root's account by default, and $CI_ACCOUNT
+    for account in root "$CI_ACCOUNT"; do
+        sacctmgr -n -P list account format=account | grep -qx "$account" \
+            || $SUDO sacctmgr -i add account "$account" cluster=ci >/dev/null
+        sacctmgr -n -P list assoc format=cluster,account,user | grep -qx "ci|$account|$USER_NAME" \
+            || $SUDO sacctmgr -i add user "$USER_NAME" account="$account" cluster=ci >/dev/null
+    done
 fi
 
 # ---------------------------------------------------------------- slurmctld, slurmd

@@ -324,7 +324,8 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     for name, tasks in arrays:
         executor = submitit.AutoExecutor(folder=Path(slurm.folder) / "submitit", cluster="slurm",
                                          slurm_max_num_timeout=slurm.max_requeues)  # submitit's default: 3
-        executor.update_parameters(name=job_name(profile, name), timeout_min=slurm.time_min,
+        # one task a job, said outright: Slurm refuses --gpus-per-task without a task count (22.05 as 23.11)
+        executor.update_parameters(name=job_name(profile, name), timeout_min=slurm.time_min, tasks_per_node=1,
                                    cpus_per_task=slurm.cpus_per_task, slurm_array_parallelism=
                                    1 if name == "alone" else slurm.array_parallelism,
                                    slurm_additional_parameters={"requeue": True, **({"exclusive": True}
@@ -332,7 +333,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
                                                                 **{option: True if value is None else value
                                                                    for option, value in slurm.sbatch_options}},
                                    **({"slurm_partition": slurm.partition} if slurm.partition else {}),
-                                   **({"gpus_per_task": slurm.gpus_per_task} if slurm.gpus_per_task else {}),
+                                   **({"slurm_gpus_per_task": slurm.gpus_per_task} if slurm.gpus_per_task else {}),
                                    **({"mem_gb": slurm.mem_gb} if slurm.mem_gb else {}))
         try:
             submitted = executor.map_array(RunTask(options), tasks)

@@ -7,6 +7,7 @@ by ``scontrol requeue`` resumes to the same record. Skipped where no cluster ans
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -81,6 +82,56 @@ def test_an_array_sbatch_refuses_stops_with_its_reason_in_one_line(tmp_path):
         slurm.train(runs, options, Progress(runs), slurm_options, profile="smoke")
 
 
+def _enforces_accounts() -> bool:
+    """Whether the cluster refuses a job whose account its user has none of (up.sh's, with accounting)."""
+    shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    return re.search(r"^AccountingStorageEnforce\s*=\s*\S*associations", shown, re.MULTILINE) is not None
+
+
+def _shown(task: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", task], capture_output=True, text=True).stdout
+
+
+def test_gpu_tasks_charged_to_an_account_are_queued_as_asked_through_submitit_and_the_plain_script(tmp_path):
+    """On up.sh's stand-in GPUs: submitit's array with ``--gpus-per-task 1`` and the plain script with
+    ``--sbatch-option gres=gpu:1`` each queue a task asking one GPU, charged to ``--account``; the plain script's task,
+    released, starts (Slurm found it a GPU) and its ``run-one`` stops at once naming the missing CUDA device, which
+    the follower reports as the run's failure with its log."""
+    if not _enforces_accounts():
+        pytest.skip("the cluster enforces no accounts (up.sh with SLURM_CI_ACCOUNTING=0)")
+    run = PlannedRun(RunConfig(**{**TINY, "seed": 9}), ("test",), None, 0)
+    options, slurm_options = _options(tmp_path, "gpus")
+    options = dataclasses.replace(options, device="cuda")
+    slurm_options = dataclasses.replace(slurm_options, gpus_per_task=1,
+                                        sbatch_options=(("account", "topk-ci"), ("hold", None)))
+    ledger = Path(slurm_options.folder) / slurm_queue.LEDGER
+    progress = Progress([run])
+    follower = threading.Thread(target=slurm.train, args=([run], options, progress, slurm_options),
+                                kwargs={"profile": "gpus"})
+    follower.start()
+    deadline = time.time() + 120
+    while not ledger.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    by_gres = dataclasses.replace(slurm_options, gpus_per_task=0,
+                                  sbatch_options=(("gres", "gpu:1"), ("account", "topk-ci"), ("hold", None)))
+    script = slurm.sbatch_script([[run]], options, by_gres, "smoke", "alone", outside_plan=True)
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    tasks = [json.loads(ledger.read_text())["job_id"], submitted.stdout.strip().split(";")[0] + "_0"]
+    try:
+        for task, asked in zip(tasks, ("TresPerTask=gres:gpu:1", "TresPerNode=gres:gpu:1")):
+            shown = _shown(task)
+            assert "Account=topk-ci" in shown and asked in shown and "Reason=JobHeldUser" in shown, shown
+        subprocess.run(["scontrol", "release", tasks[1]], capture_output=True, text=True)
+        _wait_for(tasks[1].split("_")[0])
+    finally:
+        subprocess.run(["scancel", tasks[0].split("_")[0], tasks[1].split("_")[0]], capture_output=True)
+    log = Path(slurm_options.folder) / f"{tasks[1]}.err"
+    assert "torch sees no CUDA device here" in log.read_text()
+    follower.join(timeout=120)
+    assert not follower.is_alive() and list(progress.failed) == [run.key], progress.summary()
+
+
 def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_nothing(tmp_path, capsys):
     """``--sbatch-only`` writes the scripts, then ``sbatch --test-only`` weighs each: a misspelled ``--sbatch-option``
     (which ``train`` cannot know from a right one) or a partition the cluster lacks stops the command with sbatch's
@@ -89,12 +140,19 @@ def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_no
 
     arguments = ["train", "smoke", "--executor", "slurm", "--store", str(tmp_path / "store"), "--sbatch-only",
                  "--time-min", "10"]
-    for wrong, reason in ((["--sbatch-option", "holdd"], "unrecognized option '--holdd'"),
-                          (["--partition", "nosuch"], "invalid partition specified: nosuch")):
+    wrongs = [(["--sbatch-option", "holdd"], "unrecognized option '--holdd'"),
+              (["--partition", "nosuch"], "invalid partition specified: nosuch"),
+              (["--device", "cuda", "--sbatch-option", "gres=gpu:nosuch:1"],  # a GPU model the cluster lacks
+               "Requested node configuration is not available")]
+    wrongs += [(["--account", "nosuch"], "Invalid account")] if _enforces_accounts() else []
+    for wrong, reason in wrongs:
         with pytest.raises(SystemExit, match=f"^error: sbatch --test-only refuses .*runs.sbatch: .*{reason}"):
             main([*arguments, *wrong])
-    assert main([*arguments, "--sbatch-option", "hold"]) == 0
-    assert "(sbatch --test-only takes each, nothing queued): submit each with `sbatch SCRIPT`" in capsys.readouterr().err
+    for right in (["--sbatch-option", "hold"], ["--device", "cuda", "--gpus-per-task", "1"],
+                  ["--device", "cuda", "--sbatch-option", "gres=gpu:1", "--account", "topk-ci"]):
+        assert main([*arguments, *right]) == 0
+        assert "(sbatch --test-only takes each, nothing queued): submit each with `sbatch SCRIPT`" in \
+            capsys.readouterr().err
     queued = subprocess.run(["squeue", "--noheader", "--name", slurm_queue.job_name("smoke", "runs")],
                             capture_output=True, text=True)
     assert queued.returncode == 0 and not queued.stdout.strip(), queued.stdout
@@ -107,8 +165,8 @@ def test_sbatch_only_says_how_far_its_scripts_were_checked_without_a_controller_
     script.write_text("#!/bin/bash\n#SBATCH --time=10\ntrue\n")
     config = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text().splitlines()
     unreachable = tmp_path / "slurm.conf"
-    unreachable.write_text("\n".join(line for line in config if not line.startswith(("SlurmctldPort", "MessageTimeout")))
-                           + "\nSlurmctldPort=1\nMessageTimeout=1\n")
+    kept = [line for line in config if not line.startswith(("SlurmctldPort", "MessageTimeout"))]
+    unreachable.write_text("\n".join(kept) + "\nSlurmctldPort=1\nMessageTimeout=1\n")
     monkeypatch.setenv("SLURM_CONF", str(unreachable))
     assert slurm.test_only([script]).startswith("sbatch knows their options; the cluster's limits are unchecked: ")
     script.write_text("#!/bin/bash\n#SBATCH --holdd\ntrue\n")
