@@ -143,13 +143,15 @@ def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_no
     wrongs = [(["--sbatch-option", "holdd"], "unrecognized option '--holdd'"),
               (["--partition", "nosuch"], "invalid partition specified: nosuch"),
               (["--device", "cuda", "--sbatch-option", "gres=gpu:nosuch:1"],  # a GPU model the cluster lacks
-               "Requested node configuration is not available")]
+               "Requested node configuration is not available"),
+              (["--constraint", "nosuch"], "Invalid feature specification")]
     wrongs += [(["--account", "nosuch"], "Invalid account")] if _enforces_accounts() else []
     for wrong, reason in wrongs:
         with pytest.raises(SystemExit, match=f"^error: sbatch --test-only refuses .*runs.sbatch: .*{reason}"):
             main([*arguments, *wrong])
     for right in (["--sbatch-option", "hold"], ["--device", "cuda", "--gpus-per-task", "1"],
-                  ["--device", "cuda", "--sbatch-option", "gres=gpu:1", "--account", "topk-ci"]):
+                  ["--device", "cuda", "--sbatch-option", "gres=gpu:1", "--constraint", "standin-gpu",
+                   "--account", "topk-ci"]):
         assert main([*arguments, *right]) == 0
         assert "(sbatch --test-only takes each, nothing queued): submit each with `sbatch SCRIPT`" in \
             capsys.readouterr().err
