@@ -8,9 +8,9 @@ set -uo pipefail
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 if command -v scontrol >/dev/null && timeout 10 scontrol ping 2>/dev/null | grep -q 'is UP'; then
-    timeout 10 scancel --user="$(id -un)" 2>/dev/null || true
+    timeout 10 scancel --user="${SUDO_USER:-$(id -un)}" 2>/dev/null || true
     # give the cancelled jobs' steps a moment to die, so no slurmstepd outlives slurmd
-    for _ in $(seq 40); do [ -z "$(timeout 5 squeue -h -u "$(id -un)" -t RUNNING,COMPLETING 2>/dev/null)" ] && break; sleep 0.25; done
+    for _ in $(seq 40); do [ -z "$(timeout 5 squeue -h -u "${SUDO_USER:-$(id -un)}" -t RUNNING,COMPLETING 2>/dev/null)" ] && break; sleep 0.25; done
 fi
 
 stop_pidfile() {   # stop_pidfile NAME PIDFILE: SIGTERM the daemon named in PIDFILE, SIGKILL after 20 s

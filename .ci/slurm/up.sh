@@ -10,7 +10,8 @@
 # Accounting (default on, SLURM_CI_ACCOUNTING=0 to skip): a private MariaDB (own datadir /var/lib/slurm-ci-db, TCP
 # 127.0.0.1:${SLURM_CI_DB_PORT:-13306}, own socket; no system service) + slurmdbd, so that `sacct` answers. submitit
 # learns job states only from `sacct` (see README.md); without accounting `sacct` fails and every state is UNKNOWN.
-# With accounting, jobs must name an account of theirs (root's by default; topk-ci too), so --account is checked.
+# With accounting, jobs must name an account of their user's (root's by default; topk-ci too: for root and for
+# $SUDO_USER, who runs the tests when .ci/run calls up.sh through sudo), so --account is checked.
 # The node has two stand-in GPUs (device files under /var/spool/slurm-ci-gpus), so GPU requests are weighed.
 # Logs: ${SLURM_CI_LOG_DIR:-/tmp/slurm-ci}/{slurmctld,slurmd,slurmdbd,mariadb}.log, apt.log; munged: /var/log/munge/.
 # Other knobs: SLURM_CI_TIMEOUT (s to wait for the node, 60), SLURM_CI_SELECT (select/cons_tres or select/linear),
@@ -30,7 +31,7 @@ DB_PORT=${SLURM_CI_DB_PORT:-13306}
 DB_PASS=slurmci                                   # local throwaway DB, reachable from 127.0.0.1 only
 MARK="# written by .ci/slurm/up.sh"
 NODE=$(hostname -s)
-USER_NAME=$(id -un)
+USER_NAME=${SUDO_USER:-$(id -un)}                 # who submits the tests' jobs (.ci/run calls up.sh through sudo)
 CI_ACCOUNT=topk-ci                                # an account beside root's, for tests of --account
 GPU_DIR=/var/spool/slurm-ci-gpus                  # the stand-in GPUs' device files
 t0=$(date +%s%N)
@@ -240,12 +241,15 @@ if [ "$ACCT" = 1 ]; then
     # slurmdbd creates its tables on first start (a few seconds), then answers sacctmgr
     wait_for "$TIMEOUT" slurmdbd sacctmgr -n list cluster
     sacctmgr -n -P list cluster format=cluster | grep -qx ci || $SUDO sacctmgr -i add cluster ci >/dev/null
-    # with AccountingStorageEnforce, this user needs an association: root's account by default, and $CI_ACCOUNT
+    # with AccountingStorageEnforce, a user submits only with an association: root and the tests' user each get root's
+    # account (their default) and $CI_ACCOUNT
     for account in root "$CI_ACCOUNT"; do
         sacctmgr -n -P list account format=account | grep -qx "$account" \
             || $SUDO sacctmgr -i add account "$account" cluster=ci >/dev/null
-        sacctmgr -n -P list assoc format=cluster,account,user | grep -qx "ci|$account|$USER_NAME" \
-            || $SUDO sacctmgr -i add user "$USER_NAME" account="$account" cluster=ci >/dev/null
+        for user in root "$USER_NAME"; do
+            sacctmgr -n -P list assoc format=cluster,account,user | grep -qx "ci|$account|$user" \
+                || $SUDO sacctmgr -i add user "$user" account="$account" cluster=ci >/dev/null
+        done
     done
 fi
 

@@ -31,8 +31,8 @@ from experiments.paths import PROJECT_ROOT
 from experiments.scale.executors import TrainOptions, groups, train_group
 from experiments.scale.plan import PlannedRun
 from experiments.scale.progress import Progress
-from experiments.scale.slurm_queue import (LEDGER, InQueue, array_ids, job_name, queued, queued_tasks, record,
-                                          still_in_queue)
+from experiments.scale.slurm_queue import (LEDGER, UNANSWERED, InQueue, array_ids, job_name, queued, queued_tasks,
+                                          record, still_in_queue)
 
 
 WARNING_S = 120  #: seconds before its time limit that Slurm warns a plain script's task (``--signal=B:USR1@...``)
@@ -352,31 +352,37 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     follow(earlier_tasks + tasks_submitted, options, progress, slurm.poll)
 
 
-#: What sbatch says when the controller does not answer, so that a script's options are known to sbatch but the
-#: cluster's limits unchecked.
-_NO_CONTROLLER = ("Unable to contact slurm controller", "Socket timed out", "Zero Bytes were transmitted")
+#: What sbatch says when it cannot ask the controller (no answer, no configuration, no munge), as against a refusal.
+_UNCHECKED = re.compile(f"{UNANSWERED.pattern}|configuration (file|source)|authentication|munge", re.IGNORECASE)
 
 
 def test_only(scripts: list[Path], timeout: float = 60.0) -> str:
     """Ask this machine's sbatch whether it would take each script as written (``sbatch --test-only``: its options
-    parsed, then its partition, GPUs, account and limits weighed by the controller; nothing is queued), so that a
-    misspelled ``--sbatch-option`` is caught before a script is submitted by hand. Returns how far the scripts were
-    checked; raises SystemExit with sbatch's reason where it refuses one."""
+    parsed, then its partition, GPUs, node features and account weighed by the controller; time and QOS limits are
+    not; nothing is queued), so that a misspelled ``--sbatch-option`` is caught before a script is submitted by hand.
+    Returns how far each script was checked; raises SystemExit with sbatch's reason where it refuses one."""
     if shutil.which("sbatch") is None:
         return "not checked: no sbatch here; sbatch checks them when you submit them"
+    checked = {}
     for script in scripts:
         try:
             answer = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True,
                                     timeout=timeout)
         except subprocess.TimeoutExpired:
-            return f"not checked: sbatch --test-only gave no answer in {timeout:g} s"
+            checked[script.name] = f"not checked: sbatch --test-only gave no answer in {timeout:g} s"
+            continue
         why = [line for line in answer.stderr.splitlines() if line.strip() and not line.startswith("Try ")]
-        if answer.returncode and any(words in answer.stderr for words in _NO_CONTROLLER):
-            return f"sbatch knows their options; the cluster's limits are unchecked: {why[-1]}"
-        if answer.returncode:
-            raise SystemExit(f"error: sbatch --test-only refuses {script}: {'; '.join(why) or 'it gave no reason'} "
-                             "(nothing was submitted; mend the option and run the same command again)")
-    return "sbatch --test-only takes each, nothing queued"
+        if answer.returncode and _UNCHECKED.search(answer.stderr):
+            checked[script.name] = f"not checked against the cluster: {why[-1]}"
+        elif answer.returncode:
+            raise SystemExit(f"error: sbatch --test-only refuses {script}: {'; '.join(why) or 'it gave no reason'}. "
+                             "Nothing was submitted; the scripts are written all the same (for another cluster, "
+                             "submit them there), or mend the option and run the same command again")
+        else:
+            checked[script.name] = "taken by sbatch --test-only, nothing queued"
+    if len(set(checked.values())) == 1:
+        return next(iter(checked.values()))
+    return "; ".join(f"{name}: {said}" for name, said in checked.items())
 
 
 def _ledger_in_queue(runs: list[PlannedRun], slurm: SlurmOptions, tries: int = 3) -> InQueue:
@@ -387,9 +393,9 @@ def _ledger_in_queue(runs: list[PlannedRun], slurm: SlurmOptions, tries: int = 3
             return answer
         if attempt + 1 < tries:
             time.sleep(slurm.poll)
-    raise SystemExit(f"error: Slurm (squeue or scontrol) did not answer {tries} times, so the tasks that {Path(slurm.folder) / LEDGER} "
-                     "lists may still be queued: nothing submitted, so that no run is submitted twice; run the same "
-                     "command again once `squeue --me` answers")
+    raise SystemExit(f"error: Slurm (squeue or scontrol) did not answer {tries} times, so the tasks that "
+                     f"{Path(slurm.folder) / LEDGER} lists may still be queued: nothing submitted, so that no run is "
+                     "submitted twice; run the same command again once `squeue --me` answers")
 
 
 def still_queued_text(profile: str) -> str:

@@ -43,7 +43,7 @@ _KEYS_LINE = re.compile(r'^keys=\$\(sed -n "[^"]*" (?P<path>.+)\)$', re.MULTILIN
 #: An array task's id as ``squeue --array`` lists it, queued or running: ``<array>_<index>``.
 _ARRAY_TASK = re.compile(r"(?P<array>\d+)_(?P<index>\d+)")
 #: What Slurm's commands print when the controller does not answer, as against a job it does not know.
-_UNANSWERED = re.compile(r"contact|timed out|connect|standby|zero bytes|not responding", re.IGNORECASE)
+UNANSWERED = re.compile(r"contact|timed out|connect|standby|zero bytes|not responding", re.IGNORECASE)
 
 
 def sbatch_submissions(folder: str, known_arrays: set[str]) -> list[tuple[str, list[str], str]] | None:
@@ -79,7 +79,7 @@ def _array_keys(task: str, folder: Path) -> list[list[str]] | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     if script.returncode != 0:
-        return None if _UNANSWERED.search(script.stderr) else []  # else gone from the queue meanwhile
+        return None if UNANSWERED.search(script.stderr) else []  # else gone from the queue meanwhile
     try:
         keys = Path(shlex.split(match["path"])[0]) if (match := _KEYS_LINE.search(script.stdout)) else None
         return [line.split() for line in keys.read_text().splitlines()] if keys and keys.parent == folder else []

@@ -88,17 +88,24 @@ def _enforces_accounts() -> bool:
     return re.search(r"^AccountingStorageEnforce\s*=\s*\S*associations", shown, re.MULTILINE) is not None
 
 
+def _cons_tres() -> bool:
+    """Whether the cluster counts GPUs a task (``--gpus-per-task``: ``select/cons_tres``, up.sh's default)."""
+    shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    return re.search(r"^SelectType\s*=\s*select/cons_tres", shown, re.MULTILINE) is not None
+
+
 def _shown(task: str) -> str:
     return subprocess.run(["scontrol", "show", "job", task], capture_output=True, text=True).stdout
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the tasks would train")
 def test_gpu_tasks_charged_to_an_account_are_queued_as_asked_through_submitit_and_the_plain_script(tmp_path):
     """On up.sh's stand-in GPUs: submitit's array with ``--gpus-per-task 1`` and the plain script with
-    ``--sbatch-option gres=gpu:1`` each queue a task asking one GPU, charged to ``--account``; the plain script's task,
-    released, starts (Slurm found it a GPU) and its ``run-one`` stops at once naming the missing CUDA device, which
-    the follower reports as the run's failure with its log."""
-    if not _enforces_accounts():
-        pytest.skip("the cluster enforces no accounts (up.sh with SLURM_CI_ACCOUNTING=0)")
+    ``--sbatch-option gres=gpu:1`` each queue a task asking one GPU, charged to ``--account``. The plain script's task,
+    released, starts (Slurm found it a GPU) and its ``run-one`` stops at once in its log, naming the missing CUDA
+    device; submitit's, cancelled while held, is reported failed by the follower."""
+    if not _enforces_accounts() or not _cons_tres():
+        pytest.skip("the cluster enforces no accounts or counts no GPUs a task (up.sh's SLURM_CI_* settings)")
     run = PlannedRun(RunConfig(**{**TINY, "seed": 9}), ("test",), None, 0)
     options, slurm_options = _options(tmp_path, "gpus")
     options = dataclasses.replace(options, device="cuda")
@@ -110,8 +117,9 @@ def test_gpu_tasks_charged_to_an_account_are_queued_as_asked_through_submitit_an
                                 kwargs={"profile": "gpus"})
     follower.start()
     deadline = time.time() + 120
-    while not ledger.exists() and time.time() < deadline:
+    while not ledger.exists() and follower.is_alive() and time.time() < deadline:
         time.sleep(0.1)
+    assert ledger.exists(), "submitit's GPU array was not submitted (the follower's error is above)"
     by_gres = dataclasses.replace(slurm_options, gpus_per_task=0,
                                   sbatch_options=(("gres", "gpu:1"), ("account", "topk-ci"), ("hold", None)))
     script = slurm.sbatch_script([[run]], options, by_gres, "smoke", "alone", outside_plan=True)
@@ -149,15 +157,16 @@ def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_no
     for wrong, reason in wrongs:
         with pytest.raises(SystemExit, match=f"^error: sbatch --test-only refuses .*runs.sbatch: .*{reason}"):
             main([*arguments, *wrong])
-    for right in (["--sbatch-option", "hold"], ["--device", "cuda", "--gpus-per-task", "1"],
-                  ["--device", "cuda", "--sbatch-option", "gres=gpu:1", "--constraint", "standin-gpu",
-                   "--account", "topk-ci"]):
+    rights = [["--sbatch-option", "hold"],
+              ["--device", "cuda", "--sbatch-option", "gres=gpu:1", "--constraint", "standin-gpu", "--account", "topk-ci"]]
+    rights += [["--device", "cuda", "--gpus-per-task", "1"]] if _cons_tres() else []
+    for right in rights:
         assert main([*arguments, *right]) == 0
-        assert "(sbatch --test-only takes each, nothing queued): submit each with `sbatch SCRIPT`" in \
+        assert "(taken by sbatch --test-only, nothing queued): submit each with `sbatch SCRIPT`" in \
             capsys.readouterr().err
-    queued = subprocess.run(["squeue", "--noheader", "--name", slurm_queue.job_name("smoke", "runs")],
-                            capture_output=True, text=True)
-    assert queued.returncode == 0 and not queued.stdout.strip(), queued.stdout
+    commands = subprocess.run(["squeue", "--me", "--noheader", "--format=%o"], capture_output=True, text=True)
+    assert commands.returncode == 0, commands.stderr
+    assert not [command for command in commands.stdout.split() if command.startswith(str(tmp_path))], commands.stdout
 
 
 def test_sbatch_only_says_how_far_its_scripts_were_checked_without_a_controller_or_an_sbatch(tmp_path, monkeypatch):
@@ -170,7 +179,7 @@ def test_sbatch_only_says_how_far_its_scripts_were_checked_without_a_controller_
     kept = [line for line in config if not line.startswith(("SlurmctldPort", "MessageTimeout"))]
     unreachable.write_text("\n".join(kept) + "\nSlurmctldPort=1\nMessageTimeout=1\n")
     monkeypatch.setenv("SLURM_CONF", str(unreachable))
-    assert slurm.test_only([script]).startswith("sbatch knows their options; the cluster's limits are unchecked: ")
+    assert slurm.test_only([script]).startswith("not checked against the cluster: ")
     script.write_text("#!/bin/bash\n#SBATCH --holdd\ntrue\n")
     with pytest.raises(SystemExit, match="unrecognized option '--holdd'"):
         slurm.test_only([script])

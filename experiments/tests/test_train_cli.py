@@ -17,6 +17,14 @@ from experiments.scale import cli, slurm
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 
+
+@pytest.fixture(autouse=True)
+def without_sbatch(tmp_path, monkeypatch):
+    """No sbatch on PATH: these tests read the scripts' text, which a cluster's ``sbatch --test-only`` would weigh
+    against its own partitions, GPUs and accounts (tested on a real cluster in test_slurm.py)."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-commands"))
+
+
 SMOKE_KEY = "4699c24f5f58e247"  # a run of the smoke profile (`python -m experiments plan smoke`)
 
 
@@ -106,19 +114,12 @@ def test_bad_options_are_refused_before_anything_trains(arguments, message, a_fi
     assert not (tmp_path / "results").exists()
 
 
-@pytest.fixture
-def without_sbatch(tmp_path, monkeypatch):
-    """No sbatch on PATH, for tests of GPU scripts' text: a CPU cluster's ``sbatch --test-only`` (CI's) would refuse
-    them (tested with a real sbatch in test_slurm.py)."""
-    monkeypatch.setenv("PATH", str(tmp_path / "no-commands"))
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 @pytest.mark.parametrize("arguments", [["train", "smoke", "--device", "cuda"],
                                        ["run-one", SMOKE_KEY, "--profile", "smoke", "--device", "cuda:1"],
                                        [str(PROJECT_ROOT / "experiments" / "example_run.json"), "--device", "cuda"]])
 def test_training_on_cuda_where_torch_sees_none_is_refused_but_not_through_slurm(arguments, capsys, tmp_path,
-                                                                                  monkeypatch, without_sbatch):
+                                                                                  monkeypatch):
     monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")
     assert main([*arguments, "--store", str(tmp_path / "store")]) == 2
     assert "but torch sees no CUDA device here: train on a machine with a GPU (on a cluster: inside srun or salloc, " \
@@ -167,7 +168,7 @@ def test_runs_per_gpu_without_a_gpu_are_refused(capsys, tmp_path, monkeypatch):
 
 
 def test_sbatch_scripts_without_a_memory_request_leave_it_to_the_partition_and_write_no_manifest(
-        tmp_path, monkeypatch, capsys, without_sbatch):
+        tmp_path, monkeypatch, capsys):
     """The docs' example (no ``--mem-gb``) writes both arrays' scripts; ``--sbatch-only`` trains nothing, so it leaves
     the manifests alone, even with ``--figures``."""
     monkeypatch.setattr(cli, "FIGURES", tmp_path / "figures")
@@ -188,7 +189,7 @@ def test_sbatch_scripts_without_a_memory_request_leave_it_to_the_partition_and_w
 
 
 def test_sbatch_scripts_ask_one_task_and_requeue_themselves_out_of_time_from_a_key_file_of_their_own(
-        tmp_path, monkeypatch, without_sbatch):
+        tmp_path, monkeypatch):
     """``--gpus-per-task`` with ``--ntasks`` (Slurm 23.11 refuses it alone); Slurm's warning before the time limit
     requeues the task at most ``--max-requeues`` times (Slurm never requeues a timed-out task itself); and each
     submission's keys in a file named by its content, so that a later submission cannot change the keys of tasks still
