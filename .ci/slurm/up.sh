@@ -12,7 +12,8 @@
 # learns job states only from `sacct` (see README.md); without accounting `sacct` fails and every state is UNKNOWN.
 # With accounting, jobs must name an account of their user's (root's by default; topk-ci too: for root and for
 # $SUDO_USER, who runs the tests when .ci/run calls up.sh through sudo), so --account is checked.
-# The node has two stand-in GPUs (device files under /var/spool/slurm-ci-gpus), so GPU requests are weighed.
+# The node has two stand-in GPUs (device files under /var/spool/slurm-ci-gpus), whole and in shares (mps, shard),
+# so GPU requests are weighed.
 # Logs: ${SLURM_CI_LOG_DIR:-/tmp/slurm-ci}/{slurmctld,slurmd,slurmdbd,mariadb}.log, apt.log; munged: /var/log/munge/.
 # Other knobs: SLURM_CI_TIMEOUT (s to wait for the node, 60), SLURM_CI_SELECT (select/cons_tres or select/linear),
 # SLURM_CI_CRED_EXPIRE (s, 5: sets how long a requeued job waits before it may start again).
@@ -124,9 +125,10 @@ TaskPlugin=task/none
 SchedulerType=sched/backfill
 SelectType=$SELECT
 SelectTypeParameters=$SELECT_PARAMS
-# Two stand-in GPUs (gres.conf: two device files made here, like /dev/null): the controller weighs, queues and starts
-# tasks that ask for a GPU (--gpus-per-task, --gres=gpu) and sets their CUDA_VISIBLE_DEVICES; nothing computes on them.
-GresTypes=gpu
+# Two stand-in GPUs (gres.conf: two device files made here, like /dev/null), also offered in shares (gres/mps: 100 a
+# GPU; gres/shard: 4 a GPU): the controller weighs, queues and starts tasks that ask for a GPU or a share of one
+# (--gpus-per-task, --gres=gpu, --gres=mps:N, --gres=shard:N); nothing computes on them, and no MPS daemon runs.
+GresTypes=gpu,mps,shard
 DefMemPerCPU=$DEF_MEM
 JobRequeue=1
 ReturnToService=2
@@ -150,7 +152,7 @@ SlurmctldLogFile=$LOG_DIR/slurmctld.log
 SlurmdLogFile=$LOG_DIR/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$REAL_MB Gres=gpu:2 Features=standin-gpu State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$REAL_MB Gres=gpu:2,mps:200,shard:8 Features=standin-gpu State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 CONF
 )
@@ -179,7 +181,9 @@ for gpu in 0 1; do   # a character device where mknod is allowed, else a plain f
     $SUDO test -e "$GPU_DIR/gpu$gpu" || $SUDO mknod "$GPU_DIR/gpu$gpu" c 1 3 2>/dev/null || $SUDO touch "$GPU_DIR/gpu$gpu"
 done
 write_if_changed "$CONF_DIR/gres.conf" 644 "$MARK -- do not edit by hand, rerun up.sh.
-NodeName=$NODE Name=gpu File=$GPU_DIR/gpu[0-1]" && conf_changed=1
+NodeName=$NODE Name=gpu File=$GPU_DIR/gpu[0-1]
+NodeName=$NODE Name=mps Count=200 File=$GPU_DIR/gpu[0-1]
+NodeName=$NODE Name=shard Count=8 File=$GPU_DIR/gpu[0-1]" && conf_changed=1
 if [ "$ACCT" = 1 ]; then write_if_changed "$DBD_CONF" 600 "$dbd_conf" && dbd_changed=1; fi
 
 # ---------------------------------------------------------------- already up with this config? then nothing to do

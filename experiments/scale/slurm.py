@@ -29,6 +29,7 @@ from pathlib import Path
 from experiments.engine.store import ResultsStore
 from experiments.paths import PROJECT_ROOT
 from experiments.scale.executors import TrainOptions, groups, train_group
+from experiments.scale.gpu_sharing import MEASURED_IN, replays_cuda_graphs
 from experiments.scale.plan import PlannedRun
 from experiments.scale.progress import Progress
 from experiments.scale.slurm_queue import (LEDGER, UNANSWERED, InQueue, array_ids, job_name, queued, queued_tasks,
@@ -137,15 +138,38 @@ def refusal_elsewhere(args: argparse.Namespace) -> str | None:
             if given else None)
 
 
+#: The generic resources through which a task holds a share of a GPU beside other tasks: ``mps`` (a share of NVIDIA's
+#: Multi-Process Service, which runs the tasks' kernels at once) and ``shard`` (a share taken in turns, time-sliced).
+GPU_SHARES = ("mps", "shard")
+
+
+def _gres(gres: str) -> list[tuple[str, list[str]]]:
+    """A ``--gres`` value's resources, each (name, the rest of its colon-separated fields), socket bindings such as
+    ``(S:0-1)`` aside."""
+    return [(name, rest) for resource in gres.split(",") if resource
+            for name, *rest in [re.sub(r"\(.*\)$", "", resource).split(":")]]
+
+
 def gres_gpus(gres: str) -> int:
-    """The GPUs a ``--gres`` value asks for: ``gpu`` and ``gpu:a100`` one, ``gpu:2`` and ``gpu:a100:2`` two (a socket
-    binding such as ``(S:0-1)`` aside); other resources none."""
-    count = 0
-    for resource in gres.split(","):
-        name, *rest = re.sub(r"\(.*\)$", "", resource).split(":")
-        if name == "gpu":
-            count += int(rest[-1]) if rest and re.fullmatch(r"[0-9]+", rest[-1]) else 1
-    return count
+    """The GPUs a ``--gres`` value asks for: ``gpu`` and ``gpu:a100`` one, ``gpu:2`` and ``gpu:a100:2`` two; other
+    resources, shares of a GPU (:data:`GPU_SHARES`) among them, none."""
+    return sum(int(rest[-1]) if rest and re.fullmatch(r"[0-9]+", rest[-1]) else 1
+               for name, rest in _gres(gres) if name == "gpu")
+
+
+def gres_shares(gres: str) -> list[str]:
+    """The shares of a GPU (:data:`GPU_SHARES`) a ``--gres`` value asks for, each as given: ``mps:25``."""
+    return [":".join([name, *rest]) for name, rest in _gres(gres) if name in GPU_SHARES]
+
+
+def sharing_note(gres: str, compile_mode: str | None) -> str:
+    """Empty, unless the tasks take turns on shares of a GPU (``shard``) while their steps replay CUDA graphs: then
+    side by side they go no faster than one after another, as processes without MPS (:mod:`gpu_sharing`)."""
+    if not any(share.startswith("shard") for share in gres_shares(gres)) or not replays_cuda_graphs(compile_mode):
+        return ""
+    return (f"note: --sbatch-option gres={gres}: Slurm's shards take turns on a GPU, so steps replayed as CUDA graphs "
+            f"({compile_mode}) go no faster side by side than one after another ({MEASURED_IN}); where the cluster "
+            "offers NVIDIA's Multi-Process Service as gres/mps, gres=mps:N runs them at once")
 
 
 def _sbatch_options_refusal(args: argparse.Namespace) -> str | None:
@@ -196,17 +220,40 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"--{name} is empty ({value!r}): give one, or leave the option out"
     if problem := _sbatch_options_refusal(args):
         return problem
-    gres_value = next((value or "" for name, value in sbatch_options(args) if name == "gres"), "")
-    if (gres := gres_gpus(gres_value)) and args.gpus_per_task:
-        return "--gpus-per-task 1 and --sbatch-option gres=gpu...: each asks for the task's GPU; give one of them"
+    gres_value = _gres_value(args)
+    gres, shares = gres_gpus(gres_value), gres_shares(gres_value)
+    if (gres or shares) and args.gpus_per_task:
+        return (f"--gpus-per-task 1 and --sbatch-option gres={gres_value}: each asks for the task's GPU; give one of "
+                "them")
     if gres > 1:
         return f"--sbatch-option gres={gres_value} asks for {gres} GPUs a task, where a run trains on one: give gpu:1"
-    if bool(args.gpus_per_task or gres) != (args.device == "cuda"):
-        asked = f"--gpus-per-task {args.gpus_per_task}" if not gres else f"--sbatch-option gres={gres_value}"
+    if gres and shares or len(shares) > 1:
+        return (f"--sbatch-option gres={gres_value} asks for a GPU more than once (a GPU and a share of one, or two "
+                "shares): give one of gpu:1, mps:N or shard:N")
+    if bool(args.gpus_per_task or gres or shares) != (args.device == "cuda"):
+        asked = (f"--gpus-per-task {args.gpus_per_task}" if args.gpus_per_task or not gres_value else
+                 f"--sbatch-option gres={gres_value}")
         return (f"{asked} with --device {args.device}: the tasks would "
-                + ("hold GPUs and train on the CPU; add --device cuda" if args.gpus_per_task or gres else
-                   "train on CUDA without a GPU; add --gpus-per-task 1 (or --sbatch-option gres=gpu:1)"))
+                + ("hold GPUs and train on the CPU; add --device cuda" if args.gpus_per_task or gres or shares else
+                   "train on CUDA without a GPU; add --gpus-per-task 1 (or --sbatch-option gres=gpu:1, or a share of "
+                   "one: gres=mps:N)"))
     return None
+
+
+def array_sbatch_options(slurm: SlurmOptions, alone: bool) -> tuple[tuple[str, str | None], ...]:
+    """``slurm.sbatch_options`` for one array. The runs trained alone, whose timings are the result, hold a whole GPU
+    (``gres`` ``gpu:1``) where the others hold a share of one (:data:`GPU_SHARES`): under MPS a share caps the run's
+    part of the GPU, and Slurm refuses a shard beside ``--exclusive``."""
+    if not alone:
+        return slurm.sbatch_options
+    return tuple((name, ",".join("gpu:1" if resource.split(":")[0] in GPU_SHARES else resource
+                                 for resource in value.split(",")) if name == "gres" and value else value)
+                 for name, value in slurm.sbatch_options)
+
+
+def _gres_value(args: argparse.Namespace) -> str:
+    """The ``gres`` of ``--sbatch-option`` (empty if none)."""
+    return next((value or "" for name, value in sbatch_options(args) if name == "gres"), "")
 
 
 def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: SlurmOptions, profile: str,
@@ -233,7 +280,7 @@ def sbatch_script(tasks: list[list[PlannedRun]], options: TrainOptions, slurm: S
     directives += [f"--mem={int(slurm.mem_gb * 1024)}M"] if slurm.mem_gb else []
     directives += ["--exclusive"] if alone else []
     directives += [f"--{name}" + (f"={shlex.quote(value)}" if value is not None else "")
-                   for name, value in slurm.sbatch_options]
+                   for name, value in array_sbatch_options(slurm, alone)]
     command = [sys.executable, "-m", "experiments", "run-one", "$keys", "--profile", profile,
                *(["--configs", str(folder / "configs")] if outside_plan else []), *_run_one_options(options)]
     runs = sum(len(group) for group in tasks)
@@ -285,6 +332,12 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     """Submit ``runs`` as arrays and follow them until every task has ended (see the module's text); with
     ``outside_plan`` (the calibration's runs), each run's config is written beside the scripts for ``run-one``. Runs
     whose task of an earlier submission (:data:`LEDGER`) is still in the queue are followed, not submitted again."""
+    gres = dict(slurm.sbatch_options).get("gres") or ""
+    if note := sharing_note(gres, options.compile_mode):
+        print(note, file=sys.stderr)
+    if gres_shares(gres) and (timed := sum(run.alone for run in runs)):
+        print(f"note: the {timed} runs trained alone (timed) each hold a whole GPU (gres "
+              f"{dict(array_sbatch_options(slurm, True))['gres']}), not a share of one ({gres})", file=sys.stderr)
     earlier_tasks, in_queue = [], set()
     if not slurm.sbatch_only:
         earlier = _ledger_in_queue(runs, slurm)
@@ -331,7 +384,8 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
                                    slurm_additional_parameters={"requeue": True, **({"exclusive": True}
                                                                                     if name == "alone" else {}),
                                                                 **{option: True if value is None else value
-                                                                   for option, value in slurm.sbatch_options}},
+                                                                   for option, value in
+                                                                   array_sbatch_options(slurm, name == "alone")}},
                                    **({"slurm_partition": slurm.partition} if slurm.partition else {}),
                                    **({"slurm_gpus_per_task": slurm.gpus_per_task} if slurm.gpus_per_task else {}),
                                    **({"mem_gb": slurm.mem_gb} if slurm.mem_gb else {}))

@@ -94,6 +94,12 @@ def _cons_tres() -> bool:
     return re.search(r"^SelectType\s*=\s*select/cons_tres", shown, re.MULTILINE) is not None
 
 
+def _offered_gres() -> set[str]:
+    """The generic resources' names the cluster's nodes offer (up.sh's: gpu, mps, shard)."""
+    listing = subprocess.run(["sinfo", "--noheader", "--format=%G"], capture_output=True, text=True).stdout
+    return {resource.split(":")[0] for resource in re.split(r"[,\s]+", listing) if resource}
+
+
 def _shown(task: str) -> str:
     return subprocess.run(["scontrol", "show", "job", task], capture_output=True, text=True).stdout
 
@@ -160,6 +166,8 @@ def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_no
     rights = [["--sbatch-option", "hold"],
               ["--device", "cuda", "--sbatch-option", "gres=gpu:1", "--constraint", "standin-gpu", "--account", "topk-ci"]]
     rights += [["--device", "cuda", "--gpus-per-task", "1"]] if _cons_tres() else []
+    rights += [["--device", "cuda", "--sbatch-option", f"gres={share}"] for share in ("mps:25", "shard:2")
+               if share.split(":")[0] in _offered_gres()]
     for right in rights:
         assert main([*arguments, *right]) == 0
         assert "(taken by sbatch --test-only, nothing queued): submit each with `sbatch SCRIPT`" in \

@@ -82,11 +82,21 @@ REFUSED = [
     (["train", "smoke", "--executor", "slurm", "--sbatch-option", "mail type", "--sbatch-only"],
      "--sbatch-option 'mail type' should be an sbatch option's long name, with =VALUE if it takes one"),
     (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--gpus-per-task", "1", "--sbatch-option",
-      "gres=gpu:1", "--sbatch-only"], "--gpus-per-task 1 and --sbatch-option gres=gpu...: each asks for the task's GPU"),
+      "gres=gpu:1", "--sbatch-only"], "--gpus-per-task 1 and --sbatch-option gres=gpu:1: each asks for the task's GPU"),
     (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-option", "gres=gpu:a100:2",
       "--sbatch-only"], "--sbatch-option gres=gpu:a100:2 asks for 2 GPUs a task, where a run trains on one"),
     (["train", "smoke", "--executor", "slurm", "--sbatch-option", "gres=gpu", "--sbatch-only"],
      "--sbatch-option gres=gpu with --device cpu: the tasks would hold GPUs and train on the CPU"),
+    (["train", "smoke", "--executor", "slurm", "--sbatch-option", "gres=mps:25", "--sbatch-only"],
+     "--sbatch-option gres=mps:25 with --device cpu: the tasks would hold GPUs and train on the CPU"),
+    (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--gpus-per-task", "1", "--sbatch-option",
+      "gres=shard:2", "--sbatch-only"],
+     "--gpus-per-task 1 and --sbatch-option gres=shard:2: each asks for the task's GPU"),
+    (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-option", "gres=gpu:1,mps:25",
+      "--sbatch-only"], "--sbatch-option gres=gpu:1,mps:25 asks for a GPU more than once"),
+    (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-option", "gres=nvme:1", "--sbatch-only"],
+     "--sbatch-option gres=nvme:1 with --device cuda: the tasks would train on CUDA without a GPU; add --gpus-per-task "
+     "1 (or --sbatch-option gres=gpu:1, or a share of one: gres=mps:N)"),
     (["train", "smoke", "--executor", "slurm", "--account", " ", "--sbatch-only"],
      "--account is empty (' '): give one, or leave the option out"),
     (["train", "smoke", "--executor", "local", "--jobs", "1", "--account", "lab"],
@@ -186,6 +196,24 @@ def test_sbatch_scripts_without_a_memory_request_leave_it_to_the_partition_and_w
     assert "#SBATCH --exclusive" in alone.read_text().splitlines() and "--device cuda" in runs.read_text()
     assert not (tmp_path / "figures").exists()
     assert "submit each with `sbatch SCRIPT`" in capsys.readouterr().err
+
+
+def test_tasks_on_shares_of_a_gpu_ask_them_and_shards_with_cuda_graphs_are_told_they_take_turns(tmp_path, capsys):
+    """Where a cluster shares its GPUs between tasks (gres/mps, gres/shard), a task holds a share instead of a GPU,
+    but Fig. 3's timed runs hold a whole one; with shards, taken in turns, CUDA graphs gain nothing side by side, which
+    the user is told."""
+    store = tmp_path / "store"
+    arguments = ["train", "smoke", "--executor", "slurm", "--device", "cuda", "--store", str(store), "--sbatch-only"]
+    assert main([*arguments, "--sbatch-option", "gres=mps:25,nvme:1", "--compile", "reduce-overhead"]) == 0
+    assert "#SBATCH --gres=mps:25,nvme:1" in (store / "slurm" / "runs.sbatch").read_text().splitlines()
+    assert "#SBATCH --gres=gpu:1,nvme:1" in (store / "slurm" / "alone.sbatch").read_text().splitlines()  # timed runs
+    told = capsys.readouterr().err
+    assert "take turns" not in told and "runs trained alone (timed) each hold a whole GPU (gres gpu:1,nvme:1)" in told
+    assert main([*arguments, "--sbatch-option", "gres=shard:2", "--compile", "reduce-overhead"]) == 0
+    assert "#SBATCH --gres=shard:2" in (store / "slurm" / "runs.sbatch").read_text().splitlines()
+    assert "note: --sbatch-option gres=shard:2: Slurm's shards take turns on a GPU" in capsys.readouterr().err
+    assert main([*arguments, "--sbatch-option", "gres=shard:2"]) == 0  # eager steps: their gaps can be filled
+    assert "take turns" not in capsys.readouterr().err
 
 
 def test_sbatch_scripts_ask_one_task_and_requeue_themselves_out_of_time_from_a_key_file_of_their_own(
