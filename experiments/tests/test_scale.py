@@ -39,11 +39,11 @@ def test_the_plan_is_every_notebook_grid_cell_once_per_training_with_its_readers
     runs = plan(profile)
     trainings = {cell.config.training_key(): notebook for notebook, grids in NOTEBOOK_GRIDS.items()
                  for grid in grids for cell in grid(profile)}
-    assert sorted(run.config.training_key() for run in runs) == sorted(trainings)
-    for run in runs:
-        assert trainings[run.config.training_key()] in run.notebooks  # the last notebook reading it, at least
-        assert run.alone == ("fig3_epoch_time" in run.notebooks)
-        assert run.train_images > 0
+    assert sorted(planned.config.training_key() for planned in runs) == sorted(trainings)
+    for planned in runs:
+        assert trainings[planned.config.training_key()] in planned.notebooks  # the last notebook reading it, at least
+        assert planned.alone == ("fig3_epoch_time" in planned.notebooks)
+        assert planned.train_images > 0
     assert any(len(run.notebooks) > 1 for run in runs)  # a run shared by two notebooks is planned once
 
 
@@ -108,8 +108,8 @@ def test_local_with_two_workers_gives_the_inline_records_bit_for_bit_and_names_a
     executors.local([failing, *runs], local, progress, jobs=2)
     assert progress.done == 2 and list(progress.failed) == [failing.key]
     assert "MissingDataError" in Path(progress.failed[failing.key]).read_text()
-    for run in runs:
-        one, other = (ResultsStore(options.store).finished(run.key) for options in (inline, local))
+    for planned in runs:
+        one, other = (ResultsStore(options.store).finished(planned.key) for options in (inline, local))
         assert computed(one) == computed(other)
 
 
