@@ -144,10 +144,10 @@ GPU_SHARES = ("mps", "shard")
 
 
 def _gres(gres: str) -> list[tuple[str, list[str]]]:
-    """A ``--gres`` value's resources, each (name, the rest of its colon-separated fields), socket bindings such as
-    ``(S:0-1)`` aside."""
+    """A ``--gres`` value's resources, each (name, the rest of its colon-separated fields: a type, a count), with
+    Slurm's optional ``gres:`` prefix and socket bindings such as ``(S:0-1)`` aside."""
     return [(name, rest) for resource in gres.split(",") if resource
-            for name, *rest in [re.sub(r"\(.*\)$", "", resource).split(":")]]
+            for name, *rest in [re.sub(r"\(.*\)$", "", resource.removeprefix("gres:")).split(":")]]
 
 
 def gres_gpus(gres: str) -> int:
@@ -158,8 +158,10 @@ def gres_gpus(gres: str) -> int:
 
 
 def gres_shares(gres: str) -> list[str]:
-    """The shares of a GPU (:data:`GPU_SHARES`) a ``--gres`` value asks for, each as given: ``mps:25``."""
-    return [":".join([name, *rest]) for name, rest in _gres(gres) if name in GPU_SHARES]
+    """The shares of a GPU (:data:`GPU_SHARES`) a ``--gres`` value asks for, each as given (``mps:25``); a share of
+    count 0 holds nothing."""
+    return [":".join([name, *rest]) for name, rest in _gres(gres)
+            if name in GPU_SHARES and not (rest and re.fullmatch(r"0+", rest[-1]))]
 
 
 def sharing_note(gres: str, compile_mode: str | None) -> str:
@@ -195,8 +197,9 @@ def _sbatch_options_refusal(args: argparse.Namespace) -> str | None:
 
 def refusal(args: argparse.Namespace) -> str | None:
     """What is wrong with the Slurm options of ``train`` (None: nothing). A run trains on one GPU, the first its task
-    sees, so a task holds one GPU exactly when it trains on ``cuda``: through ``--gpus-per-task 1``, or, where the
-    cluster counts GPUs as generic resources only, ``--sbatch-option gres=gpu:1``."""
+    sees, so a task holds one GPU, or a share of one, exactly when it trains on ``cuda``: through ``--gpus-per-task
+    1``, or, where the cluster counts GPUs as generic resources only, ``--sbatch-option gres=gpu:1``, or a share where
+    it shares them (``gres=mps:N``, ``gres=shard:N``)."""
     for name in ("cpus_per_task", "time_min", "array_parallelism"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} should be a positive number, got {getattr(args, name)}"
@@ -246,9 +249,16 @@ def array_sbatch_options(slurm: SlurmOptions, alone: bool) -> tuple[tuple[str, s
     part of the GPU, and Slurm refuses a shard beside ``--exclusive``."""
     if not alone:
         return slurm.sbatch_options
-    return tuple((name, ",".join("gpu:1" if resource.split(":")[0] in GPU_SHARES else resource
-                                 for resource in value.split(",")) if name == "gres" and value else value)
+    return tuple((name, ",".join(map(_whole_gpu, value.split(","))) if name == "gres" and value else value)
                  for name, value in slurm.sbatch_options)
+
+
+def _whole_gpu(resource: str) -> str:
+    """A share of a GPU as a whole GPU of the same type (``mps:a100:25`` as ``gpu:a100:1``); another resource as is."""
+    if not gres_shares(resource):
+        return resource
+    _, fields = _gres(resource)[0]
+    return ":".join(["gpu", *[field for field in fields if not re.fullmatch(r"[0-9]+", field)][:1], "1"])
 
 
 def _gres_value(args: argparse.Namespace) -> str:
@@ -333,7 +343,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     ``outside_plan`` (the calibration's runs), each run's config is written beside the scripts for ``run-one``. Runs
     whose task of an earlier submission (:data:`LEDGER`) is still in the queue are followed, not submitted again."""
     gres = dict(slurm.sbatch_options).get("gres") or ""
-    if note := sharing_note(gres, options.compile_mode):
+    if any(not run.alone for run in runs) and (note := sharing_note(gres, options.compile_mode)):
         print(note, file=sys.stderr)
     if gres_shares(gres) and (timed := sum(run.alone for run in runs)):
         print(f"note: the {timed} runs trained alone (timed) each hold a whole GPU (gres "

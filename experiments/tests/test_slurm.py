@@ -166,8 +166,9 @@ def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_no
     rights = [["--sbatch-option", "hold"],
               ["--device", "cuda", "--sbatch-option", "gres=gpu:1", "--constraint", "standin-gpu", "--account", "topk-ci"]]
     rights += [["--device", "cuda", "--gpus-per-task", "1"]] if _cons_tres() else []
-    rights += [["--device", "cuda", "--sbatch-option", f"gres={share}"] for share in ("mps:25", "shard:2")
-               if share.split(":")[0] in _offered_gres()]
+    if not {"mps", "shard"} <= _offered_gres():
+        pytest.skip("the cluster offers no shares of a GPU (gres mps and shard: up.sh's)")
+    rights += [["--device", "cuda", "--sbatch-option", f"gres={share}"] for share in ("mps:25", "shard:2")]
     for right in rights:
         assert main([*arguments, *right]) == 0
         assert "(taken by sbatch --test-only, nothing queued): submit each with `sbatch SCRIPT`" in \
@@ -175,6 +176,36 @@ def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_no
     commands = subprocess.run(["squeue", "--me", "--noheader", "--format=%o"], capture_output=True, text=True)
     assert commands.returncode == 0, commands.stderr
     assert not [command for command in commands.stdout.split() if command.startswith(str(tmp_path))], commands.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the tasks would train")
+def test_a_timed_run_submitted_through_submitit_holds_a_whole_gpu_where_the_others_hold_shards(tmp_path):
+    """Fig. 3's runs go in the array of runs trained alone (``--exclusive``), which asks a whole GPU where the other
+    tasks ask a shard: Slurm refuses a shard beside ``--exclusive``, and the run's timing would be a share's."""
+    if "shard" not in _offered_gres():
+        pytest.skip("the cluster offers no shards of a GPU (up.sh's gres/shard)")
+    timed = PlannedRun(RunConfig(**{**TINY, "seed": 11}), ("fig3_epoch_time",), None, 0)
+    assert timed.alone
+    options, slurm_options = _options(tmp_path, "timed")
+    options = dataclasses.replace(options, device="cuda")
+    slurm_options = dataclasses.replace(slurm_options, sbatch_options=(("gres", "shard:2"), ("hold", None)))
+    ledger = Path(slurm_options.folder) / slurm_queue.LEDGER
+    progress = Progress([timed])
+    follower = threading.Thread(target=slurm.train, args=([timed], options, progress, slurm_options),
+                                kwargs={"profile": "timed"})
+    follower.start()
+    deadline = time.time() + 120
+    while not ledger.exists() and follower.is_alive() and time.time() < deadline:
+        time.sleep(0.1)
+    assert ledger.exists(), "the timed run's array was not submitted (the follower's error is above)"
+    task = json.loads(ledger.read_text())["job_id"]
+    try:
+        shown = _shown(task)
+        assert "TresPerNode=gres:gpu:1" in shown and "OverSubscribe=NO" in shown, shown
+    finally:
+        subprocess.run(["scancel", task.split("_")[0]], capture_output=True)
+    follower.join(timeout=120)
+    assert not follower.is_alive() and list(progress.failed) == [timed.key], progress.summary()
 
 
 def test_sbatch_only_says_how_far_its_scripts_were_checked_without_a_controller_or_an_sbatch(tmp_path, monkeypatch):

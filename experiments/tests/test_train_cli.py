@@ -94,6 +94,12 @@ REFUSED = [
      "--gpus-per-task 1 and --sbatch-option gres=shard:2: each asks for the task's GPU"),
     (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-option", "gres=gpu:1,mps:25",
       "--sbatch-only"], "--sbatch-option gres=gpu:1,mps:25 asks for a GPU more than once"),
+    (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-option", "gres=mps:25,shard:2",
+      "--sbatch-only"], "--sbatch-option gres=mps:25,shard:2 asks for a GPU more than once"),
+    (["train", "smoke", "--executor", "slurm", "--sbatch-option", "gres=gres:mps:25", "--sbatch-only"],
+     "--sbatch-option gres=gres:mps:25 with --device cpu: the tasks would hold GPUs and train on the CPU"),
+    (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-option", "gres=mps:0", "--sbatch-only"],
+     "--sbatch-option gres=mps:0 with --device cuda: the tasks would train on CUDA without a GPU"),
     (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-option", "gres=nvme:1", "--sbatch-only"],
      "--sbatch-option gres=nvme:1 with --device cuda: the tasks would train on CUDA without a GPU; add --gpus-per-task "
      "1 (or --sbatch-option gres=gpu:1, or a share of one: gres=mps:N)"),
@@ -204,11 +210,12 @@ def test_tasks_on_shares_of_a_gpu_ask_them_and_shards_with_cuda_graphs_are_told_
     the user is told."""
     store = tmp_path / "store"
     arguments = ["train", "smoke", "--executor", "slurm", "--device", "cuda", "--store", str(store), "--sbatch-only"]
-    assert main([*arguments, "--sbatch-option", "gres=mps:25,nvme:1", "--compile", "reduce-overhead"]) == 0
-    assert "#SBATCH --gres=mps:25,nvme:1" in (store / "slurm" / "runs.sbatch").read_text().splitlines()
-    assert "#SBATCH --gres=gpu:1,nvme:1" in (store / "slurm" / "alone.sbatch").read_text().splitlines()  # timed runs
+    assert main([*arguments, "--sbatch-option", "gres=mps:a100:25,nvme:1", "--compile", "reduce-overhead"]) == 0
+    assert "#SBATCH --gres=mps:a100:25,nvme:1" in (store / "slurm" / "runs.sbatch").read_text().splitlines()
+    assert "#SBATCH --gres=gpu:a100:1,nvme:1" in (store / "slurm" / "alone.sbatch").read_text().splitlines()  # timed
     told = capsys.readouterr().err
-    assert "take turns" not in told and "runs trained alone (timed) each hold a whole GPU (gres gpu:1,nvme:1)" in told
+    assert "take turns" not in told and "runs trained alone (timed) each hold a whole GPU (gres gpu:a100:1,nvme:1)" \
+        in told
     assert main([*arguments, "--sbatch-option", "gres=shard:2", "--compile", "reduce-overhead"]) == 0
     assert "#SBATCH --gres=shard:2" in (store / "slurm" / "runs.sbatch").read_text().splitlines()
     assert "note: --sbatch-option gres=shard:2: Slurm's shards take turns on a GPU" in capsys.readouterr().err
