@@ -29,7 +29,7 @@ try:  # torch's import takes seconds: Ctrl-C then ends the command as it would l
     from experiments.engine.cuda_graph_threads import give_this_thread_cuda_graph_trees
     from experiments.engine.store import ResultsStore
     from experiments.engine.train import COMPILE_MODES
-    from experiments.scale import executors, slurm
+    from experiments.scale import executors, slurm, slurm_request
     from experiments.scale.plan import PlannedRun
     from experiments.scale.progress import Progress
     from experiments.tuning import fixed_point, profile_steps
@@ -50,7 +50,7 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="local: worker processes (default 1)")
     parser.add_argument("--per-gpu", type=int, help="local, instead of --jobs: that many workers on each visible GPU")
     parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES, help="torch.compile mode of the step")
-    slurm.add_options(parser, folder="STORE/slurm/calibration",
+    slurm_request.add_options(parser, folder="STORE/slurm/calibration",
                       sbatch_only="refused where a stand-in needs calibrating: each move of the search needs the last's "
                                   "runs, so none can be written ahead (accepted so that make's SLURM options serve "
                                   "both commands)")
@@ -164,8 +164,8 @@ def _no_gpu_for_per_gpu(args: argparse.Namespace) -> bool:
 def _refusal(args: argparse.Namespace, device: str) -> str | None:
     """What is wrong with the executor's options (None: nothing)."""
     if args.executor == "slurm":
-        return slurm.refusal(args)
-    if problem := slurm.refusal_elsewhere(args):
+        return slurm_request.refusal(args)
+    if problem := slurm_request.refusal_elsewhere(args):
         return problem
     return None if _no_gpu_for_per_gpu(args) else executors.slots_refusal(args.jobs, args.per_gpu, device)
 
@@ -183,7 +183,7 @@ def _trainer(args: argparse.Namespace, options: executors.TrainOptions, profile:
     them itself)."""
     if args.executor == "slurm":
         folder = Path(args.slurm_folder or Path(options.store) / "slurm" / "calibration") / setup
-        slurm_options = replace(slurm.SlurmOptions.from_args(args), folder=str(folder))
+        slurm_options = replace(slurm_request.SlurmOptions.from_args(args), folder=str(folder))
         return lambda runs, progress: slurm.train(runs, options, progress, slurm_options, profile=profile,
                                                   outside_plan=True)
     return pool.train_runs if pool is not None else None

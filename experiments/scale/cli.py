@@ -35,7 +35,7 @@ from experiments.engine.store import ResultsStore, unusable_store
 from experiments.engine.train import COMPILE_MODES
 from experiments.paths import BENCHMARK_RESULTS, FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
-from experiments.scale import executors, slurm, slurm_queue
+from experiments.scale import executors, slurm, slurm_queue, slurm_request
 from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import (Rates, calibration_first_then, completeness_then_hours, counted_text, estimate,
                                     estimate_moves, invocations, read_measurements, runs_measured_by, setting_text)
@@ -91,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
                        help="train even where the profile's stand-ins are not calibrated yet (their default "
                             "difficulty and learning rates: runs that calibrating later makes obsolete)")
     _training_options(train)
-    slurm.add_options(train)
+    slurm_request.add_options(train)
     one = commands.add_parser("run-one", help="train planned runs, stacked into one model if several (an array "
                               "task's command)",
                               description="Train the runs of PROFILE named by their keys (as `plan` lists them), "
@@ -194,9 +194,9 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
         return problem
     if args.executor == "local" and todo and (problem := executors.slots_refusal(args.jobs, args.per_gpu, args.device)):
         return problem
-    if args.executor == "slurm" and (problem := slurm.refusal(args)):
+    if args.executor == "slurm" and (problem := slurm_request.refusal(args)):
         return problem
-    if args.executor != "slurm" and (problem := slurm.refusal_elsewhere(args)):
+    if args.executor != "slurm" and (problem := slurm_request.refusal_elsewhere(args)):
         return problem
     real = [run for run in todo if run.data_subdir is not None]
     if real and args.data_root is None:
@@ -393,7 +393,7 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
         elif args.executor == "local":
             executors.local(part, options, progress, jobs=args.jobs, per_gpu=args.per_gpu, sharing=sharing)
         else:
-            slurm.train(part, options, progress, slurm.SlurmOptions.from_args(args), profile=args.profile)
+            slurm.train(part, options, progress, slurm_request.SlurmOptions.from_args(args), profile=args.profile)
 
     with progress.watching():
         if todo:

@@ -644,7 +644,7 @@ def test_a_slurm_train_whose_ledger_squeue_cannot_check_submits_nothing(tmp_path
     """The ledger lists a task, or the folder's plain scripts may have been submitted by hand, and ``squeue`` does not
     answer (here: not on PATH): ``train`` asks again, then stops with the reason instead of submitting runs whose
     tasks may still be queued."""
-    from experiments.scale import slurm, slurm_queue
+    from experiments.scale import slurm, slurm_queue, slurm_request
 
     run = PlannedRun(RunConfig(**TINY), ("test",), None, 0)
     folder = tmp_path / "slurm"
@@ -653,7 +653,7 @@ def test_a_slurm_train_whose_ledger_squeue_cannot_check_submits_nothing(tmp_path
         (folder / slurm_queue.LEDGER).write_text(json.dumps({"job_id": "12_0", "keys": [run.key], "log": "12_0.err"})
                                                  + "\n")
     monkeypatch.setenv("PATH", str(tmp_path / "no-commands"))
-    options = slurm.SlurmOptions(str(folder), poll=0.01)
+    options = slurm_request.SlurmOptions(str(folder), poll=0.01)
     with pytest.raises(SystemExit, match=r"Slurm \(squeue or scontrol\) did not answer 3 times.*nothing submitted"):
         slurm.train([run], executors.TrainOptions(str(tmp_path / "store")), Progress([run]), options, profile="test")
     assert not list(folder.glob("*.sbatch"))  # not even the scripts were written
@@ -693,10 +693,10 @@ def test_a_damaged_record_is_no_finished_run_for_any_reporter(tmp_path):
 def test_the_slurm_ledger_finds_the_key_list_in_the_plain_script_slurm_gives_back(tmp_path):
     """What :func:`slurm_queue.sbatch_submissions` reads of a plain script, as Slurm gives it back: the key list's path
     (quoted where it holds a space), which lies in the Slurm folder."""
-    from experiments.scale import slurm, slurm_queue
+    from experiments.scale import slurm, slurm_queue, slurm_request
 
     run = PlannedRun(RunConfig(**TINY), ("test",), None, 0)
-    options = slurm.SlurmOptions(str(tmp_path / "a folder" / "slurm"))
+    options = slurm_request.SlurmOptions(str(tmp_path / "a folder" / "slurm"))
     script = slurm.sbatch_script([[run]], executors.TrainOptions(str(tmp_path / "a folder")), options, "test", "runs")
     path = Path(shlex.split(slurm_queue._KEYS_LINE.search(script.read_text())["path"])[0])
     assert path.parent == Path(options.folder).resolve() and path.read_text().split() == [run.key]

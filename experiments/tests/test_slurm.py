@@ -20,7 +20,7 @@ import torch
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore, computed
 from experiments.engine.train import run_stacked
-from experiments.scale import cli, executors, slurm, slurm_queue
+from experiments.scale import cli, executors, slurm, slurm_queue, slurm_request
 from experiments.scale.plan import PlannedRun, plan
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import get_profile
@@ -50,9 +50,9 @@ def _inline(runs: list[PlannedRun], store) -> ResultsStore:
     return ResultsStore(store)
 
 
-def _options(tmp_path, name: str) -> tuple[executors.TrainOptions, slurm.SlurmOptions]:
+def _options(tmp_path, name: str) -> tuple[executors.TrainOptions, slurm_request.SlurmOptions]:
     return (executors.TrainOptions(str(tmp_path / name), threads=1),
-            slurm.SlurmOptions(str(tmp_path / name / "slurm"), cpus_per_task=1, mem_gb=1, time_min=10, poll=1.0))
+            slurm_request.SlurmOptions(str(tmp_path / name / "slurm"), cpus_per_task=1, mem_gb=1, time_min=10, poll=1.0))
 
 
 def _wait_for(job: str, timeout: float = 600) -> None:

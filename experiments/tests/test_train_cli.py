@@ -13,7 +13,7 @@ import torch
 
 from experiments.__main__ import main
 from experiments.paths import PROJECT_ROOT
-from experiments.scale import cli, slurm
+from experiments.scale import cli, slurm_request
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 
@@ -235,7 +235,7 @@ def test_sbatch_scripts_ask_one_task_and_requeue_themselves_out_of_time_from_a_k
     assert main(arguments) == 0
     script = (store / "slurm" / "runs.sbatch").read_text()
     directives = script.splitlines()
-    assert {"#SBATCH --ntasks=1", "#SBATCH --gpus-per-task=1", f"#SBATCH --signal=B:USR1@{slurm.WARNING_S}",
+    assert {"#SBATCH --ntasks=1", "#SBATCH --gpus-per-task=1", f"#SBATCH --signal=B:USR1@{slurm_request.WARNING_S}",
             "#SBATCH --requeue"} <= set(directives)
     assert "trap out_of_time USR1" in directives and '-ge 7 ]' in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
     assert directives[-1] == 'wait "$run"  # its own exit status, also where it ended during a trap'
@@ -401,7 +401,7 @@ def test_every_executor_command_the_docs_show_is_one_the_command_line_takes():
         except SystemExit:
             pytest.fail(f"the docs show a command the command line refuses: {line}")
         if getattr(args, "executor", None) == "slurm":
-            assert slurm.refusal(args) is None, f"{line}: {slurm.refusal(args)}"
+            assert slurm_request.refusal(args) is None, f"{line}: {slurm_request.refusal(args)}"
 
 
 def test_a_slurm_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, capsys):
