@@ -100,6 +100,20 @@ def _offered_gres() -> set[str]:
     return {resource.split(":")[0] for resource in re.split(r"[,\s]+", listing) if resource}
 
 
+def _submitted_in_the_background(runs: list[PlannedRun], options, slurm_options, profile: str):
+    """``slurm.train`` in a thread, returned once its arrays are in the ledger: the thread, its progress, the ledger."""
+    ledger = Path(slurm_options.folder) / slurm_queue.LEDGER
+    progress = Progress(runs)
+    follower = threading.Thread(target=slurm.train, args=(runs, options, progress, slurm_options),
+                                kwargs={"profile": profile})
+    follower.start()
+    deadline = time.time() + 120
+    while not ledger.exists() and follower.is_alive() and time.time() < deadline:
+        time.sleep(0.1)
+    assert ledger.exists(), f"the {profile} arrays were not submitted (the follower's error is above)"
+    return follower, progress, ledger
+
+
 def _shown(task: str) -> str:
     return subprocess.run(["scontrol", "show", "job", task], capture_output=True, text=True).stdout
 
@@ -117,15 +131,7 @@ def test_gpu_tasks_charged_to_an_account_are_queued_as_asked_through_submitit_an
     options = dataclasses.replace(options, device="cuda")
     slurm_options = dataclasses.replace(slurm_options, gpus_per_task=1,
                                         sbatch_options=(("account", "topk-ci"), ("hold", None)))
-    ledger = Path(slurm_options.folder) / slurm_queue.LEDGER
-    progress = Progress([run])
-    follower = threading.Thread(target=slurm.train, args=([run], options, progress, slurm_options),
-                                kwargs={"profile": "gpus"})
-    follower.start()
-    deadline = time.time() + 120
-    while not ledger.exists() and follower.is_alive() and time.time() < deadline:
-        time.sleep(0.1)
-    assert ledger.exists(), "submitit's GPU array was not submitted (the follower's error is above)"
+    follower, progress, ledger = _submitted_in_the_background([run], options, slurm_options, "gpus")
     by_gres = dataclasses.replace(slurm_options, gpus_per_task=0,
                                   sbatch_options=(("gres", "gpu:1"), ("account", "topk-ci"), ("hold", None)))
     script = slurm.sbatch_script([[run]], options, by_gres, "smoke", "alone", outside_plan=True)
@@ -166,9 +172,8 @@ def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_no
     rights = [["--sbatch-option", "hold"],
               ["--device", "cuda", "--sbatch-option", "gres=gpu:1", "--constraint", "standin-gpu", "--account", "topk-ci"]]
     rights += [["--device", "cuda", "--gpus-per-task", "1"]] if _cons_tres() else []
-    if not {"mps", "shard"} <= _offered_gres():
-        pytest.skip("the cluster offers no shares of a GPU (gres mps and shard: up.sh's)")
-    rights += [["--device", "cuda", "--sbatch-option", f"gres={share}"] for share in ("mps:25", "shard:2")]
+    rights += [["--device", "cuda", "--sbatch-option", f"gres={share}"] for share in ("mps:25", "shard:2")
+               if share.split(":")[0] in _offered_gres()]  # up.sh's cluster offers both
     for right in rights:
         assert main([*arguments, *right]) == 0
         assert "(taken by sbatch --test-only, nothing queued): submit each with `sbatch SCRIPT`" in \
@@ -189,15 +194,7 @@ def test_a_timed_run_submitted_through_submitit_holds_a_whole_gpu_where_the_othe
     options, slurm_options = _options(tmp_path, "timed")
     options = dataclasses.replace(options, device="cuda")
     slurm_options = dataclasses.replace(slurm_options, sbatch_options=(("gres", "shard:2"), ("hold", None)))
-    ledger = Path(slurm_options.folder) / slurm_queue.LEDGER
-    progress = Progress([timed])
-    follower = threading.Thread(target=slurm.train, args=([timed], options, progress, slurm_options),
-                                kwargs={"profile": "timed"})
-    follower.start()
-    deadline = time.time() + 120
-    while not ledger.exists() and follower.is_alive() and time.time() < deadline:
-        time.sleep(0.1)
-    assert ledger.exists(), "the timed run's array was not submitted (the follower's error is above)"
+    follower, progress, ledger = _submitted_in_the_background([timed], options, slurm_options, "timed")
     task = json.loads(ledger.read_text())["job_id"]
     try:
         shown = _shown(task)
@@ -232,14 +229,7 @@ def test_other_sbatch_options_reach_every_task_through_submitit_and_the_plain_sc
     run = PlannedRun(RunConfig(**{**TINY, "seed": 7}), ("test",), None, 0)
     options, slurm_options = _options(tmp_path, "options")
     slurm_options = dataclasses.replace(slurm_options, sbatch_options=(("hold", None), ("comment", "topk-ci")))
-    ledger = Path(slurm_options.folder) / slurm_queue.LEDGER
-    progress = Progress([run])
-    follower = threading.Thread(target=slurm.train, args=([run], options, progress, slurm_options),
-                                kwargs={"profile": "options"})
-    follower.start()
-    deadline = time.time() + 120
-    while not ledger.exists() and time.time() < deadline:
-        time.sleep(0.1)
+    follower, progress, ledger = _submitted_in_the_background([run], options, slurm_options, "options")
     script = slurm.sbatch_script([[run]], options, slurm_options, "smoke", "alone", outside_plan=True)
     submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
     assert submitted.returncode == 0, submitted.stderr
@@ -405,14 +395,7 @@ def test_a_held_task_is_not_followed_and_a_run_is_followed_in_its_latest_live_ta
             for seed in (3, 4)]
     options, slurm_options = _options(tmp_path, "held")
     slurm_options = dataclasses.replace(slurm_options, array_parallelism=1)
-    ledger = Path(slurm_options.folder) / slurm_queue.LEDGER
-    progress = Progress(runs)
-    follower = threading.Thread(target=slurm.train, args=(runs, options, progress, slurm_options),
-                                kwargs={"profile": "held"})
-    follower.start()
-    deadline = time.time() + 120
-    while not ledger.exists() and time.time() < deadline:
-        time.sleep(0.1)
+    follower, progress, ledger = _submitted_in_the_background(runs, options, slurm_options, "held")
     task_of = {entry["keys"][0]: entry["job_id"] for entry in map(json.loads, ledger.read_text().splitlines())}
     second = task_of[runs[1].key]
     hold = subprocess.run(["scontrol", "hold", second], capture_output=True, text=True)
