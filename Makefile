@@ -118,11 +118,15 @@ calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers a
 		$(if $(filter slurm,$(EXECUTOR)),--executor slurm $(SLURM))
 
 paper-figures: $(STAMP) ## Calibrate the stand-ins and their learning rates, [train every run through EXECUTOR,] run every notebook [PROFILE=quick|smoke|gpu|paper DATA=path DEVICE=cuda WORKERS=n COMPILE=mode EXECUTOR=local JOBS=n STACK=s PY=python3], render build/report/index.html
-	@status=0; if $(MAKE) --no-print-directory calibrate; then \
-		$(MAKE) --no-print-directory $(if $(EXECUTOR),train,forget-executor) || status=$$?; \
-		$(MAKE) --no-print-directory -k notebooks || status=$$?; \
-	else status=$$?; echo "paper-figures: the calibration did not finish, so nothing trains on uncalibrated stand-ins" \
-		"(its finished steps are kept: make calibrate goes on from them)"; fi; \
+	@status=0; $(MAKE) --no-print-directory calibrate || { status=$$?; echo "paper-figures: the calibration did not" \
+		"finish, so nothing trains on uncalibrated stand-ins (any step it finished is kept: make calibrate goes on" \
+		"from it)"; exit $$status; }; \
+	if [ "$(EXECUTOR)" = slurm ] && [ -n "$(findstring --sbatch-only,$(SLURM))" ]; then \
+		$(MAKE) --no-print-directory train || exit $$?; echo "paper-figures: --sbatch-only wrote the scripts and" \
+		"submitted nothing: submit them with sbatch (above); once their tasks have ended, the same command without" \
+		"--sbatch-only runs the notebooks on their runs"; exit 0; fi; \
+	$(MAKE) --no-print-directory $(if $(EXECUTOR),train,forget-executor) || status=$$?; \
+	$(MAKE) --no-print-directory -k notebooks || status=$$?; \
 	$(MAKE) --no-print-directory report; \
 	if [ "$(PROFILE)" = quick ]; then $(MAKE) --no-print-directory publish-quick-report readme; fi; \
 	if [ $$status -ne 0 ]; then echo "paper-figures: a step failed (see above and the report)"; fi; exit $$status

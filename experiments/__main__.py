@@ -18,7 +18,7 @@ try:  # torch's import takes seconds: Ctrl-C then ends the command as it would l
     from experiments.engine.config import RunConfig
     from experiments.engine.store import ResultsStore, unusable_store
     from experiments.engine.train import COMPILE_MODES, run
-    from experiments.scale import cli
+    from experiments.scale import cli, executors
 except KeyboardInterrupt:
     print("\ninterrupted while starting: nothing was trained", file=sys.stderr)
     raise SystemExit(130) from None
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: bad config {args.config}: {error}", file=sys.stderr)
         return 2
     finished = not unusable_store(args.store) and ResultsStore(args.store).finished(config.key()) is not None
-    if problem := unusable_store(args.store) or cli.device_refusal(args.device, trains_here=not finished):
+    if problem := unusable_store(args.store) or executors.device_refusal(args.device, trains_here=not finished):
         print(f"error: {problem}", file=sys.stderr)
         return 2
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1

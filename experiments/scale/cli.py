@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -154,20 +153,6 @@ def uncalibrated_text(profile: Profile, setups: list[str]) -> str:
             "--uncalibrated to train on the default difficulty anyway")
 
 
-def device_refusal(device: str, *, trains_here: bool = True) -> str | None:
-    """What is wrong with ``device`` (cpu, cuda or cuda:N) for runs trained in this process or its workers
-    (``trains_here``; Slurm's tasks train elsewhere), before anything trains; None: nothing."""
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        return f"--device should be cpu, cuda or cuda:N, got {device!r}"
-    if device.startswith("cuda") and trains_here:
-        if not torch.cuda.is_available():
-            return (f"--device {device}, but torch sees no CUDA device here: train on a machine with a GPU (on a "
-                    "cluster: inside srun or salloc, or --executor slurm from here)")
-        if (torch.device(device).index or 0) >= torch.cuda.device_count():
-            return f"--device {device}, but torch sees {torch.cuda.device_count()} CUDA device(s) here, numbered from 0"
-    return None
-
-
 def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> str | None:
     """What is wrong with the command's options, before anything trains (None: nothing)."""
     if problem := unusable_store(store):
@@ -177,7 +162,7 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     if args.command == "plan":
         return (f"--gpus should be a positive number of GPUs, got {args.gpus}"
                 if args.gpus is not None and args.gpus < 1 else None)
-    if problem := device_refusal(args.device, trains_here=False):  # its form
+    if problem := executors.device_refusal(args.device, trains_here=False):  # its form
         return problem
     if args.workers is not None and args.workers < 0:
         return (f"--workers should be 0 (read in the training process) or a positive number of processes, got "
@@ -186,11 +171,11 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
         return (f"--threads should be 0 (the default) or a positive number of torch CPU threads per run, got "
                 f"{args.threads}")
     if args.command == "run-one":
-        return device_refusal(args.device)
+        return executors.device_refusal(args.device)
     held = ResultsStore(store)
     todo = [run for run in runs if not held.holds_outcome(run.config)]
     here = args.executor != "slurm" and bool(todo)  # nothing to train (a login node after Slurm's tasks): no device
-    if here and (problem := device_refusal(args.device)):
+    if here and (problem := executors.device_refusal(args.device)):
         return problem
     if args.executor == "local" and todo and (problem := executors.slots_refusal(args.jobs, args.per_gpu, args.device)):
         return problem

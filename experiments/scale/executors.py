@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.resource_tracker
 import os
+import re
 import signal
 import sys
 import threading
@@ -125,6 +126,28 @@ def slots(jobs: int, per_gpu: int | None, device: str) -> list[str]:
     if jobs < 1:
         raise ValueError(f"'jobs' (--jobs) should be a positive number of worker processes, got {jobs}")
     return [device] * jobs
+
+
+def device_refusal(device: str, *, trains_here: bool = True) -> str | None:
+    """What is wrong with ``device`` (cpu, cuda or cuda:N) for runs trained in this process or its workers
+    (``trains_here``; Slurm's tasks train elsewhere), before anything trains; None: nothing. Inside a Slurm job
+    without a usable GPU, it names the job, its node and the GPUs Slurm gave it."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        return f"--device should be cpu, cuda or cuda:N, got {device!r}"
+    if device.startswith("cuda") and trains_here:
+        if not torch.cuda.is_available() and "SLURM_JOB_ID" in os.environ:
+            given = os.environ.get("CUDA_VISIBLE_DEVICES")
+            return (f"--device {device}, but torch sees no CUDA device in this Slurm job ({os.environ['SLURM_JOB_ID']} "
+                    f"on {os.environ.get('SLURMD_NODENAME', 'its node')}, "
+                    f"{f'CUDA_VISIBLE_DEVICES={given}' if given is not None else 'no CUDA_VISIBLE_DEVICES'}): "
+                    "its GPU request (--gpus-per-task 1, or --sbatch-option gres=...) gave it none that works here; "
+                    "check the partition's GPUs and their driver (nvidia-smi on that node)")
+        if not torch.cuda.is_available():
+            return (f"--device {device}, but torch sees no CUDA device here: train on a machine with a GPU (on a "
+                    "cluster: inside srun or salloc, or --executor slurm from here)")
+        if (torch.device(device).index or 0) >= torch.cuda.device_count():
+            return f"--device {device}, but torch sees {torch.cuda.device_count()} CUDA device(s) here, numbered from 0"
+    return None
 
 
 def slots_refusal(jobs: int, per_gpu: int | None, device: str) -> str | None:

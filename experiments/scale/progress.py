@@ -6,9 +6,11 @@ one ends."""
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from typing import TextIO
 
@@ -19,6 +21,21 @@ from experiments.scale.plan import PlannedRun
 OBSERVE_EVERY = 30.0
 #: Seconds between two progress lines in a log while runs train (a terminal's line is rewritten at every look).
 LOG_EVERY = 600.0
+#: A log's line that says why a run failed: a Python exception's (``RuntimeError: ...``) or a command's ``error: ...``.
+_REASON = re.compile(r"(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)|error): .+")
+
+
+def failure_reason(log: str, tail_bytes: int = 65536) -> str:
+    """Why the run that wrote ``log`` failed: the last line of the log's end that says so (else its last line), cut
+    at 240 characters; empty where the log cannot be read."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, 2) - tail_bytes))
+            lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    reason = next((line for line in reversed(lines) if _REASON.fullmatch(line)), lines[-1] if lines else "")
+    return reason if len(reason) <= 240 else reason[:239] + "…"
 
 
 class Progress:
@@ -36,6 +53,7 @@ class Progress:
         self.finished: set[str] = set()
         self.others: set[str] = set()  # runs another process trains (:meth:`elsewhere`)
         self.failed: dict[str, str] = {}  # key -> its log
+        self.reasons: dict[str, str] = {}  # key -> why it failed, as its log says (:func:`failure_reason`)
         self.diverged: dict[str, str] = {}  # key -> its log: its loss became NaN, an outcome kept in the store
         self.started = self.logged = time.monotonic()
         self.tty = live and stream.isatty()  # one line rewritten in place; else a line per event
@@ -76,7 +94,9 @@ class Progress:
         with self.lock:
             self.running.pop(run.key, None)
             self.failed[run.key] = log
-            self._show(f"FAILED {run.key} ({', '.join(run.notebooks)}): see {log}")
+            self.reasons[run.key] = failure_reason(log)
+            self._show(f"FAILED {run.key} ({', '.join(run.notebooks)}): {self.reasons[run.key] or 'no reason'} "
+                       f"(log: {log})")
 
     def diverge(self, run: PlannedRun, log: str) -> None:
         """``run`` ended in the engine's divergence: not a failure, an outcome the notebooks show."""
@@ -157,6 +177,8 @@ class Progress:
         diverged = f", {len(self.diverged)} diverged (their loss became NaN: kept as such)" if self.diverged else ""
         lines = [f"{self.done} of {self.total} runs finished, {len(self.failed)} failed{diverged} "
                  f"in {_duration(time.monotonic() - self.started)}"]
+        lines += [f"  why {count} failed: {reason or 'their logs say nothing'}"
+                  for reason, count in Counter(self.reasons.values()).most_common()]
         lines += [f"  failed: {key} (log: {log})" for key, log in self.failed.items()]
         lines += [f"  diverged: {key} (log: {log})" for key, log in self.diverged.items()]
         return ("\n" if self.tty else "") + "\n".join(lines)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from experiments.engine.store import ResultsStore
 from experiments.paths import PROJECT_ROOT
-from experiments.scale.executors import TrainOptions, groups, train_group
+from experiments.scale.executors import TrainOptions, device_refusal, groups, train_group
 from experiments.scale.plan import PlannedRun
 from experiments.scale.progress import Progress
 from experiments.scale.slurm_queue import (LEDGER, UNANSWERED, InQueue, array_ids, job_name, queued, queued_tasks,
@@ -110,6 +110,8 @@ class RunTask:
         # submitit ignores SIGTERM, so a requeued or preempted task would go on training until Slurm's KillWait;
         # it stops at once instead: the epochs it finished are in its checkpoints.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if problem := device_refusal(self.options.device):  # before the data are built: no GPU, no minutes lost
+            raise RuntimeError(problem)
         train_group(group, self.options)
         return [run.key for run in group]
 

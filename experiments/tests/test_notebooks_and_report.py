@@ -356,6 +356,12 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     assert executor("DEVICE=cuda", "STACK=4") == "local --device cuda --per-gpu 1 --compile reduce-overhead --stack 4"
     assert executor("EXECUTOR=") is None and executor("DEVICE=cuda:1") is None  # the notebooks train their own runs
     assert executor("EXECUTOR=slurm").startswith("slurm --device cpu")
+    scripts_only = subprocess.run(["make", "-n", "-B", "paper-figures", "PROFILE=smoke", f"PY={sys.executable}",
+                                   "EXECUTOR=slurm", "SLURM=--time-min 60 --sbatch-only"], cwd=paths.PROJECT_ROOT,
+                                  capture_output=True, text=True, timeout=60)
+    assert "--executor slurm --device cpu" in scripts_only.stdout and "--sbatch-only" in scripts_only.stdout
+    assert "-m papermill" not in scripts_only.stdout  # the tasks are the user's to submit: no notebook runs before
+    assert "submit them with sbatch" in scripts_only.stdout
     for settings, command in (((), "plan smoke"), (("STACK=4", "GPUS=8"), "plan smoke --stack 4 --gpus 8")):
         plan = subprocess.run(["make", "--no-print-directory", "-n", "plan", "PROFILE=smoke", f"PY={sys.executable}",
                                *settings], cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)

@@ -2,6 +2,7 @@
 executors give the inline records bit for bit; the store's claims let many processes share it without training a
 run twice; a killed worker's run resumes to the same result."""
 
+import io
 import json
 import os
 import shlex
@@ -398,6 +399,39 @@ def test_a_worker_killed_mid_run_is_resumed_by_the_next_train_to_the_same_result
         torch.set_num_threads(threads)
     assert 0 < store.checkpoints_saved < config.epochs  # resumed from the killed worker's checkpoint, not restarted
     assert computed(resumed) == computed(whole)
+
+
+def test_a_failed_run_is_reported_with_the_line_of_its_log_that_says_why(tmp_path):
+    """The reason is the log's last exception or ``error:`` line (a Slurm task's log ends with srun's own line), else
+    its last line; the summary counts the runs failed for each reason before naming each run with its log."""
+    from experiments.scale.progress import failure_reason
+
+    runs = [PlannedRun(RunConfig(**{**TINY, "seed": seed}), ("test",), None, 0) for seed in (1, 2, 3)]
+    logs = [tmp_path / f"{seed}.err" for seed in (1, 2, 3)]
+    traceback = "Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: no GPU here\n"
+    logs[0].write_text(traceback + "srun: error: vm: task 0: Exited with exit code 1\n\n")
+    logs[1].write_text(traceback)
+    logs[2].write_text("epoch 3\nkilled\n")
+    assert [failure_reason(str(log)) for log in logs] == ["RuntimeError: no GPU here"] * 2 + ["killed"]
+    assert failure_reason(str(tmp_path / "none.err")) == ""
+    progress = Progress(runs, stream=io.StringIO())
+    for planned, log in zip(runs, logs):
+        progress.fail(planned, str(log))
+    assert f"FAILED {runs[0].key} (test): RuntimeError: no GPU here (log: {logs[0]})" in progress.stream.getvalue()
+    assert progress.summary().splitlines()[1:4] == ["  why 2 failed: RuntimeError: no GPU here", "  why 1 failed: killed",
+                                                    f"  failed: {runs[0].key} (log: {logs[0]})"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_cuda_without_a_gpu_inside_a_slurm_job_names_the_job_and_what_slurm_gave_it(monkeypatch):
+    for name, value in (("SLURM_JOB_ID", "1234"), ("SLURMD_NODENAME", "gpu07"), ("CUDA_VISIBLE_DEVICES", "0")):
+        monkeypatch.setenv(name, value)
+    assert executors.device_refusal("cuda") == (
+        "--device cuda, but torch sees no CUDA device in this Slurm job (1234 on gpu07, CUDA_VISIBLE_DEVICES=0): its "
+        "GPU request (--gpus-per-task 1, or --sbatch-option gres=...) gave it none that works here; check the "
+        "partition's GPUs and their driver (nvidia-smi on that node)")
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert "torch sees no CUDA device here: train on a machine with a GPU" in executors.device_refusal("cuda")
 
 
 def test_a_local_worker_killed_mid_run_is_named_failed_and_replaced_while_the_others_go_on(tmp_path):

@@ -121,9 +121,9 @@ def _shown(task: str) -> str:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the tasks would train")
 def test_gpu_tasks_charged_to_an_account_are_queued_as_asked_through_submitit_and_the_plain_script(tmp_path):
     """On up.sh's stand-in GPUs: submitit's array with ``--gpus-per-task 1`` and the plain script with
-    ``--sbatch-option gres=gpu:1`` each queue a task asking one GPU, charged to ``--account``. The plain script's task,
-    released, starts (Slurm found it a GPU) and its ``run-one`` stops at once in its log, naming the missing CUDA
-    device; submitit's, cancelled while held, is reported failed by the follower."""
+    ``--sbatch-option gres=gpu:1`` each queue a task asking one GPU, charged to ``--account``. Released, each starts
+    (Slurm found it a GPU) and stops at once, before it builds any data, naming its Slurm job and the missing CUDA
+    device: in the plain script's log, and in the follower's report of submitit's task."""
     if not _enforces_accounts() or not _cons_tres():
         pytest.skip("the cluster enforces no accounts or counts no GPUs a task (up.sh's SLURM_CI_* settings)")
     run = PlannedRun(RunConfig(**{**TINY, "seed": 9}), ("test",), None, 0)
@@ -142,14 +142,18 @@ def test_gpu_tasks_charged_to_an_account_are_queued_as_asked_through_submitit_an
         for task, asked in zip(tasks, ("TresPerTask=gres:gpu:1", "TresPerNode=gres:gpu:1")):
             shown = _shown(task)
             assert "Account=topk-ci" in shown and asked in shown and "Reason=JobHeldUser" in shown, shown
-        subprocess.run(["scontrol", "release", tasks[1]], capture_output=True, text=True)
-        _wait_for(tasks[1].split("_")[0])
+        for task in tasks:
+            subprocess.run(["scontrol", "release", task], capture_output=True, text=True)
+        for task in tasks:
+            _wait_for(task.split("_")[0])
     finally:
         subprocess.run(["scancel", tasks[0].split("_")[0], tasks[1].split("_")[0]], capture_output=True)
-    log = Path(slurm_options.folder) / f"{tasks[1]}.err"
-    assert "torch sees no CUDA device here" in log.read_text()
+    no_gpu = f"--device cuda, but torch sees no CUDA device in this Slurm job ({tasks[1].split('_')[0]}"
+    assert no_gpu in (Path(slurm_options.folder) / f"{tasks[1]}.err").read_text()
     follower.join(timeout=120)
     assert not follower.is_alive() and list(progress.failed) == [run.key], progress.summary()
+    assert progress.reasons[run.key].startswith("RuntimeError: --device cuda, but torch sees no CUDA device in this "
+                                                "Slurm job"), progress.summary()
 
 
 def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_nothing(tmp_path, capsys):
