@@ -253,7 +253,7 @@ def still_queued_text(profile: str) -> str:
 
 def _scancel_hint(profile: str) -> str:
     """The commands that cancel this user's arrays of ``profile``, and no other user's of the same names."""
-    return " and ".join(f"`scancel --user $USER --name {job_name(profile, array)}`" for array in ("runs", "alone"))
+    return " and ".join(f"`scancel --user $(id -un) --name {job_name(profile, array)}`" for array in ("runs", "alone"))
 
 
 #: Seconds without an answer from ``squeue`` after which the follower stops (the tasks go on; a new ``train`` follows
