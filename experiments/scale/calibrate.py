@@ -109,7 +109,7 @@ def _calibrate(profile, store, device: str, args: argparse.Namespace, trainers: 
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store.root}, and each "
               "finished step of the calibration in experiments/calibrated/; the same command resumes"
-              + (slurm.still_queued_text(profile.name) if args.executor == "slurm" else ""),
+              + (slurm.still_queued_text(profile.name, calibration=True) if args.executor == "slurm" else ""),
               file=sys.stderr)
         return 130
     except FloatingPointError as error:  # a CE run of the search: no stand-in is fitted from a NaN

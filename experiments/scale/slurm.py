@@ -144,7 +144,8 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
                   file=sys.stderr)
         if not runs:
             return follow(earlier_tasks, options, progress, slurm.poll)
-    arrays = [(name, groups(part, options)) for name, part in (("runs", [run for run in runs if not run.alone]),
+    first = "calibration" if outside_plan else "runs"  # a name of its own: one scancel stops one or the other
+    arrays = [(name, groups(part, options)) for name, part in ((first, [run for run in runs if not run.alone]),
                                                                 ("alone", [run for run in runs if run.alone])) if part]
     try:
         scripts = [sbatch_script(tasks, options, slurm, profile, name, outside_plan) for name, tasks in arrays]
@@ -246,14 +247,16 @@ def _ledger_in_queue(runs: list[PlannedRun], slurm: SlurmOptions, tries: int = 3
                      "submitted twice; run the same command again once `squeue --me` answers")
 
 
-def still_queued_text(profile: str) -> str:
-    """What an interrupted follower says of the arrays it submitted for ``profile``: they go on without it."""
-    return f"; the Slurm tasks already submitted go on (`squeue --me` lists them; {_scancel_hint(profile)} stop them)"
+def still_queued_text(profile: str, calibration: bool = False) -> str:
+    """What an interrupted follower says of the arrays it submitted for ``profile`` (its ``calibration``'s): they go
+    on without it."""
+    hint = _scancel_hint(profile, ("calibration",) if calibration else ("runs", "alone"))
+    return f"; the Slurm tasks already submitted go on (`squeue --me` lists them; {hint} stop them)"
 
 
-def _scancel_hint(profile: str) -> str:
+def _scancel_hint(profile: str, arrays: tuple[str, ...] = ("runs", "alone")) -> str:
     """The commands that cancel this user's arrays of ``profile``, and no other user's of the same names."""
-    return " and ".join(f"`scancel --user $(id -un) --name {job_name(profile, array)}`" for array in ("runs", "alone"))
+    return " and ".join(f"`scancel --user $(id -un) --name {job_name(profile, array)}`" for array in arrays)
 
 
 #: Seconds without an answer from ``squeue`` after which the follower stops (the tasks go on; a new ``train`` follows

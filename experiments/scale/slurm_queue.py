@@ -22,7 +22,8 @@ JOB_PREFIX = "topk-"  #: how the name of every array this executor submits begin
 
 
 def job_name(profile: str, array: str) -> str:
-    """The name of ``profile``'s array ``array`` (``runs``, or ``alone`` for the runs trained alone) in the queue."""
+    """The name of ``profile``'s array ``array`` (``runs``, ``alone`` for the runs trained alone, ``calibration`` for
+    the calibration's) in the queue."""
     return f"{JOB_PREFIX}{profile}-{array}"
 
 

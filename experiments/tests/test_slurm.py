@@ -462,8 +462,8 @@ def test_a_calibration_steps_runs_train_as_an_array_and_the_search_reads_them_ba
     through_submitit = {config.key(): computed(store.finished(config.key())) for config in configs}
     for folder in ("runs", "diverged"):  # the store emptied of outcomes: the plain script trains them again
         (store.root / folder).rename(tmp_path / f"submitit_{folder}")
-    submitted = subprocess.run(["sbatch", "--parsable", str(tmp_path / "calibration" / "slurm" / "runs.sbatch")],
-                               capture_output=True, text=True, timeout=60)
+    script = tmp_path / "calibration" / "slurm" / "calibration.sbatch"  # the calibration's array has its own name
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     _wait_for(submitted.stdout.strip().split(";")[0])
     assert {key: computed(store.finished(key)) for key in through_submitit} == through_submitit
