@@ -38,6 +38,12 @@ class StandInSize:
     num_classes: int
     image_size: int
 
+    @property
+    def image_bytes(self) -> int:
+        """What its images take in a process's memory as its generator renders them: every split, three channels of
+        one byte."""
+        return (self.train + self.val + self.test) * 3 * self.image_size ** 2
+
 
 @dataclass(frozen=True)
 class Work:

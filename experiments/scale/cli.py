@@ -38,7 +38,8 @@ from experiments.scale import executors, slurm, slurm_queue, slurm_request
 from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import (Rates, calibration_first_then, completeness_then_hours, counted_text, estimate,
                                     estimate_moves, invocations, read_measurements, runs_measured_by, setting_text)
-from experiments.scale.plan import CalibrationFirst, PlannedRun, calibrations_to_make, plan, stacks, table
+from experiments.scale.plan import (CalibrationFirst, PlannedRun, calibrations_to_make, plan, stacks, stand_in_memory,
+                                    table)
 from experiments.scale.progress import Progress
 from experiments.spec.profiles import PROFILES, Profile, get_profile
 from experiments.tuning import fixed_point
@@ -181,6 +182,11 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
         return problem
     if args.executor == "slurm" and (problem := slurm_request.refusal(args)):
         return problem
+    if args.executor == "slurm" and args.mem_gb and (memory := stand_in_memory(todo)):
+        dataset, gib = next(iter(memory.items()))
+        if gib >= args.mem_gb:
+            return (f"--mem-gb {args.mem_gb:g} is less than the {gib:.1f} GiB that the {dataset} stand-in's images "
+                    "alone take in each of its runs' tasks (every split, built in memory before training): give more")
     if args.executor != "slurm" and (problem := slurm_request.refusal_elsewhere(args)):
         return problem
     real = [run for run in todo if run.data_subdir is not None]

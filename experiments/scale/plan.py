@@ -35,6 +35,9 @@ class PlannedRun:
     train_images: int | None  #: images through a training step over all epochs (full batches); None on real data
     val_images: int | None = None  #: images validated (after every epoch); None on real data
     test_images: int | None = None  #: images tested, at most (:func:`~experiments.analysis.workload.run_images`)
+    #: its stand-in's images in the memory of the process that trains it (:class:`~experiments.analysis.workload.
+    #: StandInSize`); None on real data, read from its files
+    image_bytes: int | None = None
 
     @classmethod
     def outside_plan(cls, config: RunConfig) -> "PlannedRun":
@@ -78,8 +81,10 @@ def plan(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[PlannedRun]
 
 def planned_run(config: RunConfig, setup: Setup, notebooks: tuple[str, ...]) -> PlannedRun:
     """The run of ``config`` on ``setup``'s data, read by ``notebooks``, with its work where its data is a stand-in."""
-    return PlannedRun(config, notebooks, None if setup.synthetic else setup.data_subdir,
-                      *(run_images(config, stand_in_size(setup)) if setup.synthetic else (None, None, None)))
+    if not setup.synthetic:
+        return PlannedRun(config, notebooks, setup.data_subdir, None)
+    size = stand_in_size(setup)
+    return PlannedRun(config, notebooks, None, *run_images(config, size), size.image_bytes)
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,13 @@ def stacks(runs: list[PlannedRun], size: int, store: ResultsStore | None) -> lis
     return groups
 
 
+def stand_in_memory(runs: list[PlannedRun]) -> dict[str, float]:
+    """The GiB that each stand-in's images of ``runs`` take in the memory of a process training one of them
+    (:attr:`PlannedRun.image_bytes`), largest first."""
+    sizes = {run.config.dataset: run.image_bytes / 2 ** 30 for run in runs if run.image_bytes is not None}
+    return dict(sorted(sizes.items(), key=lambda item: -item[1]))
+
+
 def table(runs: list[PlannedRun], store: ResultsStore, groups: list[list[PlannedRun]] | None = None,
           queued: dict[str, str] | None = None) -> str:
     """The plan as text: one line per run, then the totals by state; with ``groups`` (:func:`stacks`), each run's
@@ -198,6 +210,9 @@ def table(runs: list[PlannedRun], store: ResultsStore, groups: list[list[Planned
               f"{sum(counted):,} training images in the {len(counted)} runs on stand-ins (the others train on "
               "real data, not read to plan)" if counted else "training images of real data, not read to plan")
     lines.append(f"{len(runs)} runs: " + ", ".join(f"{counts[name]} {name}" for name in STATES) + f"; {images}")
+    if memory := stand_in_memory(runs):
+        lines.append("a run's process first holds its stand-in's images in memory (with --executor slurm, --mem-gb "
+                     "must cover them): " + ", ".join(f"{dataset} {gib:.1f} GiB" for dataset, gib in memory.items()))
     if groups:
         sizes = sorted({len(group) for group in groups}, reverse=True)
         lines.append(f"{len(groups)} groups: " + ", ".join(

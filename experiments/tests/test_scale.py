@@ -401,6 +401,16 @@ def test_a_worker_killed_mid_run_is_resumed_by_the_next_train_to_the_same_result
     assert computed(resumed) == computed(whole)
 
 
+def test_plan_says_what_each_stand_ins_images_take_in_a_training_process_memory(tmp_path):
+    from experiments.scale.plan import stand_in_memory, table
+
+    runs = plan(get_profile("gpu"))
+    memory = stand_in_memory(runs)
+    assert list(memory) == ["imagenet_like", "plantnet_like", "imagenet_lt_like", "cifar100_like"]  # largest first
+    assert memory["imagenet_like"] > 8  # GiB: more than many partitions give a task by default
+    assert f"imagenet_like {memory['imagenet_like']:.1f} GiB, plantnet_like" in table(runs, ResultsStore(tmp_path))
+
+
 def test_a_failed_run_is_reported_with_the_line_of_its_log_that_says_why(tmp_path):
     """The reason is the log's last exception or ``error:`` line (a Slurm task's log ends with srun's own line), else
     its last line; the summary counts the runs failed for each reason before naming each run with its log."""

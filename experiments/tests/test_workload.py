@@ -15,6 +15,8 @@ def test_a_stand_in_size_is_its_generator_s_at_any_image_size():
     assert (size.train, size.val, size.test, size.num_classes) == (
         len(splits.train), len(splits.val), len(splits.test), splits.num_classes)
     assert size.image_size == splits.info["image_size"] == 16
+    images = (splits.train.images, splits.val.images, splits.test.images)
+    assert size.image_bytes == sum(part.numel() * part.element_size() for part in images)  # what it holds in memory
 
 
 def test_a_run_shared_by_two_notebooks_is_counted_once():
