@@ -40,7 +40,7 @@ from experiments.scale.hours import (Rates, calibration_first_then, completeness
                                     estimate_moves, invocations, read_measurements, runs_measured_by, setting_text)
 from experiments.scale.plan import (CalibrationFirst, PlannedRun, calibrations_to_make, plan, stacks, stand_in_memory,
                                     table)
-from experiments.scale.progress import Progress
+from experiments.scale.progress import Progress, failure_reason
 from experiments.spec.profiles import PROFILES, Profile, get_profile
 from experiments.tuning import fixed_point
 
@@ -121,8 +121,11 @@ def main(argv: list[str]) -> int:
     if args.command == "plan":
         groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
         in_queue = slurm_queue.still_in_queue(runs, str(Path(store) / "slurm"))  # train's default --slurm-folder
+        ended = {key: f"its Slurm task {job_id} ended without its record: "
+                      f"{failure_reason(log) or 'its log says nothing'}; log: {log}"
+                 for key, (job_id, log) in (in_queue.ended.items() if in_queue else [])}
         print(table(runs, ResultsStore(store), groups,
-                    {run.key: job_id for run, job_id, _ in (in_queue.tasks if in_queue else [])}))
+                    {run.key: job_id for run, job_id, _ in (in_queue.tasks if in_queue else [])}, ended))
         fewest = calibrations_to_make(profile)
         calibrations = (fewest, calibrations_to_make(profile, searched=None) if fewest else {})
         if fewest:

@@ -183,11 +183,12 @@ def stand_in_memory(runs: list[PlannedRun]) -> dict[str, float]:
 
 
 def table(runs: list[PlannedRun], store: ResultsStore, groups: list[list[PlannedRun]] | None = None,
-          queued: dict[str, str] | None = None) -> str:
+          queued: dict[str, str] | None = None, ended: dict[str, str] | None = None) -> str:
     """The plan as text: one line per run, then the totals by state; with ``groups`` (:func:`stacks`), each run's
     group and its size, and how many groups of each size. ``queued``: the Slurm task (its job id) of each run whose
     task waits in the queue (:func:`experiments.scale.slurm_queue.still_in_queue`): a partial or missing run is
-    "queued"."""
+    "queued". ``ended``: what to say of a partial or missing run whose last Slurm task left the queue (why it
+    failed)."""
     group_of = {run.key: (number, len(group)) for number, group in enumerate(groups or [], 1) for run in group}
     lines = [f"{'key':16s} {'state':>9s} {'epochs':>9s} {'images':>13s}  " + "group      " * bool(groups) + "notebooks"]
     counts = dict.fromkeys(STATES, 0)
@@ -203,6 +204,8 @@ def table(runs: list[PlannedRun], store: ResultsStore, groups: list[list[Planned
             notes += f"  (by {holder_text(live_holder(store.root, run.config.training_key()) or {})})"
         elif status == "queued":
             notes += f"  (Slurm task {queued[run.key]})"
+        elif status in ("partial", "missing") and run.key in (ended or {}):
+            notes += f"  ({ended[run.key]})"
         lines.append(f"{run.key:16s} {status:>9s} {done:>4d}/{run.config.epochs:<4d} {images:>13s}  {group}"
                      f"{', '.join(run.notebooks)}{notes}")
     counted = [run.train_images for run in runs if run.train_images is not None]

@@ -11,7 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -115,10 +115,12 @@ FOLLOWED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED")
 class InQueue:
     """What the ledger and the queue say of some runs: ``tasks``, each run whose latest task in the ledger is
     followed (:data:`FOLLOWED`) with that task's job id and log; ``in_queue``, every task of the ledger the queue
-    lists, in any state."""
+    lists, in any state; ``ended``, each run whose latest task has left the queue, with that task's job id and log
+    (whether it left a record is the store's to say)."""
 
     tasks: list[tuple[PlannedRun, str, str]]
     in_queue: set[str]
+    ended: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _ledger_entries(folder: str) -> list[tuple[str, list[str], str]]:
@@ -161,12 +163,14 @@ def still_in_queue(runs: list[PlannedRun], folder: str) -> InQueue | None:
     states = queued(array_ids(job_id for tasks in tasks_of.values() for job_id, _ in tasks))
     if states is None:
         return None
-    followed = []
+    followed, ended = [], {}
     for run in runs:
         live = [(job_id, log) for job_id, log in tasks_of.get(run.key, []) if states.get(job_id) in FOLLOWED]
         if live:
             followed.append((run, *live[-1]))
-    return InQueue(followed, {job_id for tasks in tasks_of.values() for job_id, _ in tasks if job_id in states})
+        elif run.key in tasks_of and tasks_of[run.key][-1][0] not in states:
+            ended[run.key] = tasks_of[run.key][-1]
+    return InQueue(followed, {job_id for tasks in tasks_of.values() for job_id, _ in tasks if job_id in states}, ended)
 
 
 def queued_tasks(profile: str) -> int:

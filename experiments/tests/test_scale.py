@@ -409,6 +409,9 @@ def test_plan_says_what_each_stand_ins_images_take_in_a_training_process_memory(
     assert list(memory) == ["imagenet_like", "plantnet_like", "imagenet_lt_like", "cifar100_like"]  # largest first
     assert memory["imagenet_like"] > 8  # GiB: more than many partitions give a task by default
     assert f"imagenet_like {memory['imagenet_like']:.1f} GiB, plantnet_like" in table(runs, ResultsStore(tmp_path))
+    said = "its Slurm task 12_0 ended without its record: RuntimeError: no GPU; log: 12_0.err"
+    listing = table(runs[:2], ResultsStore(tmp_path), ended={runs[0].key: said}).splitlines()
+    assert listing[1].endswith(f"  ({said})") and said not in listing[2]
 
 
 def test_a_failed_run_is_reported_with_the_line_of_its_log_that_says_why(tmp_path):

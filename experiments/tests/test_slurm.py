@@ -154,6 +154,8 @@ def test_gpu_tasks_charged_to_an_account_are_queued_as_asked_through_submitit_an
     assert not follower.is_alive() and list(progress.failed) == [run.key], progress.summary()
     assert progress.reasons[run.key].startswith("RuntimeError: --device cuda, but torch sees no CUDA device in this "
                                                 "Slurm job"), progress.summary()
+    ended = slurm_queue.still_in_queue([run], slurm_options.folder).ended  # what `plan` says of the run
+    assert ended[run.key][0] == tasks[0] and "no CUDA device in this Slurm job" in Path(ended[run.key][1]).read_text()
 
 
 def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_nothing(tmp_path, capsys):
