@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print(fixed_point.no_stand_in(profile))
         return 0
     if args.sbatch_only and (setups := fixed_point.unsettled(profile)):
-        print(f"error: --sbatch-only: the {profile.name} stand-ins {', '.join(setups)} need calibrating, and a "
+        print(f"error: --sbatch-only: the {profile.name} stand-ins {profile.setups_text(setups)} need calibrating, and a "
               "calibration cannot be written as scripts ahead (each move of its search needs the last's runs). Run "
               "it with --executor slurm and without --sbatch-only (it submits and follows one array a move), then "
               "write the profile's scripts", file=sys.stderr)

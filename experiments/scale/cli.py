@@ -150,8 +150,8 @@ def main(argv: list[str]) -> int:
 
 def uncalibrated_text(profile: Profile, setups: list[str]) -> str:
     """Why ``train`` refuses a profile whose stand-ins ``setups`` are not calibrated, and what to do."""
-    return (f"the {profile.name} profile's stand-ins {', '.join(setups)} are not calibrated yet (experiments/calibrated/"
-            f"{profile.name}.json): a run's key holds its stand-in's difficulty and learning rate, so runs trained now "
+    return (f"the {profile.name} profile's stand-ins {profile.setups_text(setups)} are not calibrated yet "
+            f"(experiments/calibrated/{profile.name}.json): a run's key holds its stand-in's difficulty and learning rate, so runs trained now "
             f"would all be trained again once they are. Calibrate first: `make calibrate PROFILE={profile.name}` (with "
             "the same EXECUTOR, DEVICE and SLURM options), which `make paper-figures` runs before training; or give "
             "--uncalibrated to train on the default difficulty anyway")

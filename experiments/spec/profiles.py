@@ -100,6 +100,11 @@ class Profile:
         """The setups whose stand-ins are calibrated: synthetic ones, on a profile that judges training claims."""
         return tuple(name for name in SETUPS if self.judges_training and getattr(self, name).synthetic)
 
+    def setups_text(self, setups: tuple[str, ...] | list[str]) -> str:
+        """``setups`` named as messages name them, each with its dataset as ``plan`` names it: ``cifar
+        (cifar100_like), plantnet (plantnet_like)``."""
+        return ", ".join(f"{setup} ({getattr(self, setup).dataset})" for setup in setups)
+
 
 SETUPS = ("cifar", "plantnet", "imagenet_lt", "imagenet")
 

@@ -95,7 +95,8 @@ def test_sbatch_only_is_refused_where_a_stand_in_needs_calibrating_and_passes_wh
     slurm = ["--executor", "slurm", "--sbatch-only", "--store", str(tmp_path)]
     assert calibrate.main(["gpu", *slurm]) == 2
     error = capsys.readouterr().err
-    assert "--sbatch-only: the gpu stand-ins cifar, plantnet, imagenet_lt, imagenet need calibrating" in error
+    assert ("--sbatch-only: the gpu stand-ins cifar (cifar100_like), plantnet (plantnet_like), imagenet_lt "
+            "(imagenet_lt_like), imagenet (imagenet_like) need calibrating") in error
     assert calibrate.main(["quick", *slurm]) == 0  # current: nothing to calibrate, nothing submitted
     assert not (tmp_path / "slurm").exists()
 
