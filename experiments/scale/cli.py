@@ -244,9 +244,10 @@ def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path, calibration
     current = [invocation for invocation in measured if all(made_with_todays_engine(row) for row in invocation)]
     print(f"\nestimated hours on {gpus} GPU{'s' * (gpus > 1)}, at the rates of {rates_csv.name}'s measurements made "
           + ("with today's engine:" if current else "with an earlier engine (stale: the engine's code changed since):"))
-    print("(through Slurm: PER_GPU=1 is a task on each whole GPU, --gpus-per-task 1; PER_GPU=M under MPS, a task on "
-          "each share where the site offers gres/mps, --sbatch-option gres=mps:N with N = 100/M at Slurm's usual 100 "
-          "a GPU; STACK=S, --stack S)")
+    print("(a setting measured more than once has a line per measurement, its device, compile mode and date named, "
+          "those covering the most runs first, then the fastest. Through Slurm: PER_GPU=1 is a task on each whole GPU, "
+          "--gpus-per-task 1; PER_GPU=M under MPS, a task on each share where the site offers gres/mps, --sbatch-option "
+          "gres=mps:N with N = 100/M at Slurm's usual 100 a GPU; STACK=S, --stack S)")
     estimated, not_estimated = [], []
     for invocation in current or measured:
         first, rates = invocation[0], Rates.from_rows(invocation)

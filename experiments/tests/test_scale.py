@@ -632,8 +632,10 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
     # 4637 s: 12 s, 90,480 + 10,240 + 4,000 images at 80/s until 5958 s, then alone at (1, 1)'s rates: 255,280 / 100
     # + 80 + 20 s, done at 8610.8 s; then 730 s
     counted = "training, compilation, validation and testing counted"
-    assert lines[start + 1].startswith("(through Slurm: PER_GPU=1 is a task on each whole GPU, --gpus-per-task 1; "
-                                       "PER_GPU=M under MPS, a task on each share where the site offers gres/mps")
+    assert lines[start + 1].startswith("(a setting measured more than once has a line per measurement, its device, "
+                                       "compile mode and date named, those covering the most runs first, then the "
+                                       "fastest. Through Slurm: PER_GPU=1 is a task on each whole GPU, --gpus-per-task "
+                                       "1; PER_GPU=M under MPS, a task on each share where the site offers gres/mps")
     assert lines[start + 2:] == [f"  PER_GPU=2 STACK=2        2.6 h  {where}; {counted}",
                                  f"  PER_GPU=2 STACK=1        2.8 h  {where}; {counted}",
                                  f"  PER_GPU=1 STACK=2        3.6 h  {where}; {counted}",
