@@ -151,10 +151,10 @@ def main(argv: list[str]) -> int:
 def uncalibrated_text(profile: Profile, setups: list[str]) -> str:
     """Why ``train`` refuses a profile whose stand-ins ``setups`` are not calibrated, and what to do."""
     return (f"the {profile.name} profile's stand-ins {profile.setups_text(setups)} are not calibrated yet "
-            f"(experiments/calibrated/{profile.name}.json): a run's key holds its stand-in's difficulty and learning rate, so runs trained now "
-            f"would all be trained again once they are. Calibrate first: `make calibrate PROFILE={profile.name}` (with "
-            "the same EXECUTOR, DEVICE and SLURM options), which `make paper-figures` runs before training; or give "
-            "--uncalibrated to train on the default difficulty anyway")
+            f"(experiments/calibrated/{profile.name}.json): a run's key holds its stand-in's difficulty and learning "
+            f"rate, so runs trained now would all be trained again once they are. Calibrate first: `make calibrate "
+            f"PROFILE={profile.name}` (with the same EXECUTOR, DEVICE and SLURM options), which `make paper-figures` "
+            "runs before training; or give --uncalibrated to train on the default difficulty anyway")
 
 
 def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> str | None:
@@ -246,8 +246,8 @@ def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path, calibration
           + ("with today's engine:" if current else "with an earlier engine (stale: the engine's code changed since):"))
     print("(a setting measured more than once has a line per measurement, its device, compile mode and date named, "
           "those covering the most runs first, then the fastest. Through Slurm: PER_GPU=1 is a task on each whole GPU, "
-          "--gpus-per-task 1; PER_GPU=M under MPS, a task on each share where the site offers gres/mps, --sbatch-option "
-          "gres=mps:N with N = 100/M at Slurm's usual 100 a GPU; STACK=S, --stack S)")
+          "--gpus-per-task 1; PER_GPU=M under MPS, a task on each share where the site offers gres/mps, "
+          "--sbatch-option gres=mps:N with N = 100/M at Slurm's usual 100 a GPU; STACK=S, --stack S)")
     estimated, not_estimated = [], []
     for invocation in current or measured:
         first, rates = invocation[0], Rates.from_rows(invocation)
