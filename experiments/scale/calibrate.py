@@ -28,6 +28,7 @@ try:  # torch's import takes seconds: Ctrl-C then ends the command as it would l
 
     from experiments.engine.cuda_graph_threads import give_this_thread_cuda_graph_trees
     from experiments.engine.store import ResultsStore
+    from experiments.analysis.workload import stand_in_size
     from experiments.engine.train import COMPILE_MODES
     from experiments.scale import executors, slurm, slurm_request
     from experiments.scale.plan import PlannedRun
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if command is None:
         return 2
     profile, store, device, args = command
-    if problem := _refusal(args, device):
+    if problem := _refusal(args, device) or _memory_refusal(args, profile):
         print(f"error: {problem}", file=sys.stderr)
         return 2
     if not profile.calibrated_setups:
@@ -168,6 +169,16 @@ def _refusal(args: argparse.Namespace, device: str) -> str | None:
     if problem := slurm_request.refusal_elsewhere(args):
         return problem
     return None if _no_gpu_for_per_gpu(args) else executors.slots_refusal(args.jobs, args.per_gpu, device)
+
+
+def _memory_refusal(args: argparse.Namespace, profile) -> str | None:
+    """The Slurm ``--mem-gb`` against the images of the stand-ins left to calibrate (:func:`slurm_request.
+    memory_refusal`), which ``train``'s own check, after the calibration, would come too late for."""
+    if args.executor != "slurm" or not args.mem_gb:
+        return None
+    sizes = {getattr(profile, setup).dataset: stand_in_size(getattr(profile, setup)).image_bytes / 2 ** 30
+             for setup in fixed_point.unsettled(profile)}
+    return slurm_request.memory_refusal(args.mem_gb, sizes)
 
 
 def _uses_workers(args: argparse.Namespace, device: str) -> bool:

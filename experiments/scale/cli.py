@@ -123,7 +123,8 @@ def main(argv: list[str]) -> int:
         in_queue = slurm_queue.still_in_queue(runs, str(Path(store) / "slurm"))  # train's default --slurm-folder
         ended = {key: f"its Slurm task {job_id} ended without its record: "
                       f"{failure_reason(log) or 'its log says nothing'}; log: {log}"
-                 for key, (job_id, log) in (in_queue.ended.items() if in_queue else [])}
+                 for key, (job_id, log) in (in_queue.ended.items() if in_queue else [])
+                 if not ResultsStore(store).holds_outcome(next(run.config for run in runs if run.key == key))}
         print(table(runs, ResultsStore(store), groups,
                     {run.key: job_id for run, job_id, _ in (in_queue.tasks if in_queue else [])}, ended))
         fewest = calibrations_to_make(profile)
@@ -185,11 +186,8 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
         return problem
     if args.executor == "slurm" and (problem := slurm_request.refusal(args)):
         return problem
-    if args.executor == "slurm" and args.mem_gb and (memory := stand_in_memory(todo)):
-        dataset, gib = next(iter(memory.items()))
-        if gib >= args.mem_gb:
-            return (f"--mem-gb {args.mem_gb:g} is less than the {gib:.1f} GiB that the {dataset} stand-in's images "
-                    "alone take in each of its runs' tasks (every split, built in memory before training): give more")
+    if args.executor == "slurm" and (problem := slurm_request.memory_refusal(args.mem_gb, stand_in_memory(todo))):
+        return problem
     if args.executor != "slurm" and (problem := slurm_request.refusal_elsewhere(args)):
         return problem
     real = [run for run in todo if run.data_subdir is not None]

@@ -135,13 +135,13 @@ def device_refusal(device: str, *, trains_here: bool = True) -> str | None:
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         return f"--device should be cpu, cuda or cuda:N, got {device!r}"
     if device.startswith("cuda") and trains_here:
-        if not torch.cuda.is_available() and "SLURM_JOB_ID" in os.environ:
-            given = os.environ.get("CUDA_VISIBLE_DEVICES")
-            return (f"--device {device}, but torch sees no CUDA device in this Slurm job ({os.environ['SLURM_JOB_ID']} "
-                    f"on {os.environ.get('SLURMD_NODENAME', 'its node')}, "
-                    f"{f'CUDA_VISIBLE_DEVICES={given}' if given is not None else 'no CUDA_VISIBLE_DEVICES'}): "
-                    "its GPU request (--gpus-per-task 1, or --sbatch-option gres=...) gave it none that works here; "
-                    "check the partition's GPUs and their driver (nvidia-smi on that node)")
+        if not torch.cuda.is_available() and "SLURMD_NODENAME" in os.environ:  # a job's step, on its node
+            job, node = os.environ.get("SLURM_JOB_ID", "?"), os.environ["SLURMD_NODENAME"]
+            if (given := os.environ.get("CUDA_VISIBLE_DEVICES")) is None:
+                return (f"--device {device}, but Slurm job {job} on {node} holds no GPU: ask one (--gpus-per-task 1, "
+                        "or --sbatch-option gres=gpu:1)")
+            return (f"--device {device}, but torch sees no CUDA device in Slurm job {job} on {node} "
+                    f"(CUDA_VISIBLE_DEVICES={given}): check that node's GPUs and driver (nvidia-smi)")
         if not torch.cuda.is_available():
             return (f"--device {device}, but torch sees no CUDA device here: train on a machine with a GPU (on a "
                     "cluster: inside srun or salloc, or --executor slurm from here)")

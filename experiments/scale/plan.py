@@ -215,7 +215,9 @@ def table(runs: list[PlannedRun], store: ResultsStore, groups: list[list[Planned
     lines.append(f"{len(runs)} runs: " + ", ".join(f"{counts[name]} {name}" for name in STATES) + f"; {images}")
     if memory := stand_in_memory(runs):
         lines.append("a run's process first holds its stand-in's images in memory (with --executor slurm, --mem-gb "
-                     "must cover them): " + ", ".join(f"{dataset} {gib:.1f} GiB" for dataset, gib in memory.items()))
+                     "must cover them and the process itself): "
+                     + ", ".join(f"{dataset} {gib:.1f} GiB" if gib >= 0.1 else f"{dataset} {gib * 1024:.0f} MiB"
+                                 for dataset, gib in memory.items()))
     if groups:
         sizes = sorted({len(group) for group in groups}, reverse=True)
         lines.append(f"{len(groups)} groups: " + ", ".join(

@@ -21,8 +21,11 @@ from experiments.scale.plan import PlannedRun
 OBSERVE_EVERY = 30.0
 #: Seconds between two progress lines in a log while runs train (a terminal's line is rewritten at every look).
 LOG_EVERY = 600.0
-#: A log's line that says why a run failed: a Python exception's (``RuntimeError: ...``) or a command's ``error: ...``.
-_REASON = re.compile(r"(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)|error): .+")
+#: A log's line that says why a run failed: a Python exception's (``RuntimeError: ...``, a bare ``MemoryError``), a
+#: command's ``error: ...``, or what ended its process (a worker's death, Slurm's cancellation or out-of-memory kill),
+#: which a log appended to by several attempts writes after an earlier attempt's exception.
+_REASON = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?|error: .+"
+                     r"|.*(?:worker process \d+ died|CANCELLED|DUE TO TIME LIMIT|oom[_-]kill).*")
 
 
 def failure_reason(log: str, tail_bytes: int = 65536) -> str:
@@ -177,8 +180,10 @@ class Progress:
         diverged = f", {len(self.diverged)} diverged (their loss became NaN: kept as such)" if self.diverged else ""
         lines = [f"{self.done} of {self.total} runs finished, {len(self.failed)} failed{diverged} "
                  f"in {_duration(time.monotonic() - self.started)}"]
-        lines += [f"  why {count} failed: {reason or 'their logs say nothing'}"
-                  for reason, count in Counter(self.reasons.values()).most_common()]
+        shapes = {re.sub(r"\d+", "N", reason): reason for reason in self.reasons.values()}  # job ids, sizes aside
+        counts = Counter(re.sub(r"\d+", "N", reason) for reason in self.reasons.values())
+        lines += [f"  why {count} failed{', as' * (count > 1)}: {shapes[shape] or 'their logs say nothing'}"
+                  for shape, count in counts.most_common()]
         lines += [f"  failed: {key} (log: {log})" for key, log in self.failed.items()]
         lines += [f"  diverged: {key} (log: {log})" for key, log in self.diverged.items()]
         return ("\n" if self.tty else "") + "\n".join(lines)

@@ -158,7 +158,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
               file=sys.stderr)
         return
     unknown = queued_tasks(profile) - len(in_queue)
-    if not outside_plan and unknown > 0:  # the calibration's stand-ins share their names
+    if not outside_plan and unknown > 0:  # the training's arrays alone: the calibration's are not its business
         print(f"note: {unknown} tasks of an earlier submission for the {profile} profile are still queued that no "
               f"ledger here lists (from another --slurm-folder, or another script); a run they have not started is "
               f"submitted again, and its second task waits for the first ({_scancel_hint(profile)} stop the earlier "

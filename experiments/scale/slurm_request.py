@@ -207,6 +207,18 @@ def refusal(args: argparse.Namespace) -> str | None:
     return None
 
 
+def memory_refusal(mem_gb: float | None, memory: dict[str, float]) -> str | None:
+    """Why ``--mem-gb`` cannot hold a task of the stand-in whose images take the most of ``memory`` (GiB by dataset,
+    :func:`experiments.scale.plan.stand_in_memory`): their images alone are a lower bound of a task's memory (the
+    process and its rendering buffers come on top); None where it can, or where no memory is asked."""
+    if not mem_gb or not memory:
+        return None
+    dataset, gib = max(memory.items(), key=lambda item: item[1])
+    return (f"--mem-gb {mem_gb:g} is less than the {gib:.1f} GiB that the {dataset} stand-in's images alone take in "
+            "each of its tasks (every split, built in memory before training; the process needs more on top): give "
+            "more" if gib >= mem_gb else None)
+
+
 def array_sbatch_options(slurm: SlurmOptions, alone: bool) -> tuple[tuple[str, str | None], ...]:
     """``slurm.sbatch_options`` for one array. The runs trained alone, whose timings are the result, hold a whole GPU
     (``gres`` ``gpu:1``) where the others hold a share of one (:data:`GPU_SHARES`): under MPS a share caps the run's

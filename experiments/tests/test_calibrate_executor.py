@@ -89,6 +89,14 @@ def test_the_slurm_options_say_where_the_calibrations_scripts_go_and_that_sbatch
     assert "--sbatch-only refused where a stand-in needs calibrating" in shown
 
 
+def test_a_slurm_memory_below_a_stand_in_to_calibrate_is_refused_before_anything_is_submitted(tmp_path, capsys):
+    """make's SLURM options reach the calibration first: its tasks build the same stand-ins as train's."""
+    assert calibrate.main(["gpu", "--executor", "slurm", "--mem-gb", "8", "--store", str(tmp_path)]) == 2
+    assert "--mem-gb 8 is less than the 15.2 GiB that the imagenet_like stand-in's images alone take" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "slurm").exists()
+
+
 def test_sbatch_only_is_refused_where_a_stand_in_needs_calibrating_and_passes_where_none_does(tmp_path, capsys):
     """make's SLURM options serve train and calibrate: --sbatch-only writes the profile's scripts, but a calibration
     cannot be written ahead (each move needs the last's runs)."""

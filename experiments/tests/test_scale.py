@@ -427,24 +427,33 @@ def test_a_failed_run_is_reported_with_the_line_of_its_log_that_says_why(tmp_pat
     logs[2].write_text("epoch 3\nkilled\n")
     assert [failure_reason(str(log)) for log in logs] == ["RuntimeError: no GPU here"] * 2 + ["killed"]
     assert failure_reason(str(tmp_path / "none.err")) == ""
+    again = tmp_path / "again.err"  # a log appended to by a second attempt, which was killed: its end says why
+    again.write_text(traceback + "worker process 123 died (exit code -9) while training it\n")
+    bare = tmp_path / "bare.err"
+    bare.write_text("Traceback (most recent call last):\nMemoryError\nsrun: error: n1: task 0: Exited with code 1\n")
+    assert [failure_reason(str(log)) for log in (again, bare)] == [
+        "worker process 123 died (exit code -9) while training it", "MemoryError"]
     progress = Progress(runs, stream=io.StringIO())
     for planned, log in zip(runs, logs):
         progress.fail(planned, str(log))
     assert f"FAILED {runs[0].key} (test): RuntimeError: no GPU here (log: {logs[0]})" in progress.stream.getvalue()
-    assert progress.summary().splitlines()[1:4] == ["  why 2 failed: RuntimeError: no GPU here", "  why 1 failed: killed",
-                                                    f"  failed: {runs[0].key} (log: {logs[0]})"]
+    assert progress.summary().splitlines()[1:4] == ["  why 2 failed, as: RuntimeError: no GPU here",
+                                                    "  why 1 failed: killed", f"  failed: {runs[0].key} (log: {logs[0]})"]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_cuda_without_a_gpu_inside_a_slurm_job_names_the_job_and_what_slurm_gave_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a node whose GPU torch cannot use
     for name, value in (("SLURM_JOB_ID", "1234"), ("SLURMD_NODENAME", "gpu07"), ("CUDA_VISIBLE_DEVICES", "0")):
         monkeypatch.setenv(name, value)
     assert executors.device_refusal("cuda") == (
-        "--device cuda, but torch sees no CUDA device in this Slurm job (1234 on gpu07, CUDA_VISIBLE_DEVICES=0): its "
-        "GPU request (--gpus-per-task 1, or --sbatch-option gres=...) gave it none that works here; check the "
-        "partition's GPUs and their driver (nvidia-smi on that node)")
-    monkeypatch.delenv("SLURM_JOB_ID")
-    assert "torch sees no CUDA device here: train on a machine with a GPU" in executors.device_refusal("cuda")
+        "--device cuda, but torch sees no CUDA device in Slurm job 1234 on gpu07 (CUDA_VISIBLE_DEVICES=0): check "
+        "that node's GPUs and driver (nvidia-smi)")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert executors.device_refusal("cuda") == ("--device cuda, but Slurm job 1234 on gpu07 holds no GPU: ask one "
+                                                "(--gpus-per-task 1, or --sbatch-option gres=gpu:1)")
+    monkeypatch.delenv("SLURMD_NODENAME")  # salloc's shell on the login node: the job's step is still to start
+    assert "torch sees no CUDA device here: train on a machine with a GPU (on a cluster: inside srun or salloc" in \
+        executors.device_refusal("cuda")
 
 
 def test_a_local_worker_killed_mid_run_is_named_failed_and_replaced_while_the_others_go_on(tmp_path):

@@ -148,14 +148,14 @@ def test_gpu_tasks_charged_to_an_account_are_queued_as_asked_through_submitit_an
             _wait_for(task.split("_")[0])
     finally:
         subprocess.run(["scancel", tasks[0].split("_")[0], tasks[1].split("_")[0]], capture_output=True)
-    no_gpu = f"--device cuda, but torch sees no CUDA device in this Slurm job ({tasks[1].split('_')[0]}"
+    no_gpu = f"--device cuda, but torch sees no CUDA device in Slurm job {tasks[1].split('_')[0]} on "
     assert no_gpu in (Path(slurm_options.folder) / f"{tasks[1]}.err").read_text()
     follower.join(timeout=120)
     assert not follower.is_alive() and list(progress.failed) == [run.key], progress.summary()
-    assert progress.reasons[run.key].startswith("RuntimeError: --device cuda, but torch sees no CUDA device in this "
+    assert progress.reasons[run.key].startswith("RuntimeError: --device cuda, but torch sees no CUDA device in "
                                                 "Slurm job"), progress.summary()
     ended = slurm_queue.still_in_queue([run], slurm_options.folder).ended  # what `plan` says of the run
-    assert ended[run.key][0] == tasks[0] and "no CUDA device in this Slurm job" in Path(ended[run.key][1]).read_text()
+    assert ended[run.key][0] == tasks[0] and "no CUDA device in Slurm job" in Path(ended[run.key][1]).read_text()
 
 
 def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_nothing(tmp_path, capsys):

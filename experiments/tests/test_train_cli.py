@@ -88,8 +88,8 @@ REFUSED = [
     (["train", "smoke", "--executor", "slurm", "--sbatch-option", "gres=gpu", "--sbatch-only"],
      "--sbatch-option gres=gpu with --device cpu: the tasks would hold GPUs and train on the CPU"),
     (["train", "gpu", "--executor", "slurm", "--mem-gb", "8", "--sbatch-only"],
-     "--mem-gb 8 is less than the 15.2 GiB that the imagenet_like stand-in's images alone take in each of its runs' "
-     "tasks (every split, built in memory before training): give more"),
+     "--mem-gb 8 is less than the 15.2 GiB that the imagenet_like stand-in's images alone take in each of its tasks "
+     "(every split, built in memory before training; the process needs more on top): give more"),
     (["train", "smoke", "--executor", "slurm", "--sbatch-option", "gres=mps:25", "--sbatch-only"],
      "--sbatch-option gres=mps:25 with --device cpu: the tasks would hold GPUs and train on the CPU"),
     (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--gpus-per-task", "1", "--sbatch-option",
