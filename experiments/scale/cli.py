@@ -119,14 +119,15 @@ def main(argv: list[str]) -> int:
         return 2
     stack = getattr(args, "stack", 1)  # run-one stacks the runs it is given
     if args.command == "plan":
-        groups = stacks(runs, stack, ResultsStore(store)) if stack > 1 else None
+        held, config_of = ResultsStore(store), {run.key: run.config for run in runs}
+        groups = stacks(runs, stack, held) if stack > 1 else None
         in_queue = slurm_queue.still_in_queue(runs, str(Path(store) / "slurm"))  # train's default --slurm-folder
         ended = {key: f"its Slurm task {job_id} ended without its record: "
                       f"{failure_reason(log) or 'its log says nothing'}; log: {log}"
                  for key, (job_id, log) in (in_queue.ended.items() if in_queue else [])
-                 if not ResultsStore(store).holds_outcome(next(run.config for run in runs if run.key == key))}
-        print(table(runs, ResultsStore(store), groups,
-                    {run.key: job_id for run, job_id, _ in (in_queue.tasks if in_queue else [])}, ended))
+                 if not held.holds_outcome(config_of[key])}  # a finished run's log is not read
+        print(table(runs, held, groups, {run.key: job_id for run, job_id, _ in (in_queue.tasks if in_queue else [])},
+                    ended))
         fewest = calibrations_to_make(profile)
         calibrations = (fewest, calibrations_to_make(profile, searched=None) if fewest else {})
         if fewest:

@@ -180,9 +180,12 @@ class Progress:
         diverged = f", {len(self.diverged)} diverged (their loss became NaN: kept as such)" if self.diverged else ""
         lines = [f"{self.done} of {self.total} runs finished, {len(self.failed)} failed{diverged} "
                  f"in {_duration(time.monotonic() - self.started)}"]
-        shapes = {re.sub(r"\d+", "N", reason): reason for reason in self.reasons.values()}  # job ids, sizes aside
-        counts = Counter(re.sub(r"\d+", "N", reason) for reason in self.reasons.values())
-        lines += [f"  why {count} failed{', as' * (count > 1)}: {shapes[shape] or 'their logs say nothing'}"
+        counts, example = Counter(), {}
+        for reason in self.reasons.values():
+            shape = re.sub(r"\d+", "N", reason)  # job ids, pids and sizes aside
+            counts[shape] += 1
+            example[shape] = reason
+        lines += [f"  why {count} failed{', as' * (count > 1)}: {example[shape] or 'their logs say nothing'}"
                   for shape, count in counts.most_common()]
         lines += [f"  failed: {key} (log: {log})" for key, log in self.failed.items()]
         lines += [f"  diverged: {key} (log: {log})" for key, log in self.diverged.items()]

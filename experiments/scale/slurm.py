@@ -31,7 +31,8 @@ from experiments.scale.plan import PlannedRun
 from experiments.scale.progress import Progress
 from experiments.scale.slurm_queue import (LEDGER, UNANSWERED, InQueue, array_ids, job_name, queued, queued_tasks,
                                           record, still_in_queue)
-from experiments.scale.slurm_request import WARNING_S, SlurmOptions, array_sbatch_options, gres_shares, sharing_note
+from experiments.scale.slurm_request import (WARNING_S, SlurmOptions, array_sbatch_options, gres_of, gres_shares,
+                                            sharing_note)
 
 
 #: The plain scripts' answer to Slurm's warning: requeue the task, which then resumes from its checkpoints.
@@ -126,12 +127,12 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     """Submit ``runs`` as arrays and follow them until every task has ended (see the module's text); with
     ``outside_plan`` (the calibration's runs), each run's config is written beside the scripts for ``run-one``. Runs
     whose task of an earlier submission (:data:`LEDGER`) is still in the queue are followed, not submitted again."""
-    gres = dict(slurm.sbatch_options).get("gres") or ""
+    gres = gres_of(slurm.sbatch_options)
     if any(not run.alone for run in runs) and (note := sharing_note(gres, options.compile_mode)):
         print(note, file=sys.stderr)
     if gres_shares(gres) and (timed := sum(run.alone for run in runs)):
         print(f"note: the {timed} runs trained alone (timed) each hold a whole GPU (gres "
-              f"{dict(array_sbatch_options(slurm, True))['gres']}), not a share of one ({gres})", file=sys.stderr)
+              f"{gres_of(array_sbatch_options(slurm, True))}), not a share of one ({gres})", file=sys.stderr)
     earlier_tasks, in_queue = [], set()
     if not slurm.sbatch_only:
         earlier = _ledger_in_queue(runs, slurm)
@@ -187,7 +188,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
         try:
             submitted = executor.map_array(RunTask(options), tasks)
         except submitit.core.utils.FailedJobError as error:  # sbatch said no: a partition, a gres, a limit
-            why = [line for line in str(error).strip().splitlines() if line and not line.startswith("Try ")]
+            why = _sbatch_said(str(error))
             raise SystemExit(f"error: sbatch refused the {name} array: {why[-1] if why else 'it gave no reason'}") \
                 from None
         except submitit.core.utils.FailedSubmissionError as error:  # an answer without the job id
@@ -205,6 +206,11 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
 _UNCHECKED = re.compile(f"{UNANSWERED.pattern}|configuration (file|source)|authentication|munge", re.IGNORECASE)
 
 
+def _sbatch_said(text: str) -> list[str]:
+    """sbatch's lines of ``text``, its ``Try "sbatch --help"`` hint aside."""
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("Try ")]
+
+
 def test_only(scripts: list[Path], timeout: float = 60.0) -> str:
     """Ask this machine's sbatch whether it would take each script as written (``sbatch --test-only``: its options
     parsed, then its partition, GPUs, node features and account weighed by the controller; time and QOS limits are
@@ -220,7 +226,7 @@ def test_only(scripts: list[Path], timeout: float = 60.0) -> str:
         except subprocess.TimeoutExpired:
             checked[script.name] = f"not checked: sbatch --test-only gave no answer in {timeout:g} s"
             continue
-        why = [line for line in answer.stderr.splitlines() if line.strip() and not line.startswith("Try ")]
+        why = _sbatch_said(answer.stderr)
         if answer.returncode and _UNCHECKED.search(answer.stderr):
             checked[script.name] = f"not checked against the cluster: {why[-1]}"
         elif answer.returncode:

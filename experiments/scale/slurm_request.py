@@ -187,7 +187,7 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"--{name} is empty ({value!r}): give one, or leave the option out"
     if problem := _sbatch_options_refusal(args):
         return problem
-    gres_value = _gres_value(args)
+    gres_value = gres_of(sbatch_options(args))
     gres, shares = gres_gpus(gres_value), gres_shares(gres_value)
     if (gres or shares) and args.gpus_per_task:
         return (f"--gpus-per-task 1 and --sbatch-option gres={gres_value}: each asks for the task's GPU; give one of "
@@ -237,6 +237,6 @@ def _whole_gpu(resource: str) -> str:
     return ":".join(["gpu", *[field for field in fields if not re.fullmatch(r"[0-9]+", field)][:1], "1"])
 
 
-def _gres_value(args: argparse.Namespace) -> str:
-    """The ``gres`` of ``--sbatch-option`` (empty if none)."""
-    return next((value or "" for name, value in sbatch_options(args) if name == "gres"), "")
+def gres_of(options: tuple[tuple[str, str | None], ...]) -> str:
+    """The ``gres`` among sbatch ``options`` (:func:`sbatch_options`), empty if none."""
+    return next((value or "" for name, value in options if name == "gres"), "")
