@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Stop the one-node CI Slurm cluster started by .ci/slurm/up.sh: cancel this user's remaining jobs, then stop slurmd,
-# slurmctld, slurmdbd, the private mariadbd and munged (each through its pid file). Idempotent; never fails, also when
-# nothing runs or Slurm is not installed. Kept: the configs in /etc/slurm, the munge key, the saved controller state
-# (/var/spool/slurmctld: job ids go on counting), the accounting DB (/var/lib/slurm-ci-db) and the logs in
+# Stop the one-node CI Slurm cluster started by .ci/slurm/up.sh, of any SLURM_CI_VERSION: cancel this user's remaining
+# jobs, then stop slurmd, slurmctld, slurmdbd, the private mariadbd and munged (each through its pid file). Idempotent;
+# never fails, also when nothing runs or Slurm is not installed. Kept: the configs, the munge key, the controller state
+# (/var/spool/slurmctld*: job ids go on counting), the accounting DB (/var/lib/slurm-ci-db) and the logs in
 # ${SLURM_CI_LOG_DIR:-/tmp/slurm-ci}.
 set -uo pipefail
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+# the running controller's own clients (up.sh's SLURM_CI_VERSION=24.11 lives in /opt; other versions' clients fail)
+ctld_exe=$($SUDO readlink "/proc/$($SUDO cat /run/slurmctld.pid 2>/dev/null)/exe" 2>/dev/null) || ctld_exe=""
+[ -z "$ctld_exe" ] || PATH=$(dirname "$(dirname "$ctld_exe")")/bin:$PATH
 
 if command -v scontrol >/dev/null && timeout 10 scontrol ping 2>/dev/null | grep -q 'is UP'; then
     timeout 10 scancel --user="${SUDO_USER:-$(id -un)}" 2>/dev/null || true

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Start a real one-node Slurm cluster on localhost (Debian's slurm-wlm 22.05 + munge), for CI tests of a Slurm executor.
-# Idempotent: installs what is missing, (re)writes /etc/slurm/slurm.conf (and slurmdbd.conf), starts the daemons and
-# waits until `sinfo` shows the node usable. A second run while the cluster is up with the same config is a no-op.
-# Stop it with .ci/slurm/down.sh. Run as root or as a user with passwordless sudo.
+# SLURM_CI_VERSION=24.11 starts Slurm 24.11 instead, built from source by build.sh (version.sh says where each lives).
+# Idempotent: installs what is missing, (re)writes slurm.conf (and slurmdbd.conf), starts the daemons and waits until
+# `sinfo` shows the node usable. A second run while the cluster is up with the same config is a no-op.
+# Stop it with .ci/slurm/down.sh (with the same SLURM_CI_VERSION). Run as root or as a user with passwordless sudo.
 #
-# The config sits where Debian's slurm looks (/etc/slurm/slurm.conf): sbatch/squeue/scontrol/sinfo/sacct need no env.
+# 22.05's config sits where Debian's slurm looks (/etc/slurm/slurm.conf): sbatch/squeue/scontrol/sinfo/sacct need no
+# env. 24.11's sits in /opt/slurm-24.11.5/etc, where its own tools look: they need PATH=/opt/slurm-24.11.5/bin:$PATH.
 # Daemons are started directly (no systemd needed, also where systemd runs), as root, each daemonizing itself:
 #   munged (as user munge), [mariadbd + slurmdbd], slurmctld, slurmd.
 # Accounting (default on, SLURM_CI_ACCOUNTING=0 to skip): a private MariaDB (own datadir /var/lib/slurm-ci-db, TCP
@@ -18,12 +20,13 @@
 # Other knobs: SLURM_CI_TIMEOUT (s to wait for the node, 60), SLURM_CI_SELECT (select/cons_tres or select/linear),
 # SLURM_CI_CRED_EXPIRE (s, 5: sets how long a requeued job waits before it may start again).
 set -euo pipefail
+source "$(dirname "$0")/version.sh"
 
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 LOG_DIR=${SLURM_CI_LOG_DIR:-/tmp/slurm-ci}
 ACCT=${SLURM_CI_ACCOUNTING:-1}
 TIMEOUT=${SLURM_CI_TIMEOUT:-60}
-CONF_DIR=/etc/slurm
+CONF_DIR=$SLURM_CONF_DIR
 CONF=$CONF_DIR/slurm.conf
 DBD_CONF=$CONF_DIR/slurmdbd.conf
 DB_DIR=/var/lib/slurm-ci-db
@@ -67,10 +70,12 @@ write_if_changed() {   # write_if_changed FILE MODE CONTENT: returns 0 when the 
 $SUDO mkdir -p "$LOG_DIR"; $SUDO chmod 1777 "$LOG_DIR"
 
 # ---------------------------------------------------------------- install (only what is missing)
-pkgs=(slurm-wlm munge); bins=(/usr/sbin/slurmctld /usr/sbin/slurmd /usr/bin/sbatch /usr/sbin/munged)
+pkgs=(munge); bins=(/usr/sbin/munged)
+[ "$SLURM_PREFIX" != /usr ] || { pkgs+=(slurm-wlm); bins+=(/usr/sbin/slurmctld /usr/sbin/slurmd /usr/bin/sbatch); }
 if [ "$ACCT" = 1 ]; then
-    pkgs+=(slurmdbd mariadb-server-core mariadb-client-core)   # the -core packages: binaries only, no service
-    bins+=(/usr/sbin/slurmdbd /usr/sbin/mariadbd /usr/bin/mariadb-install-db /usr/bin/mariadb)
+    pkgs+=(mariadb-server-core mariadb-client-core)   # the -core packages: binaries only, no service
+    bins+=(/usr/sbin/mariadbd /usr/bin/mariadb-install-db /usr/bin/mariadb)
+    [ "$SLURM_PREFIX" != /usr ] || { pkgs+=(slurmdbd); bins+=(/usr/sbin/slurmdbd); }
 fi
 missing=""; for b in "${bins[@]}"; do [ -x "$b" ] || missing=1; done
 if [ -n "$missing" ]; then
@@ -89,6 +94,7 @@ if [ -n "$missing" ]; then
     if [ "$rc" -ne 0 ]; then tail -n 40 "$LOG_DIR/apt.log"; echo "up.sh: apt-get install failed" >&2; exit 1; fi
     echo "up.sh: installed in $(elapsed)"
 fi
+[ "$SLURM_PREFIX" = /usr ] || $SUDO env SLURM_CI_LOG_DIR="$LOG_DIR" bash "$(dirname "$0")/build.sh"
 
 # ---------------------------------------------------------------- config
 CPUS=$(nproc)
@@ -111,7 +117,8 @@ fi
 
 slurm_conf=$(cat <<CONF
 $MARK -- do not edit by hand, rerun up.sh.
-# One node ($NODE, $CPUS CPUs, ${REAL_MB} MB), one partition (debug), everything as root, no cgroups (containers).
+# Slurm ${SLURM_CI_VERSION:-22.05}. One node ($NODE, $CPUS CPUs, ${REAL_MB} MB), one partition (debug), everything as root,
+# no cgroups (containers).
 ClusterName=ci
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmUser=root
@@ -144,8 +151,8 @@ SchedulerParameters=sched_interval=2,bf_interval=5
 $ACCT_CONF
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
+StateSaveLocation=$SLURM_STATE_DIR
+SlurmdSpoolDir=$SLURMD_SPOOL_DIR
 SlurmctldPidFile=/run/slurmctld.pid
 SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile=$LOG_DIR/slurmctld.log
@@ -170,7 +177,7 @@ StorageHost=127.0.0.1
 StoragePort=$DB_PORT
 StorageUser=slurm
 StoragePass=$DB_PASS
-StorageLoc=slurm_acct_db
+StorageLoc=$SLURM_DB
 CONF
 )
 $SUDO mkdir -p "$CONF_DIR"
@@ -198,9 +205,9 @@ if [ -z "$conf_changed$dbd_changed" ] && munge_ok && scontrol ping 2>/dev/null |
 fi
 
 # ---------------------------------------------------------------- munge
-$SUDO mkdir -p /etc/munge /run/munge /var/lib/munge /var/log/munge /var/spool/slurmctld /var/spool/slurmd
+$SUDO mkdir -p /etc/munge /run/munge /var/lib/munge /var/log/munge "$SLURM_STATE_DIR" "$SLURMD_SPOOL_DIR"
 $SUDO chown munge:munge /run/munge /var/lib/munge /var/log/munge
-$SUDO chmod 755 /run/munge /var/spool/slurmctld /var/spool/slurmd
+$SUDO chmod 755 /run/munge "$SLURM_STATE_DIR" "$SLURMD_SPOOL_DIR"
 if ! $SUDO test -s /etc/munge/munge.key; then
     if [ -x /usr/sbin/mungekey ]; then $SUDO /usr/sbin/mungekey --create --keyfile=/etc/munge/munge.key
     else $SUDO dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none; fi
@@ -213,12 +220,15 @@ if ! munge_ok; then
     wait_for 10 munged munge_ok
 fi
 
-stop_pidfile() {   # stop_pidfile PIDFILE: stop a daemon of an older config
+stop_pidfile() {   # stop_pidfile PIDFILE: stop a daemon of an older config, or of another SLURM_CI_VERSION
     local pid
     pid_alive "$1" || return 0
     pid=$($SUDO cat "$1"); $SUDO kill "$pid"
     for _ in $(seq 50); do $SUDO kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
     $SUDO kill -9 "$pid" 2>/dev/null || true
+}
+other_version() {   # other_version PIDFILE DAEMON: the pid file's daemon runs, from another prefix than this version's
+    pid_alive "$1" && [ "$($SUDO readlink "/proc/$($SUDO cat "$1")/exe")" != "$(readlink -f "$SLURM_PREFIX/sbin/$2")" ]
 }
 
 # ---------------------------------------------------------------- accounting: private MariaDB + slurmdbd
@@ -237,11 +247,11 @@ if [ "$ACCT" = 1 ]; then
             </dev/null >/dev/null 2>&1 &
         wait_for 30 mariadbd db -e 'SELECT 1'
     fi
-    db -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+    db -e "CREATE DATABASE IF NOT EXISTS $SLURM_DB;
            CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
-           GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
-    [ -z "$dbd_changed" ] || stop_pidfile /run/slurmdbd.pid
-    if ! pid_alive /run/slurmdbd.pid; then $SUDO /usr/sbin/slurmdbd; fi
+           GRANT ALL ON $SLURM_DB.* TO 'slurm'@'127.0.0.1';"
+    [ -z "$dbd_changed" ] && ! other_version /run/slurmdbd.pid slurmdbd || stop_pidfile /run/slurmdbd.pid
+    if ! pid_alive /run/slurmdbd.pid; then $SUDO "$SLURM_PREFIX/sbin/slurmdbd"; fi
     # slurmdbd creates its tables on first start (a few seconds), then answers sacctmgr
     wait_for "$TIMEOUT" slurmdbd sacctmgr -n list cluster
     sacctmgr -n -P list cluster format=cluster | grep -qx ci || $SUDO sacctmgr -i add cluster ci >/dev/null
@@ -258,9 +268,11 @@ if [ "$ACCT" = 1 ]; then
 fi
 
 # ---------------------------------------------------------------- slurmctld, slurmd
-if [ -n "$conf_changed" ]; then stop_pidfile /run/slurmd.pid; stop_pidfile /run/slurmctld.pid; fi
-pid_alive /run/slurmctld.pid || $SUDO /usr/sbin/slurmctld   # daemonizes; recovers saved jobs if any
-pid_alive /run/slurmd.pid || $SUDO /usr/sbin/slurmd
+if [ -n "$conf_changed" ] || other_version /run/slurmctld.pid slurmctld || other_version /run/slurmd.pid slurmd; then
+    stop_pidfile /run/slurmd.pid; stop_pidfile /run/slurmctld.pid
+fi
+pid_alive /run/slurmctld.pid || $SUDO "$SLURM_PREFIX/sbin/slurmctld"   # daemonizes; recovers saved jobs if any
+pid_alive /run/slurmd.pid || $SUDO "$SLURM_PREFIX/sbin/slurmd"
 
 # ---------------------------------------------------------------- wait until the node is usable
 deadline=$(( $(date +%s) + TIMEOUT ))
