@@ -1,14 +1,15 @@
 """The ``slurm`` executor: one array task per missing run (or per group of runs stacked into one model, with
-``--stack``), submitted through submitit (the launcher most PyTorch research code uses), followed through ``squeue``
-and the results store (no accounting database needed).
+``--stack``), submitted through submitit (the launcher most PyTorch research code uses) or, where it is missing or
+with ``--submit-with sbatch``, as the plain scripts below through ``sbatch``; followed through ``squeue`` and the
+results store (no accounting database needed).
 
 A task that is preempted or runs out of time is requeued and resumes from its run's last checkpoint in the store:
-preempted, by ``--requeue``; out of time, at most :attr:`SlurmOptions.max_requeues` times, by submitit's checkpoint hook
-or, in the plain scripts, by a trap on the warning signal Slurm sends :data:`WARNING_S` seconds before the limit
-(Slurm itself never requeues a task that reached its time limit). Runs whose timings are the result (:attr:`PlannedRun.alone`) go in a
-second array whose tasks each hold a whole node (``--exclusive``). The same arrays are always written as plain
-``sbatch --array`` scripts calling ``python -m experiments run-one KEY [KEY ...]``, for sites without submitit or with another
-scheduler (``--sbatch-only`` writes them and submits nothing).
+preempted, by ``--requeue``; out of time, at most :attr:`SlurmOptions.max_requeues` times, by submitit's checkpoint
+hook or, in the plain scripts, by a trap on the warning signal Slurm sends :data:`WARNING_S` seconds before the limit
+(Slurm itself never requeues a task that reached its time limit). Runs whose timings are the result
+(:attr:`PlannedRun.alone`) go in a second array whose tasks each hold a whole node (``--exclusive``). The same arrays
+are always written as plain ``sbatch --array`` scripts calling ``python -m experiments run-one KEY [KEY ...]``, for
+sites with another scheduler, or to submit by hand (``--sbatch-only`` writes them and submits nothing).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from experiments.scale.executors import TrainOptions, device_refusal, groups, tr
 from experiments.scale.plan import PlannedRun
 from experiments.scale.progress import Progress
 from experiments.scale.slurm_queue import (LEDGER, UNANSWERED, InQueue, array_ids, job_name, queued, queued_tasks,
-                                          record, still_in_queue)
+                                          record, still_in_queue, task_log)
 from experiments.scale.slurm_request import (WARNING_S, SlurmOptions, array_sbatch_options, gres_of, gres_shares,
-                                            sharing_note)
+                                            has_submitit, sharing_note)
 
 
 #: The plain scripts' answer to Slurm's warning: requeue the task, which then resumes from its checkpoints.
@@ -164,42 +165,77 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
               f"ledger here lists (from another --slurm-folder, or another script); a run they have not started is "
               f"submitted again, and its second task waits for the first ({_scancel_hint(profile)} stop the earlier "
               "ones)", file=sys.stderr)
-    try:
-        import submitit
-    except ImportError:
-        raise SystemExit("the slurm executor submits through submitit: `pip install submitit`, or submit the scripts "
-                         f"written with sbatch yourself: {', '.join(map(str, scripts))}") from None
+    by_sbatch = slurm.submit_with == "sbatch" or (slurm.submit_with is None and not has_submitit())
+    if by_sbatch and slurm.submit_with is None:
+        print("note: submitit is not installed here: the plain scripts are submitted with sbatch", file=sys.stderr)
     tasks_submitted = []
-    for name, tasks in arrays:
-        executor = submitit.AutoExecutor(folder=Path(slurm.folder) / "submitit", cluster="slurm",
-                                         slurm_max_num_timeout=slurm.max_requeues)  # submitit's default: 3
-        # one task a job, said outright: Slurm refuses --gpus-per-task without a task count (22.05 as 23.11)
-        executor.update_parameters(name=job_name(profile, name), timeout_min=slurm.time_min, tasks_per_node=1,
-                                   cpus_per_task=slurm.cpus_per_task, slurm_array_parallelism=
-                                   1 if name == "alone" else slurm.array_parallelism,
-                                   slurm_additional_parameters={"requeue": True, **({"exclusive": True}
-                                                                                    if name == "alone" else {}),
-                                                                **{option: True if value is None else value
-                                                                   for option, value in
-                                                                   array_sbatch_options(slurm, name == "alone")}},
-                                   **({"slurm_partition": slurm.partition} if slurm.partition else {}),
-                                   **({"slurm_gpus_per_task": slurm.gpus_per_task} if slurm.gpus_per_task else {}),
-                                   **({"mem_gb": slurm.mem_gb} if slurm.mem_gb else {}))
-        try:
-            submitted = executor.map_array(RunTask(options), tasks)
-        except submitit.core.utils.FailedJobError as error:  # sbatch said no: a partition, a gres, a limit
-            why = _sbatch_said(str(error))
-            raise SystemExit(f"error: sbatch refused the {name} array: {why[-1] if why else 'it gave no reason'}") \
-                from None
-        except submitit.core.utils.FailedSubmissionError as error:  # an answer without the job id
-            raise SystemExit(f"error: sbatch's answer for the {name} array names no job ({error}); it may be queued "
-                             f"all the same: `squeue --me --name {job_name(profile, name)}` tells") from None
-        array_tasks = [(group, job.job_id, str(job.paths.stderr)) for group, job in zip(tasks, submitted)]
+    for (name, tasks), script in zip(arrays, scripts):
+        job_ids = (_submitted_by_sbatch(script, len(tasks), name, profile) if by_sbatch else
+                   _submitted_by_submitit(tasks, name, options, slurm, profile))
+        array_tasks = [(group, job_id, log) for group, (job_id, log) in zip(tasks, job_ids)]
         record([(job_id, [run.key for run in group], log) for group, job_id, log in array_tasks], slurm.folder)
         tasks_submitted += [(run, job_id, log) for group, job_id, log in array_tasks for run in group]
     print(f"submitted {len({job_id for _, job_id, _ in tasks_submitted})} array tasks (job "
-          f"{', '.join(array_ids(job_id for _, job_id, _ in tasks_submitted))})", file=sys.stderr)
+          f"{', '.join(array_ids(job_id for _, job_id, _ in tasks_submitted))})"
+          + (" with sbatch" if by_sbatch else ""), file=sys.stderr)
     follow(earlier_tasks + tasks_submitted, options, progress, slurm.poll)
+
+
+def _submitted_by_submitit(tasks: list[list[PlannedRun]], name: str, options: TrainOptions, slurm: SlurmOptions,
+                           profile: str) -> list[tuple[str, str]]:
+    """Submit the array ``name`` through submitit, one task a group of ``tasks`` (:class:`RunTask`): each task's job id
+    and log."""
+    import submitit  # optional: train submits through sbatch where it is missing
+
+    executor = submitit.AutoExecutor(folder=Path(slurm.folder) / "submitit", cluster="slurm",
+                                     slurm_max_num_timeout=slurm.max_requeues)  # submitit's default: 3
+    # one task a job, said outright: Slurm refuses --gpus-per-task without a task count (22.05 as 24.11)
+    executor.update_parameters(name=job_name(profile, name), timeout_min=slurm.time_min, tasks_per_node=1,
+                               cpus_per_task=slurm.cpus_per_task, slurm_array_parallelism=
+                               1 if name == "alone" else slurm.array_parallelism,
+                               slurm_additional_parameters={"requeue": True, **({"exclusive": True}
+                                                                                if name == "alone" else {}),
+                                                            **{option: True if value is None else value
+                                                               for option, value in
+                                                               array_sbatch_options(slurm, name == "alone")}},
+                               **({"slurm_partition": slurm.partition} if slurm.partition else {}),
+                               **({"slurm_gpus_per_task": slurm.gpus_per_task} if slurm.gpus_per_task else {}),
+                               **({"mem_gb": slurm.mem_gb} if slurm.mem_gb else {}))
+    try:
+        submitted = executor.map_array(RunTask(options), tasks)
+    except submitit.core.utils.FailedJobError as error:  # sbatch said no: a partition, a gres, a limit
+        raise SystemExit(_refused(name, str(error))) from None
+    except submitit.core.utils.FailedSubmissionError as error:  # an answer without the job id
+        raise SystemExit(_no_job_named(name, profile, str(error))) from None
+    return [(job.job_id, str(job.paths.stderr)) for job in submitted]
+
+
+def _submitted_by_sbatch(script: Path, tasks: int, name: str, profile: str) -> list[tuple[str, str]]:
+    """Submit the plain script of the array ``name`` (of ``tasks`` tasks) with ``sbatch``: each task's job id
+    (``<array>_<index>``) and log."""
+    try:
+        answer = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        raise SystemExit("error: the slurm executor found no sbatch here: run it where Slurm's commands are (a login "
+                         "node), or give --sbatch-only to write the scripts") from None
+    except subprocess.TimeoutExpired:
+        raise SystemExit(_no_job_named(name, profile, "sbatch gave no answer in 120 s")) from None
+    if answer.returncode != 0:
+        raise SystemExit(_refused(name, answer.stderr))
+    array = answer.stdout.strip().split(";")[0]  # --parsable: the job id[;cluster]
+    if not array.isdigit():
+        raise SystemExit(_no_job_named(name, profile, answer.stdout.strip() or answer.stderr.strip()))
+    return [(f"{array}_{index}", str(task_log(script.parent, f"{array}_{index}"))) for index in range(tasks)]
+
+
+def _refused(name: str, said: str) -> str:
+    why = _sbatch_said(said)
+    return f"error: sbatch refused the {name} array: {why[-1] if why else 'it gave no reason'}"
+
+
+def _no_job_named(name: str, profile: str, said: str) -> str:
+    return (f"error: sbatch's answer for the {name} array names no job ({said}); it may be queued all the same: "
+            f"`squeue --me --name {job_name(profile, name)}` tells")
 
 
 #: What sbatch says when it cannot ask the controller (no answer, no configuration, no munge), as against a refusal.

@@ -66,7 +66,7 @@ def sbatch_submissions(folder: str, known_arrays: set[str]) -> list[tuple[str, l
     for array in sorted(set(tasks_of) - known_arrays):
         if (keys := _array_keys(tasks_of[array][0][0], folder_path)) is None:
             return None
-        found += [(task[0], keys[int(task["index"])], str(_task_log(folder_path, task[0])))
+        found += [(task[0], keys[int(task["index"])], str(task_log(folder_path, task[0])))
                   for task in tasks_of[array] if int(task["index"]) < len(keys)]
     return found
 
@@ -88,7 +88,7 @@ def _array_keys(task: str, folder: Path) -> list[list[str]] | None:
         return []
 
 
-def _task_log(folder: Path, job_id: str) -> Path:
+def task_log(folder: Path, job_id: str) -> Path:
     """The stderr log of the plain scripts' task ``job_id`` (``<array>_<index>``: their ``--error`` pattern)."""
     return folder / f"{job_id}.err"
 

@@ -5,6 +5,7 @@ of what cannot go together, each with the option to use instead."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from experiments.scale.gpu_sharing import MEASURED_IN, replays_cuda_graphs
 
 
 WARNING_S = 120  #: seconds before its time limit that Slurm warns a plain script's task (``--signal=B:USR1@...``)
+SUBMITTERS = ("submitit", "sbatch")  #: what submits the arrays: submitit's executor, or sbatch with the plain scripts
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,9 @@ class SlurmOptions:
     array_parallelism: int = 64  #: tasks of one array running at once
     poll: float = 10.0  #: seconds between two looks at the queue
     sbatch_only: bool = False
+    #: ``submitit`` or ``sbatch`` (the plain scripts, submitted as they are written); None: submitit where it is
+    #: installed, else sbatch
+    submit_with: str | None = None
     #: other sbatch options for every task, each (name, value) or (name, None) for a flag: ``--account``, ``--qos``...
     sbatch_options: tuple[tuple[str, str | None], ...] = ()
 
@@ -37,7 +42,8 @@ class SlurmOptions:
     def from_args(cls, args: argparse.Namespace) -> "SlurmOptions":
         folder = args.slurm_folder or str(Path(args.store or PROJECT_ROOT / "results" / args.profile) / "slurm")
         return cls(folder, args.partition, args.gpus_per_task, args.cpus_per_task, args.mem_gb, args.time_min,
-                   args.max_requeues, args.array_parallelism, args.poll, args.sbatch_only, sbatch_options(args))
+                   args.max_requeues, args.array_parallelism, args.poll, args.sbatch_only, args.submit_with,
+                   sbatch_options(args))
 
 
 #: The sbatch options that ``--sbatch-option`` cannot give, nor any abbreviation of them (which sbatch would take for
@@ -90,6 +96,9 @@ def add_options(parser: argparse.ArgumentParser, *, folder: str = "STORE/slurm",
                             "--sbatch-option mail-type=FAIL")
     group.add_argument("--slurm-folder", help=f"scripts and task logs (default: {folder})")
     group.add_argument("--sbatch-only", action="store_true", help=sbatch_only)
+    group.add_argument("--submit-with", choices=SUBMITTERS,
+                       help="how the arrays are submitted: through submitit, or the plain sbatch scripts with sbatch "
+                            "(the same tasks, followed alike; default: submitit where it is installed, else sbatch)")
 
 
 def refusal_elsewhere(args: argparse.Namespace) -> str | None:
@@ -187,6 +196,9 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"--{name} is empty ({value!r}): give one, or leave the option out"
     if problem := _sbatch_options_refusal(args):
         return problem
+    if args.submit_with == "submitit" and not has_submitit():
+        return ("--submit-with submitit, but submitit is not installed here: `pip install submitit`, or leave the "
+                "option out to submit the plain scripts with sbatch")
     gres_value = gres_of(sbatch_options(args))
     gres, shares = gres_gpus(gres_value), gres_shares(gres_value)
     if (gres or shares) and args.gpus_per_task:
@@ -205,6 +217,11 @@ def refusal(args: argparse.Namespace) -> str | None:
                    "train on CUDA without a GPU; add --gpus-per-task 1 (or --sbatch-option gres=gpu:1, or a share of "
                    "one: gres=mps:N)"))
     return None
+
+
+def has_submitit() -> bool:
+    """Whether submitit can be imported here (an optional dependency: without it the arrays go through sbatch)."""
+    return importlib.util.find_spec("submitit") is not None
 
 
 def memory_refusal(mem_gb: float | None, memory: dict[str, float]) -> str | None:

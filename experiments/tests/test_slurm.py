@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -74,10 +75,33 @@ def test_the_smoke_profiles_missing_runs_as_an_array_give_the_inline_records(tmp
         assert computed(ResultsStore(options.store).finished(run.key)) == computed(inline.finished(run.key))
 
 
-def test_an_array_sbatch_refuses_stops_with_its_reason_in_one_line(tmp_path):
+def test_without_submitit_the_plain_scripts_go_through_sbatch_to_the_inline_records(tmp_path, monkeypatch, capsys):
+    """Where submitit is not installed, ``train`` submits the plain scripts with sbatch, says so, and follows their
+    tasks to the inline records; its ledger names each task and its log, as for submitit's."""
+    monkeypatch.setitem(sys.modules, "submitit", None)  # what `import submitit` raises ImportError on
+    runs = plan(get_profile("smoke"))[2:4]
+    inline = _inline(runs, tmp_path / "inline")
+    options, slurm_options = _options(tmp_path, "sbatch")
+    progress = Progress(runs)
+    slurm.train(runs, options, progress, slurm_options, profile="smoke")
+    assert progress.done == 2 and not progress.failed, progress.summary()
+    for run in runs:
+        assert computed(ResultsStore(options.store).finished(run.key)) == computed(inline.finished(run.key))
+    err = capsys.readouterr().err
+    assert "note: submitit is not installed here: the plain scripts are submitted with sbatch" in err
+    assert re.search(r"submitted 2 array tasks \(job \d+\) with sbatch", err), err
+    ledger = [json.loads(line) for line in (Path(slurm_options.folder) / slurm_queue.LEDGER).read_text().splitlines()]
+    assert sorted(key for entry in ledger for key in entry["keys"]) == sorted(run.key for run in runs)
+    for entry in ledger:
+        assert re.fullmatch(r"\d+_[01]", entry["job_id"]) and Path(entry["log"]).name == f"{entry['job_id']}.err"
+    assert not (Path(slurm_options.folder) / "submitit").exists()
+
+
+@pytest.mark.parametrize("submit_with", slurm_request.SUBMITTERS)
+def test_an_array_sbatch_refuses_stops_with_its_reason_in_one_line(tmp_path, submit_with):
     runs = plan(get_profile("smoke"))[:1]
     options, slurm_options = _options(tmp_path, "refused")
-    slurm_options = dataclasses.replace(slurm_options, partition="nosuch")
+    slurm_options = dataclasses.replace(slurm_options, partition="nosuch", submit_with=submit_with)
     with pytest.raises(SystemExit, match=r"^error: sbatch refused the runs array: .*Invalid partition name"):
         slurm.train(runs, options, Progress(runs), slurm_options, profile="smoke")
 
@@ -452,17 +476,19 @@ def test_a_plain_script_task_warned_of_its_time_limit_requeues_itself_and_resume
     assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
 
 
-def test_a_calibration_steps_runs_train_as_an_array_and_the_search_reads_them_back(tmp_path):
+@pytest.mark.parametrize("submit_with", slurm_request.SUBMITTERS)
+def test_a_calibration_steps_runs_train_as_an_array_and_the_search_reads_them_back(tmp_path, submit_with):
     """``make calibrate EXECUTOR=slurm``: the runs a step announces, outside any notebook's plan, go out as one array
-    (through submitit) and come back as records in the store, or as a divergence (a learning rate far too large),
-    which does not stop the search; the plain sbatch script written beside gives the same through ``run-one
-    --configs``."""
+    (through submitit, or the plain script through sbatch) and come back as records in the store, or as a divergence
+    (a learning rate far too large), which does not stop the search; the plain sbatch script written beside gives the
+    same through ``run-one --configs``."""
     from experiments.scale import calibrate
 
     ce = {**TINY, "loss": "cross_entropy", "loss_options": {}, "epochs": 1, "milestones": ()}
     configs = [RunConfig(**{**ce, "seed": seed}) for seed in (11, 12)]
     diverging = RunConfig(**{**ce, "seed": 13, "lr": 1e30})
     options, slurm_options = _options(tmp_path, "calibration")
+    slurm_options = dataclasses.replace(slurm_options, submit_with=submit_with)
     store = ResultsStore(options.store)
     ahead = calibrate.executor_ahead(store, lambda runs, progress: slurm.train(runs, options, progress, slurm_options,
                                                                                  profile="smoke", outside_plan=True))
@@ -471,12 +497,12 @@ def test_a_calibration_steps_runs_train_as_an_array_and_the_search_reads_them_ba
     assert store.divergence(diverging.training_key()) == "the training loss became NaN in epoch 1"
     written = sorted(path.stem for path in (tmp_path / "calibration" / "slurm" / "configs").glob("*.json"))
     assert written == sorted(config.key() for config in (*configs, diverging))  # what the plain sbatch script reads
-    through_submitit = {config.key(): computed(store.finished(config.key())) for config in configs}
+    through_the_array = {config.key(): computed(store.finished(config.key())) for config in configs}
     for folder in ("runs", "diverged"):  # the store emptied of outcomes: the plain script trains them again
-        (store.root / folder).rename(tmp_path / f"submitit_{folder}")
+        (store.root / folder).rename(tmp_path / f"first_{folder}")
     script = tmp_path / "calibration" / "slurm" / "calibration.sbatch"  # the calibration's array has its own name
     submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     _wait_for(submitted.stdout.strip().split(";")[0])
-    assert {key: computed(store.finished(key)) for key in through_submitit} == through_submitit
+    assert {key: computed(store.finished(key)) for key in through_the_array} == through_the_array
     assert store.divergence(diverging.training_key()) == "the training loss became NaN in epoch 1"

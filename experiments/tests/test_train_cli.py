@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -406,6 +407,24 @@ def test_every_executor_command_the_docs_show_is_one_the_command_line_takes():
             pytest.fail(f"the docs show a command the command line refuses: {line}")
         if getattr(args, "executor", None) == "slurm":
             assert slurm_request.refusal(args) is None, f"{line}: {slurm_request.refusal(args)}"
+
+
+def test_without_submitit_the_arrays_go_to_sbatch_and_submitit_asked_for_is_refused(tmp_path, capsys, monkeypatch):
+    """Where submitit cannot be imported, ``train --executor slurm`` says that it submits the plain scripts with sbatch
+    (here it then finds no sbatch: one line, no traceback); ``--submit-with submitit`` is refused before anything is
+    written. The submission itself is tested on a real cluster (test_slurm.py)."""
+    monkeypatch.setitem(sys.modules, "submitit", None)  # what `import submitit` raises ImportError on
+    arguments = ["train", "smoke", "--executor", "slurm", "--store", str(tmp_path / "store")]
+    with pytest.raises(SystemExit, match="^error: the slurm executor found no sbatch here: run it where Slurm's "
+                                         "commands are"):
+        main(arguments)
+    assert "note: submitit is not installed here: the plain scripts are submitted with sbatch" in capsys.readouterr().err
+    assert (tmp_path / "store" / "slurm" / "runs.sbatch").exists()
+    assert main([*arguments, "--submit-with", "submitit", "--slurm-folder", str(tmp_path / "other")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --submit-with submitit, but submitit is not installed here: `pip install submitit`, or leave the "
+        "option out to submit the plain scripts with sbatch"]
+    assert not (tmp_path / "other").exists()
 
 
 def test_a_slurm_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, capsys):
