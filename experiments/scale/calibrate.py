@@ -31,7 +31,7 @@ try:  # torch's import takes seconds: Ctrl-C then ends the command as it would l
     from experiments.analysis.workload import stand_in_size
     from experiments.engine.train import COMPILE_MODES
     from experiments.scale import executors, slurm, slurm_request
-    from experiments.scale.plan import PlannedRun
+    from experiments.scale.plan import PlannedRun, images_gib
     from experiments.scale.progress import Progress
     from experiments.tuning import fixed_point, profile_steps
 except KeyboardInterrupt:
@@ -176,9 +176,9 @@ def _memory_refusal(args: argparse.Namespace, profile) -> str | None:
     memory_refusal`), which ``train``'s own check, after the calibration, would come too late for."""
     if args.executor != "slurm" or not args.mem_gb:
         return None
-    sizes = {getattr(profile, setup).dataset: stand_in_size(getattr(profile, setup)).image_bytes / 2 ** 30
-             for setup in fixed_point.unsettled(profile)}
-    return slurm_request.memory_refusal(args.mem_gb, sizes)
+    setups = [getattr(profile, setup) for setup in fixed_point.unsettled(profile)]
+    return slurm_request.memory_refusal(args.mem_gb, images_gib((setup.dataset, stand_in_size(setup).image_bytes)
+                                                                for setup in setups))
 
 
 def _uses_workers(args: argparse.Namespace, device: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterable
 
 import data_prep
 from experiments.analysis.workload import run_images, stand_in_size
@@ -178,7 +179,12 @@ def stacks(runs: list[PlannedRun], size: int, store: ResultsStore | None) -> lis
 def stand_in_memory(runs: list[PlannedRun]) -> dict[str, float]:
     """The GiB that each stand-in's images of ``runs`` take in the memory of a process training one of them
     (:attr:`PlannedRun.image_bytes`), largest first."""
-    sizes = {run.config.dataset: run.image_bytes / 2 ** 30 for run in runs if run.image_bytes is not None}
+    return images_gib((run.config.dataset, run.image_bytes) for run in runs if run.image_bytes is not None)
+
+
+def images_gib(image_bytes: Iterable[tuple[str, int]]) -> dict[str, float]:
+    """(dataset, bytes of its images) pairs as GiB by dataset, largest first."""
+    sizes = {dataset: size / 2 ** 30 for dataset, size in image_bytes}
     return dict(sorted(sizes.items(), key=lambda item: -item[1]))
 
 
