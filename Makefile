@@ -11,7 +11,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 endif
 MODULES := torch torchvision numpy numba scipy pandas matplotlib seaborn jupyterlab papermill nbconvert nbformat ipykernel \
-	pytest xdist hypothesis pytopk tqdm PIL latex2mathml submitit
+	pytest xdist hypothesis pytopk tqdm PIL latex2mathml
+# Without submitit (in requirements.txt), EXECUTOR=slurm submits the plain sbatch scripts with sbatch: PY= only notes it.
+OPTIONAL_MODULES := submitit
 # Statistical and property tests are seeded; `make test PYTEST_ARGS="-m 'not slow'"` skips the long ones.
 PYTEST_ARGS ?=
 # A checkout of github oval-group/smooth-topk outside this project, for `make bench` (optional).
@@ -65,6 +67,9 @@ ifeq ($(origin PY),command line)
 $(STAMP):
 	@$(PY) -c "import importlib.util as u, sys; missing = [m for m in sys.argv[1:] if u.find_spec(m) is None]; \
 	sys.exit(f'$(PY) lacks {missing}: install them (pip install -r requirements.txt) or leave out PY=' if missing else 0)" $(MODULES)
+	@$(PY) -c "import importlib.util as u, sys; missing = [m for m in sys.argv[1:] if u.find_spec(m) is None]; \
+	missing and print(f'note: $(PY) lacks {missing}: EXECUTOR=slurm submits the plain scripts with sbatch')" \
+	$(OPTIONAL_MODULES)
 .PHONY: check-python
 else
 $(STAMP): requirements.txt pyproject.toml

@@ -117,8 +117,8 @@ fi
 
 slurm_conf=$(cat <<CONF
 $MARK -- do not edit by hand, rerun up.sh.
-# Slurm ${SLURM_CI_VERSION:-22.05}. One node ($NODE, $CPUS CPUs, ${REAL_MB} MB), one partition (debug), everything as root,
-# no cgroups (containers).
+# Slurm ${SLURM_CI_VERSION:-22.05}. One node ($NODE, $CPUS CPUs, ${REAL_MB} MB), partitions debug and urgent (below),
+# everything as root, no cgroups (containers).
 ClusterName=ci
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmUser=root
@@ -137,7 +137,12 @@ SelectTypeParameters=$SELECT_PARAMS
 # (--gpus-per-task, --gres=gpu, --gres=mps:N, --gres=shard:N); nothing computes on them, and no MPS daemon runs.
 GresTypes=gpu,mps,shard
 DefMemPerCPU=$DEF_MEM
-JobRequeue=1
+# A batch job is requeued (by scontrol, a node failure or a preemption) only where it asked with --requeue, as at
+# many sites (Slurm's default, 1, requeues any): a task that forgot to ask would be cancelled here as there.
+JobRequeue=0
+# A job of the urgent partition (PriorityTier 2) takes the resources of debug's jobs (1), which are requeued.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 ReturnToService=2
 MailProg=/bin/true
 # scancel/requeue/timeout send SIGTERM, then SIGKILL after KillWait (default 30 s). submitit's workers ignore SIGTERM,
@@ -160,7 +165,8 @@ SlurmdLogFile=$LOG_DIR/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$REAL_MB Gres=gpu:2,mps:200,shard:8 Features=standin-gpu State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=$NODE MaxTime=INFINITE State=UP PriorityTier=2
 CONF
 )
 dbd_conf=$(cat <<CONF

@@ -20,7 +20,9 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -122,9 +124,7 @@ def main(argv: list[str]) -> int:
         held, config_of = ResultsStore(store), {run.key: run.config for run in runs}
         groups = stacks(runs, stack, held) if stack > 1 else None
         in_queue = slurm_queue.still_in_queue(runs, str(Path(store) / "slurm"))  # train's default --slurm-folder
-        ended = {key: f"its Slurm task {job_id} ended without its record: "
-                      f"{failure_reason(log) or 'its log says nothing'}; log: {log}"
-                 for key, (job_id, log) in (in_queue.ended.items() if in_queue else [])
+        ended = {key: _ended_text(job_id, log) for key, (job_id, log) in (in_queue.ended.items() if in_queue else [])
                  if not held.holds_outcome(config_of[key])}  # a finished run's log is not read
         print(table(runs, held, groups, {run.key: job_id for run, job_id, _ in (in_queue.tasks if in_queue else [])},
                     ended))
@@ -364,6 +364,14 @@ def _run_one(runs: list[PlannedRun], keys: list[str], options: executors.TrainOp
     return min(unfinished, 100)
 
 
+def _ended_text(job_id: str, log: str) -> str:
+    """What ``plan`` says of a run whose Slurm task left the queue without its outcome: why, as its log says; Slurm
+    opens a task's log when the task starts, so a task without one never started (cancelled or refused in the queue)."""
+    if not Path(log).exists():
+        return f"its Slurm task {job_id} left the queue without starting (no log: cancelled or refused while queued)"
+    return f"its Slurm task {job_id} ended without its record: {failure_reason(log) or 'its log says nothing'}; log: {log}"
+
+
 def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.TrainOptions) -> int:
     store = ResultsStore(options.store)
     todo = [run for run in runs if not store.holds_outcome(run.config)]
@@ -393,9 +401,11 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
             slurm.train(part, options, progress, slurm_request.SlurmOptions.from_args(args), profile=args.profile)
 
     with progress.watching():
+        # the runs other processes train are followed beside this call's own, so each is reported as it ends
+        left_by_holders = awaiting_holders(elsewhere if not scripts_only else [], store, progress)
         if todo:
             train(todo)
-        if elsewhere and not scripts_only and (orphans := await_holders(elsewhere, store, progress)):
+        if orphans := left_by_holders():
             print(f"{len(orphans)} of the runs other processes trained were left without an outcome (their holders "
                   "stopped): training them here", file=sys.stderr)
             train(orphans)
@@ -427,6 +437,32 @@ def await_holders(runs: list[PlannedRun], store: ResultsStore, progress: Progres
             waiting.remove(run)
         if waiting:
             time.sleep(HOLDERS_POLL_S)
+    return orphans
+
+
+def awaiting_holders(runs: list[PlannedRun], store: ResultsStore,
+                     progress: Progress) -> Callable[[], list[PlannedRun]]:
+    """:func:`await_holders` in a thread of its own (a daemon: Ctrl-C in the training is not held up by it), started
+    at once; returns what waits for it to end and gives the runs whose holders left them, or raises what it raised."""
+    ended: list = []
+
+    def follow() -> None:
+        try:
+            ended.append(await_holders(runs, store, progress))
+        except BaseException as error:  # raised again in the caller's thread
+            ended.append(error)
+
+    thread = threading.Thread(target=follow, name="holders", daemon=True)
+    if runs:
+        thread.start()
+
+    def orphans() -> list[PlannedRun]:
+        if not runs:
+            return []
+        thread.join()
+        if isinstance(ended[0], BaseException):
+            raise ended[0]
+        return ended[0]
     return orphans
 
 

@@ -414,6 +414,18 @@ def test_plan_says_what_each_stand_ins_images_take_in_a_training_process_memory(
     assert listing[1].endswith(f"  ({said})") and said not in listing[2]
 
 
+def test_plan_says_why_a_run_s_slurm_task_ended_or_that_it_never_started(tmp_path):
+    """A task's log, which Slurm opens as the task starts, says why it ended; a task without one never started (a
+    tryout's task cancelled while queued was said to have a log that says nothing, naming a file that did not exist)."""
+    from experiments.scale import cli
+
+    log = tmp_path / "12_1.err"
+    assert cli._ended_text("12_1", str(log)) == ("its Slurm task 12_1 left the queue without starting (no log: "
+                                                 "cancelled or refused while queued)")
+    log.write_text("Traceback (most recent call last):\nRuntimeError: no GPU\n")
+    assert cli._ended_text("12_1", str(log)) == f"its Slurm task 12_1 ended without its record: RuntimeError: no GPU; log: {log}"
+
+
 def test_a_failed_run_is_reported_with_the_line_of_its_log_that_says_why(tmp_path):
     """The reason is the log's last exception or ``error:`` line (a Slurm task's log ends with srun's own line), else
     its last line; the summary counts the runs failed for each reason before naming each run with its log."""

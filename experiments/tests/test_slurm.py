@@ -64,7 +64,13 @@ def _wait_for(job: str, timeout: float = 600) -> None:
         time.sleep(0.2)
 
 
-def test_the_smoke_profiles_missing_runs_as_an_array_give_the_inline_records(tmp_path):
+@pytest.mark.parametrize("submitit_installed", [True, False])
+def test_the_smoke_profiles_missing_runs_as_an_array_give_the_inline_records(tmp_path, monkeypatch, capsys,
+                                                                              submitit_installed):
+    """Through submitit; where it is not installed, through the plain scripts, which ``train`` then submits with
+    sbatch (a note says so), its ledger naming each task and its log as it names submitit's."""
+    if not submitit_installed:
+        monkeypatch.setitem(sys.modules, "submitit", None)  # what `import submitit` raises ImportError on
     runs = plan(get_profile("smoke"))[:2]  # a part of the profile, to keep the test short on 2 cores
     inline = _inline(runs, tmp_path / "inline")
     options, slurm_options = _options(tmp_path, "slurm")
@@ -73,28 +79,15 @@ def test_the_smoke_profiles_missing_runs_as_an_array_give_the_inline_records(tmp
     assert progress.done == 2 and not progress.failed, progress.summary()
     for run in runs:
         assert computed(ResultsStore(options.store).finished(run.key)) == computed(inline.finished(run.key))
-
-
-def test_without_submitit_the_plain_scripts_go_through_sbatch_to_the_inline_records(tmp_path, monkeypatch, capsys):
-    """Where submitit is not installed, ``train`` submits the plain scripts with sbatch, says so, and follows their
-    tasks to the inline records; its ledger names each task and its log, as for submitit's."""
-    monkeypatch.setitem(sys.modules, "submitit", None)  # what `import submitit` raises ImportError on
-    runs = plan(get_profile("smoke"))[2:4]
-    inline = _inline(runs, tmp_path / "inline")
-    options, slurm_options = _options(tmp_path, "sbatch")
-    progress = Progress(runs)
-    slurm.train(runs, options, progress, slurm_options, profile="smoke")
-    assert progress.done == 2 and not progress.failed, progress.summary()
-    for run in runs:
-        assert computed(ResultsStore(options.store).finished(run.key)) == computed(inline.finished(run.key))
-    err = capsys.readouterr().err
-    assert "note: submitit is not installed here: the plain scripts are submitted with sbatch" in err
-    assert re.search(r"submitted 2 array tasks \(job \d+\) with sbatch", err), err
     ledger = [json.loads(line) for line in (Path(slurm_options.folder) / slurm_queue.LEDGER).read_text().splitlines()]
     assert sorted(key for entry in ledger for key in entry["keys"]) == sorted(run.key for run in runs)
-    for entry in ledger:
-        assert re.fullmatch(r"\d+_[01]", entry["job_id"]) and Path(entry["log"]).name == f"{entry['job_id']}.err"
-    assert not (Path(slurm_options.folder) / "submitit").exists()
+    if not submitit_installed:
+        err = capsys.readouterr().err
+        assert "note: submitit is not installed here: the plain scripts are submitted with sbatch" in err
+        assert re.search(r"submitted 2 array tasks \(job \d+\) with sbatch", err), err
+        for entry in ledger:
+            assert re.fullmatch(r"\d+_[01]", entry["job_id"]) and Path(entry["log"]).name == f"{entry['job_id']}.err"
+        assert not (Path(slurm_options.folder) / "submitit").exists()
 
 
 @pytest.mark.parametrize("submit_with", slurm_request.SUBMITTERS)
@@ -124,12 +117,13 @@ def _offered_gres() -> set[str]:
     return {resource.split(":")[0] for resource in re.split(r"[,\s]+", listing) if resource}
 
 
-def _submitted_in_the_background(runs: list[PlannedRun], options, slurm_options, profile: str):
+def _submitted_in_the_background(runs: list[PlannedRun], options, slurm_options, profile: str,
+                                 outside_plan: bool = False):
     """``slurm.train`` in a thread, returned once its arrays are in the ledger: the thread, its progress, the ledger."""
     ledger = Path(slurm_options.folder) / slurm_queue.LEDGER
     progress = Progress(runs)
     follower = threading.Thread(target=slurm.train, args=(runs, options, progress, slurm_options),
-                                kwargs={"profile": profile})
+                                kwargs={"profile": profile, "outside_plan": outside_plan})
     follower.start()
     deadline = time.time() + 120
     while not ledger.exists() and follower.is_alive() and time.time() < deadline:
@@ -366,6 +360,46 @@ def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
     assert submitted, "submitit kept no submission"
     for path in submitted:  # out of time, requeued this many times (submitit's default: 3)
         assert DelayedSubmission.load(path)._timeout_countdown == slurm_options.max_requeues == 20
+
+
+@pytest.mark.parametrize("submit_with", slurm_request.SUBMITTERS)
+def test_a_task_preempted_by_a_higher_partitions_job_is_requeued_and_resumes_to_the_same_record(tmp_path, submit_with):
+    """On up.sh's cluster, which requeues only the jobs that asked (``JobRequeue=0``) and lets a job of its ``urgent``
+    partition take a ``debug`` job's resources (``PreemptMode=REQUEUE``): a job asking both stand-in GPUs preempts the
+    running task that holds one, which is requeued (sacct: preempted, then completed), runs again once the urgent job
+    has ended, and ends with the inline record, through submitit and through the plain script."""
+    shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    if not re.search(r"^PreemptMode\s*=\s*REQUEUE", shown, re.MULTILINE) or "urgent" not in _partitions():
+        pytest.skip("the cluster preempts no job by requeueing it (up.sh's urgent partition)")
+    if subprocess.run(["sacct", "--noheader", "--starttime=now"], capture_output=True).returncode != 0:
+        pytest.skip("no accounting (up.sh's SLURM_CI_ACCOUNTING=0), where sacct would tell the preemption")
+    run = PlannedRun(RunConfig(**{**TINY, "epochs": 8, "milestones": (4,), "seed": 21}), ("test",), None, 0)
+    inline = _inline([run], tmp_path / "inline")
+    options, slurm_options = _options(tmp_path, "preempted")
+    slurm_options = dataclasses.replace(slurm_options, submit_with=submit_with, sbatch_options=(("gres", "gpu:1"),))
+    store = ResultsStore(options.store)
+    follower, progress, ledger = _submitted_in_the_background([run], options, slurm_options, "smoke",
+                                                              outside_plan=True)  # run-one reads its config
+    task = json.loads(ledger.read_text())["job_id"]
+    deadline = time.time() + 300
+    while not store.checkpoint_path(run.key).exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert store.finished(run.key) is None, "the task finished before it could be preempted"
+    urgent = subprocess.run(["sbatch", "--parsable", "--partition=urgent", "--gres=gpu:2", "--mem=100M", "--time=5",
+                             f"--output={tmp_path}/urgent.out", "--wrap", "sleep 2"], capture_output=True, text=True)
+    assert urgent.returncode == 0, urgent.stderr
+    follower.join(timeout=600)
+    assert not follower.is_alive() and progress.done == 1 and not progress.failed, progress.summary()
+    assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
+    _wait_for(task.split("_")[0])
+    states = subprocess.run(["sacct", "--jobs", task, "--duplicates", "--noheader", "--parsable2",
+                             "--format=JobID,State"], capture_output=True, text=True).stdout.split()
+    assert [state.split("|")[1] for state in states if "." not in state.split("|")[0]] == ["PREEMPTED", "COMPLETED"]
+
+
+def _partitions() -> set[str]:
+    listing = subprocess.run(["sinfo", "--noheader", "--format=%R"], capture_output=True, text=True).stdout
+    return set(listing.split())
 
 
 def test_a_second_train_follows_the_runs_an_earlier_submission_still_has_queued(tmp_path, capsys, monkeypatch):

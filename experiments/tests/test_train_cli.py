@@ -350,7 +350,8 @@ def test_run_one_refuses_a_config_file_that_is_not_its_keys_stand_in_run(tmp_pat
 
 def test_train_waits_for_the_runs_other_processes_train_and_trains_those_they_leave(tmp_path, monkeypatch, capsys):
     """One run trained by another process (run-one), one claimed by a process that stops without training it: `train`
-    waits for the first, reports it finished, and trains the second itself once its holder is gone."""
+    follows the first beside its own run's training (reported finished while that one trains: a tryout's follower
+    showed such runs left until its end), and trains the second itself once its holder is gone."""
     import json
     import subprocess
     import sys
@@ -363,7 +364,7 @@ def test_train_waits_for_the_runs_other_processes_train_and_trains_those_they_le
     from experiments.tests.test_experiments import TINY
 
     runs = [PlannedRun.outside_plan(RunConfig(**{**TINY, "seed": seed, "epochs": 12, "milestones": ()}))
-            for seed in (1, 2)]
+            for seed in (1, 2, 3)]
     store, configs = tmp_path / "store", tmp_path / "configs"
     configs.mkdir()
     (configs / f"{runs[0].key}.json").write_text(json.dumps(runs[0].config.to_dict()))
@@ -374,11 +375,20 @@ def test_train_waits_for_the_runs_other_processes_train_and_trains_those_they_le
                                f"run_claim.try_claim(sys.argv[1], {runs[1].config.training_key()!r}); time.sleep(3)",
                                str(store)], cwd=PROJECT_ROOT)
     deadline = time.time() + 120
-    while not all(run_claim.claim_path(store, run.config.training_key()).exists() for run in runs):
+    while not all(run_claim.claim_path(store, run.config.training_key()).exists() for run in runs[:2]):
         assert time.time() < deadline and trainer.poll() is None, "the other processes did not claim their runs"
         time.sleep(0.05)
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
     monkeypatch.setattr(cli, "HOLDERS_POLL_S", 0.2)
+    inline, seen_finished = cli.executors.inline, []
+
+    def inline_once_the_other_process_has_finished(part, options, progress):
+        deadline = time.time() + 120
+        while runs[0].key not in progress.finished and time.time() < deadline:
+            time.sleep(0.05)
+        seen_finished.append(runs[0].key in progress.finished)
+        inline(part, options, progress)
+    monkeypatch.setattr(cli.executors, "inline", inline_once_the_other_process_has_finished)
     threads = torch.get_num_threads()
     try:
         assert main(["train", "smoke", "--store", str(store), "--threads", "1"]) == 0
@@ -386,9 +396,10 @@ def test_train_waits_for_the_runs_other_processes_train_and_trains_those_they_le
         torch.set_num_threads(threads)
         trainer.wait(timeout=120), holder.wait(timeout=120)
     err = capsys.readouterr().err
-    assert "2 being trained by other processes (waited for; `plan` names them), 0 to train" in err
+    assert seen_finished[0], "the run another process trained was not reported while this call trained its own"
+    assert "2 being trained by other processes (waited for; `plan` names them), 1 to train" in err
     assert "1 of the runs other processes trained were left without an outcome" in err
-    assert "2 of 2 runs finished, 0 failed" in err and trainer.returncode == 0
+    assert "3 of 3 runs finished, 0 failed" in err and trainer.returncode == 0
     assert all(ResultsStore(store).finished(run.key) is not None for run in runs)
 
 
