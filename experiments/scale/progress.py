@@ -59,6 +59,7 @@ class Progress:
         self.reasons: dict[str, str] = {}  # key -> why it failed, as its log says (:func:`failure_reason`)
         self.diverged: dict[str, str] = {}  # key -> its log: its loss became NaN, an outcome kept in the store
         self.started = self.logged = time.monotonic()
+        self.first_counted: tuple[float, int] | None = None  # when images were first counted trained, and how many
         self.tty = live and stream.isatty()  # one line rewritten in place; else a line per event
         self.lock = threading.Lock()  # the executor's thread and :meth:`watching`'s
 
@@ -153,9 +154,19 @@ class Progress:
             stop.set()
             thread.join()
 
+    def rate(self) -> float:
+        """Images per second trained in this call: since the images were first counted where they have been counted
+        twice (the time before, queueing, starting and compiling, would make the time left far too long), else since
+        the call began."""
+        now, trained = time.monotonic(), sum(self.trained.values())
+        if self.first_counted is None and trained > 0:
+            self.first_counted = (now, trained)
+        if self.first_counted is not None and now > self.first_counted[0] and trained > self.first_counted[1]:
+            return (trained - self.first_counted[1]) / (now - self.first_counted[0])
+        return trained / (now - self.started) if now > self.started else 0.0
+
     def line(self) -> str:
-        elapsed = time.monotonic() - self.started
-        rate = sum(self.trained.values()) / elapsed if elapsed > 0 else 0.0
+        elapsed, rate = time.monotonic() - self.started, self.rate()
         images_left = sum((run.train_images or 0) - self.kept[key] - self.trained.get(key, 0)
                           for key, run in self.runs.items()
                           if key not in {*self.failed, *self.diverged, *self.finished})

@@ -138,12 +138,12 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     if not slurm.sbatch_only:
         earlier = _ledger_in_queue(runs, slurm)
         earlier_tasks, in_queue = earlier.tasks, earlier.in_queue
-        followed = {run.key for run, _, _ in earlier_tasks}
+        followed, to_train = {run.key for run, _, _ in earlier_tasks}, len(runs)
         runs = [run for run in runs if run.key not in followed]
         if earlier_tasks:
-            print(f"{len(earlier_tasks)} runs are in the queue from an earlier submission (job "
-                  f"{', '.join(array_ids(job_id for _, job_id, _ in earlier_tasks))}): followed, not submitted again",
-                  file=sys.stderr)
+            print(f"{len(earlier_tasks)} of the {to_train} runs to train are in the queue from an earlier submission "
+                  f"(job {', '.join(array_ids(job_id for _, job_id, _ in earlier_tasks))}): followed, not submitted "
+                  f"again{f'; the other {len(runs)} are submitted' if runs else ''}", file=sys.stderr)
         if not runs:
             return follow(earlier_tasks, options, progress, slurm.poll)
     first = "calibration" if outside_plan else "runs"  # a name of its own: one scancel stops one or the other

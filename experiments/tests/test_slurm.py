@@ -428,7 +428,7 @@ def test_a_second_train_follows_the_runs_an_earlier_submission_still_has_queued(
     progress = Progress(left)
     slurm.train(left, options, progress, slurm_options, profile="twice")
     first.join(timeout=600)
-    assert "2 runs are in the queue from an earlier submission" in capsys.readouterr().err
+    assert "2 of the 2 runs to train are in the queue from an earlier submission" in capsys.readouterr().err
     assert progress.done == 2 and not progress.failed, progress.summary()
     assert len(ledger.read_text().splitlines()) == 2  # the first submission's two tasks, nothing more
     for run in runs:
@@ -452,7 +452,8 @@ def test_a_train_follows_the_tasks_of_a_plain_script_submitted_with_sbatch(tmp_p
     progress = Progress(left)
     slurm.train(left, options, progress, slurm_options, profile="smoke")
     _wait_for(array)
-    assert f"{len(left)} runs are in the queue from an earlier submission (job {array})" in capsys.readouterr().err
+    assert (f"{len(left)} of the {len(left)} runs to train are in the queue from an earlier submission (job {array})"
+            in capsys.readouterr().err)
     assert progress.done == len(left) and not progress.failed, progress.summary()
     ledger = [json.loads(line) for line in (Path(slurm_options.folder) / slurm_queue.LEDGER).read_text().splitlines()]
     assert {entry["job_id"].split("_")[0] for entry in ledger} == {array}  # nothing submitted through submitit
