@@ -271,6 +271,8 @@ if [ "$ACCT" = 1 ]; then
                 || $SUDO sacctmgr -i add user "$user" account="$account" cluster=ci >/dev/null
         done
     done
+else
+    stop_pidfile /run/slurmdbd.pid   # one left by an earlier start with accounting, which nothing asks now
 fi
 
 # ---------------------------------------------------------------- slurmctld, slurmd
