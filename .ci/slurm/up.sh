@@ -40,7 +40,10 @@ CI_ACCOUNT=topk-ci                                # an account beside root's, fo
 GPU_DIR=/var/spool/slurm-ci-gpus                  # the stand-in GPUs' device files
 t0=$(date +%s%N)
 elapsed() { awk -v ms="$(( ($(date +%s%N) - t0) / 1000000 ))" 'BEGIN {printf "%.1f s", ms / 1000}'; }
-pid_alive() { $SUDO test -s "$1" && $SUDO kill -0 "$($SUDO cat "$1")" 2>/dev/null; }
+daemon_pid() {   # daemon_pid PIDFILE NAME: the pid of the live NAME that the pid file names (none: a stale file)
+    local pid; pid=$($SUDO cat "$1" 2>/dev/null) || return 1
+    [[ "$pid" =~ ^[0-9]+$ ]] && [ "$($SUDO cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ] && echo "$pid"
+}
 die() {   # die MESSAGE: print the state and the logs, exit 1
     echo "up.sh: $1" >&2
     sinfo -N -l 2>&1 || true; scontrol show node "$NODE" 2>&1 || true
@@ -210,6 +213,16 @@ if [ -z "$conf_changed$dbd_changed" ] && munge_ok && scontrol ping 2>/dev/null |
     exit 0
 fi
 
+# ---------------------------------------------------------------- another SLURM_CI_VERSION's daemons? stop them
+other_version() {   # other_version PIDFILE DAEMON: the pid file's daemon runs, from another prefix than this version's
+    local pid; pid=$(daemon_pid "$1" "$2") || return 1
+    [ "$($SUDO readlink "/proc/$pid/exe")" != "$(readlink -f "$SLURM_PREFIX/sbin/$2")" ]
+}
+if other_version /run/slurmctld.pid slurmctld || other_version /run/slurmd.pid slurmd \
+   || other_version /run/slurmdbd.pid slurmdbd; then   # down.sh cancels their jobs with that version's scancel first
+    bash "$(dirname "$0")/down.sh"
+fi
+
 # ---------------------------------------------------------------- munge
 $SUDO mkdir -p /etc/munge /run/munge /var/lib/munge /var/log/munge "$SLURM_STATE_DIR" "$SLURMD_SPOOL_DIR"
 $SUDO chown munge:munge /run/munge /var/lib/munge /var/log/munge
@@ -226,15 +239,12 @@ if ! munge_ok; then
     wait_for 10 munged munge_ok
 fi
 
-stop_pidfile() {   # stop_pidfile PIDFILE: stop a daemon of an older config, or of another SLURM_CI_VERSION
+stop_daemon() {   # stop_daemon PIDFILE NAME: stop the daemon of an older config
     local pid
-    pid_alive "$1" || return 0
-    pid=$($SUDO cat "$1"); $SUDO kill "$pid"
+    pid=$(daemon_pid "$1" "$2") || return 0
+    $SUDO kill "$pid"
     for _ in $(seq 50); do $SUDO kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
     $SUDO kill -9 "$pid" 2>/dev/null || true
-}
-other_version() {   # other_version PIDFILE DAEMON: the pid file's daemon runs, from another prefix than this version's
-    pid_alive "$1" && [ "$($SUDO readlink "/proc/$($SUDO cat "$1")/exe")" != "$(readlink -f "$SLURM_PREFIX/sbin/$2")" ]
 }
 
 # ---------------------------------------------------------------- accounting: private MariaDB + slurmdbd
@@ -256,8 +266,8 @@ if [ "$ACCT" = 1 ]; then
     db -e "CREATE DATABASE IF NOT EXISTS $SLURM_DB;
            CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
            GRANT ALL ON $SLURM_DB.* TO 'slurm'@'127.0.0.1';"
-    [ -z "$dbd_changed" ] && ! other_version /run/slurmdbd.pid slurmdbd || stop_pidfile /run/slurmdbd.pid
-    if ! pid_alive /run/slurmdbd.pid; then $SUDO "$SLURM_PREFIX/sbin/slurmdbd"; fi
+    [ -z "$dbd_changed" ] || stop_daemon /run/slurmdbd.pid slurmdbd
+    daemon_pid /run/slurmdbd.pid slurmdbd >/dev/null || $SUDO "$SLURM_PREFIX/sbin/slurmdbd"
     # slurmdbd creates its tables on first start (a few seconds), then answers sacctmgr
     wait_for "$TIMEOUT" slurmdbd sacctmgr -n list cluster
     sacctmgr -n -P list cluster format=cluster | grep -qx ci || $SUDO sacctmgr -i add cluster ci >/dev/null
@@ -272,15 +282,13 @@ if [ "$ACCT" = 1 ]; then
         done
     done
 else
-    stop_pidfile /run/slurmdbd.pid   # one left by an earlier start with accounting, which nothing asks now
+    stop_daemon /run/slurmdbd.pid slurmdbd   # one left by an earlier start with accounting, which nothing asks now
 fi
 
 # ---------------------------------------------------------------- slurmctld, slurmd
-if [ -n "$conf_changed" ] || other_version /run/slurmctld.pid slurmctld || other_version /run/slurmd.pid slurmd; then
-    stop_pidfile /run/slurmd.pid; stop_pidfile /run/slurmctld.pid
-fi
-pid_alive /run/slurmctld.pid || $SUDO "$SLURM_PREFIX/sbin/slurmctld"   # daemonizes; recovers saved jobs if any
-pid_alive /run/slurmd.pid || $SUDO "$SLURM_PREFIX/sbin/slurmd"
+if [ -n "$conf_changed" ]; then stop_daemon /run/slurmd.pid slurmd; stop_daemon /run/slurmctld.pid slurmctld; fi
+daemon_pid /run/slurmctld.pid slurmctld >/dev/null || $SUDO "$SLURM_PREFIX/sbin/slurmctld"   # recovers saved jobs
+daemon_pid /run/slurmd.pid slurmd >/dev/null || $SUDO "$SLURM_PREFIX/sbin/slurmd"
 
 # ---------------------------------------------------------------- wait until the node is usable
 deadline=$(( $(date +%s) + TIMEOUT ))

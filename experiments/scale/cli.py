@@ -22,7 +22,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -400,9 +401,8 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
         else:
             slurm.train(part, options, progress, slurm_request.SlurmOptions.from_args(args), profile=args.profile)
 
-    with progress.watching():
-        # the runs other processes train are followed beside this call's own, so each is reported as it ends
-        left_by_holders = awaiting_holders(elsewhere if not scripts_only else [], store, progress)
+    followed = elsewhere if not scripts_only else []  # beside this call's training: each reported as it ends
+    with progress.watching(), holders_followed(followed, store, progress) as left_by_holders:
         if todo:
             train(todo)
         if orphans := left_by_holders():
@@ -421,9 +421,12 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
 HOLDERS_POLL_S = 10.0
 
 
-def await_holders(runs: list[PlannedRun], store: ResultsStore, progress: Progress) -> list[PlannedRun]:
+def await_holders(runs: list[PlannedRun], store: ResultsStore, progress: Progress,
+                  stop: threading.Event | None = None) -> list[PlannedRun]:
     """Follow ``runs``, which live processes train (their claims' holders), until each has its outcome in ``store``
-    (reported to ``progress``) or its holder stops without one: those are returned, to be trained by the caller."""
+    (reported to ``progress``) or its holder stops without one: those are returned, to be trained by the caller; or
+    until ``stop`` is set."""
+    stop = stop or threading.Event()
     for run in runs:
         progress.elsewhere(run)
     waiting, orphans = list(runs), []
@@ -435,22 +438,27 @@ def await_holders(runs: list[PlannedRun], store: ResultsStore, progress: Progres
                     continue
                 orphans.append(run)
             waiting.remove(run)
-        if waiting:
-            time.sleep(HOLDERS_POLL_S)
+        if waiting and stop.wait(HOLDERS_POLL_S):
+            break
     return orphans
 
 
-def awaiting_holders(runs: list[PlannedRun], store: ResultsStore,
-                     progress: Progress) -> Callable[[], list[PlannedRun]]:
-    """:func:`await_holders` in a thread of its own (a daemon: Ctrl-C in the training is not held up by it), started
-    at once; returns what waits for it to end and gives the runs whose holders left them, or raises what it raised."""
-    ended: list = []
+@contextmanager
+def holders_followed(runs: list[PlannedRun], store: ResultsStore,
+                     progress: Progress) -> Iterator[Callable[[], list[PlannedRun]]]:
+    """:func:`await_holders` in a thread of its own beside the caller's training, so that each run other processes
+    train is reported as it ends; yields what waits for that thread and gives the runs whose holders left them. Where
+    the thread fails (the store unreadable a moment, say), it says so at once and the runs are followed again once
+    asked for. Leaving the block (Ctrl-C too) stops the thread."""
+    stop, ended = threading.Event(), []
 
     def follow() -> None:
         try:
-            ended.append(await_holders(runs, store, progress))
-        except BaseException as error:  # raised again in the caller's thread
-            ended.append(error)
+            ended.append(await_holders(runs, store, progress, stop))
+        except Exception as error:
+            print(f"note: following the {len(runs)} runs other processes train failed ({error}); they are followed "
+                  "again after this call's own training", file=sys.stderr)
+            ended.append(None)
 
     thread = threading.Thread(target=follow, name="holders", daemon=True)
     if runs:
@@ -460,10 +468,13 @@ def awaiting_holders(runs: list[PlannedRun], store: ResultsStore,
         if not runs:
             return []
         thread.join()
-        if isinstance(ended[0], BaseException):
-            raise ended[0]
-        return ended[0]
-    return orphans
+        return ended[0] if ended[0] is not None else await_holders(runs, store, progress)
+    try:
+        yield orphans
+    finally:
+        stop.set()
+        if runs:
+            thread.join()
 
 
 def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, progress: Progress, already: int,

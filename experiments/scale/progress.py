@@ -59,7 +59,7 @@ class Progress:
         self.reasons: dict[str, str] = {}  # key -> why it failed, as its log says (:func:`failure_reason`)
         self.diverged: dict[str, str] = {}  # key -> its log: its loss became NaN, an outcome kept in the store
         self.started = self.logged = time.monotonic()
-        self.first_counted: tuple[float, int] | None = None  # when images were first counted trained, and how many
+        self.first_start: float | None = None  # when the first run this call trains started
         self.tty = live and stream.isatty()  # one line rewritten in place; else a line per event
         self.lock = threading.Lock()  # the executor's thread and :meth:`watching`'s
 
@@ -75,6 +75,7 @@ class Progress:
     def start(self, run: PlannedRun) -> None:
         with self.lock:
             self.running[run.key] = time.monotonic()
+            self.first_start = self.first_start or self.running[run.key]
             self._show()
 
     def elsewhere(self, run: PlannedRun) -> None:
@@ -155,15 +156,11 @@ class Progress:
             thread.join()
 
     def rate(self) -> float:
-        """Images per second trained in this call: since the images were first counted where they have been counted
-        twice (the time before, queueing, starting and compiling, would make the time left far too long), else since
-        the call began."""
-        now, trained = time.monotonic(), sum(self.trained.values())
-        if self.first_counted is None and trained > 0:
-            self.first_counted = (now, trained)
-        if self.first_counted is not None and now > self.first_counted[0] and trained > self.first_counted[1]:
-            return (trained - self.first_counted[1]) / (now - self.first_counted[0])
-        return trained / (now - self.started) if now > self.started else 0.0
+        """Images per second trained in this call, since its first run started (the time before, a Slurm array's in
+        the queue, would make the time left far too long), else since the call began."""
+        since = self.first_start or self.started
+        elapsed = time.monotonic() - since
+        return sum(self.trained.values()) / elapsed if elapsed > 0 else 0.0
 
     def line(self) -> str:
         elapsed, rate = time.monotonic() - self.started, self.rate()

@@ -151,6 +151,7 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
                                                                 ("alone", [run for run in runs if run.alone])) if part]
     try:
         scripts = [sbatch_script(tasks, options, slurm, profile, name, outside_plan) for name, tasks in arrays]
+        written = [script.read_text() for script in scripts]  # what sbatch submits: a later train may rewrite them
     except OSError as error:
         raise SystemExit(f"error: the Slurm scripts cannot be written in {slurm.folder} ({error.strerror or error}): "
                          "give a --slurm-folder (or --store) you can write to") from None
@@ -169,8 +170,8 @@ def train(runs: list[PlannedRun], options: TrainOptions, progress: Progress, slu
     if by_sbatch and slurm.submit_with is None:
         print("note: submitit is not installed here: the plain scripts are submitted with sbatch", file=sys.stderr)
     tasks_submitted = []
-    for (name, tasks), script in zip(arrays, scripts):
-        job_ids = (_submitted_by_sbatch(script, len(tasks), name, profile) if by_sbatch else
+    for (name, tasks), script, text in zip(arrays, scripts, written):
+        job_ids = (_submitted_by_sbatch(script, text, len(tasks), name, profile) if by_sbatch else
                    _submitted_by_submitit(tasks, name, options, slurm, profile))
         array_tasks = [(group, job_id, log) for group, (job_id, log) in zip(tasks, job_ids)]
         record([(job_id, [run.key for run in group], log) for group, job_id, log in array_tasks], slurm.folder)
@@ -210,19 +211,22 @@ def _submitted_by_submitit(tasks: list[list[PlannedRun]], name: str, options: Tr
     return [(job.job_id, str(job.paths.stderr)) for job in submitted]
 
 
-def _submitted_by_sbatch(script: Path, tasks: int, name: str, profile: str) -> list[tuple[str, str]]:
-    """Submit the plain script of the array ``name`` (of ``tasks`` tasks) with ``sbatch``: each task's job id
-    (``<array>_<index>``) and log."""
+def _submitted_by_sbatch(script: Path, text: str, tasks: int, name: str, profile: str) -> list[tuple[str, str]]:
+    """Submit the plain script of the array ``name`` (of ``tasks`` tasks), as written (``text``, on sbatch's input:
+    another ``train`` may since have rewritten the file), with ``sbatch``: each task's job id (``<array>_<index>``)
+    and log."""
     try:
-        answer = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=120)
+        answer = subprocess.run(["sbatch", "--parsable"], input=text, capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
         raise SystemExit("error: the slurm executor found no sbatch here: run it where Slurm's commands are (a login "
                          "node), or give --sbatch-only to write the scripts") from None
     except subprocess.TimeoutExpired:
         raise SystemExit(_no_job_named(name, profile, "sbatch gave no answer in 120 s")) from None
-    if answer.returncode != 0:
-        raise SystemExit(_refused(name, answer.stderr))
-    array = answer.stdout.strip().split(";")[0]  # --parsable: the job id[;cluster]
+    if answer.returncode != 0:  # refused, or no answer from the controller, when it may be queued all the same
+        raise SystemExit(_no_job_named(name, profile, answer.stderr.strip()) if UNANSWERED.search(answer.stderr)
+                         else _refused(name, answer.stderr))
+    lines = answer.stdout.strip().splitlines()  # a site's sbatch wrapper may print lines before sbatch's own
+    array = lines[-1].split(";")[0] if lines else ""  # --parsable: the job id[;cluster]
     if not array.isdigit():
         raise SystemExit(_no_job_named(name, profile, answer.stdout.strip() or answer.stderr.strip()))
     return [(f"{array}_{index}", str(task_log(script.parent, f"{array}_{index}"))) for index in range(tasks)]

@@ -200,22 +200,28 @@ def test_progress_counts_the_epochs_running_runs_checkpointed_in_this_call_alone
     assert progress.trained[runs[0].key] == 200 and progress.done == 1
 
 
-def test_the_time_left_is_read_from_the_rate_since_images_were_first_counted(monkeypatch):
-    """Ten minutes of queueing and starting before the first epoch's images are counted: the time left comes from the
-    rate after them (a tryout's follower said about 1h06 left for 10 minutes of work), or from the whole call's rate
-    until the images have been counted twice."""
+def test_the_time_left_is_read_from_the_rate_since_the_first_run_started(monkeypatch):
+    """Ten minutes in the queue before the first run starts: the rate, and the time left, count from that start (a
+    tryout's follower said about 1h06 left for 10 minutes of work), not from the call's; and runs that finish together
+    do not make it jump (a rate since the first images were counted did)."""
     import types
 
     from experiments.scale import progress as progress_module
 
     now = [0.0]
     monkeypatch.setattr(progress_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
-    runs = [PlannedRun(RunConfig(**{**TINY, "seed": seed}), ("test",), None, 1000) for seed in (1, 2)]
+    runs = [PlannedRun(RunConfig(**{**TINY, "seed": seed}), ("test",), None, 1000) for seed in (1, 2, 3)]
     progress = Progress(runs, live=False)
-    now[0], progress.trained = 600.0, {runs[0].key: 100}
-    assert progress.line().endswith("0 images/s, about 3h10 left")  # 1900 images at 100 / 600 s
-    now[0], progress.trained = 700.0, {runs[0].key: 200, runs[1].key: 100}
-    assert progress.line().endswith("2 images/s, about 14:10 left")  # 1700 images at 200 / 100 s
+    assert progress.line().endswith("0 images/s")  # nothing started: no rate, no time left
+    now[0] = 600.0
+    for planned in runs[:2]:
+        progress.start(planned)
+    now[0], progress.trained = 700.0, {runs[0].key: 100, runs[1].key: 100}
+    assert progress.line().endswith("2 images/s, about 23:20 left")  # 2800 images at 200 / 100 s
+    now[0] = 1100.0
+    progress.finish(runs[0])
+    progress.finish(runs[1])
+    assert progress.line().endswith("4 images/s, about 4:10 left")  # 1000 images at 2000 / 500 s
 
 
 def test_runs_are_stacked_by_what_they_share_and_the_epoch_they_reached(tmp_path):

@@ -81,13 +81,13 @@ def test_the_smoke_profiles_missing_runs_as_an_array_give_the_inline_records(tmp
         assert computed(ResultsStore(options.store).finished(run.key)) == computed(inline.finished(run.key))
     ledger = [json.loads(line) for line in (Path(slurm_options.folder) / slurm_queue.LEDGER).read_text().splitlines()]
     assert sorted(key for entry in ledger for key in entry["keys"]) == sorted(run.key for run in runs)
+    assert (Path(slurm_options.folder) / "submitit").is_dir() == submitit_installed
     if not submitit_installed:
         err = capsys.readouterr().err
         assert "note: submitit is not installed here: the plain scripts are submitted with sbatch" in err
         assert re.search(r"submitted 2 array tasks \(job \d+\) with sbatch", err), err
         for entry in ledger:
             assert re.fullmatch(r"\d+_[01]", entry["job_id"]) and Path(entry["log"]).name == f"{entry['job_id']}.err"
-        assert not (Path(slurm_options.folder) / "submitit").exists()
 
 
 @pytest.mark.parametrize("submit_with", slurm_request.SUBMITTERS)
@@ -358,39 +358,43 @@ def test_a_running_task_requeued_resumes_to_the_same_record(tmp_path):
         assert DelayedSubmission.load(path)._timeout_countdown == slurm_options.max_requeues == 20
 
 
-@pytest.mark.parametrize("submit_with", slurm_request.SUBMITTERS)
-def test_a_task_preempted_by_a_higher_partitions_job_is_requeued_and_resumes_to_the_same_record(tmp_path, submit_with):
+def test_a_task_preempted_by_a_higher_partitions_job_is_requeued_and_resumes_to_the_same_record(tmp_path):
     """On up.sh's cluster, which requeues only the jobs that asked (``JobRequeue=0``) and lets a job of its ``urgent``
     partition take a ``debug`` job's resources (``PreemptMode=REQUEUE``): a job asking both stand-in GPUs preempts the
     running task that holds one, which is requeued (sacct: preempted, then completed), runs again once the urgent job
-    has ended, and ends with the inline record, through submitit and through the plain script."""
+    has ended, and ends with the inline record, through submitit, then through the plain script (one after the other:
+    each urgent job would preempt the other's task too)."""
     shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
     if not re.search(r"^PreemptMode\s*=\s*REQUEUE", shown, re.MULTILINE) or "urgent" not in _partitions():
         pytest.skip("the cluster preempts no job by requeueing it (up.sh's urgent partition)")
     if subprocess.run(["sacct", "--noheader", "--starttime=now"], capture_output=True).returncode != 0:
         pytest.skip("no accounting (up.sh's SLURM_CI_ACCOUNTING=0), where sacct would tell the preemption")
-    run = PlannedRun(RunConfig(**{**TINY, "epochs": 8, "milestones": (4,), "seed": 21}), ("test",), None, 0)
+    run = PlannedRun(RunConfig(**{**TINY, "epochs": 16, "milestones": (8,), "seed": 21}), ("test",), None, 0)
     inline = _inline([run], tmp_path / "inline")
-    options, slurm_options = _options(tmp_path, "preempted")
-    slurm_options = dataclasses.replace(slurm_options, submit_with=submit_with, sbatch_options=(("gres", "gpu:1"),))
-    store = ResultsStore(options.store)
-    follower, progress, ledger = _submitted_in_the_background([run], options, slurm_options, "smoke",
-                                                              outside_plan=True)  # run-one reads its config
-    task = json.loads(ledger.read_text())["job_id"]
-    deadline = time.time() + 300
-    while not store.checkpoint_path(run.key).exists() and time.time() < deadline:
-        time.sleep(0.1)
-    assert store.finished(run.key) is None, "the task finished before it could be preempted"
-    urgent = subprocess.run(["sbatch", "--parsable", "--partition=urgent", "--gres=gpu:2", "--mem=100M", "--time=5",
-                             f"--output={tmp_path}/urgent.out", "--wrap", "sleep 2"], capture_output=True, text=True)
-    assert urgent.returncode == 0, urgent.stderr
-    follower.join(timeout=600)
-    assert not follower.is_alive() and progress.done == 1 and not progress.failed, progress.summary()
-    assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
-    _wait_for(task.split("_")[0])
-    states = subprocess.run(["sacct", "--jobs", task, "--duplicates", "--noheader", "--parsable2",
-                             "--format=JobID,State"], capture_output=True, text=True).stdout.split()
-    assert [state.split("|")[1] for state in states if "." not in state.split("|")[0]] == ["PREEMPTED", "COMPLETED"]
+    for submit_with in slurm_request.SUBMITTERS:
+        options, slurm_options = _options(tmp_path, submit_with)
+        slurm_options = dataclasses.replace(slurm_options, submit_with=submit_with,
+                                            sbatch_options=(("gres", "gpu:1"),))
+        store = ResultsStore(options.store)
+        follower, progress, ledger = _submitted_in_the_background([run], options, slurm_options, "smoke",
+                                                                  outside_plan=True)  # run-one reads its config
+        task = json.loads(ledger.read_text())["job_id"]
+        deadline = time.time() + 300
+        while not store.checkpoint_path(run.key).exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert store.finished(run.key) is None, f"the task finished before it could be preempted ({submit_with})"
+        urgent = subprocess.run(["sbatch", "--parsable", "--partition=urgent", "--gres=gpu:2", "--mem=100M",
+                                 "--time=5", f"--output={tmp_path}/urgent.out", "--wrap", "sleep 2"],
+                                capture_output=True, text=True)
+        assert urgent.returncode == 0, urgent.stderr
+        follower.join(timeout=600)
+        assert not follower.is_alive() and progress.done == 1 and not progress.failed, progress.summary()
+        assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
+        _wait_for(task.split("_")[0])
+        listed = subprocess.run(["sacct", "--jobs", task, "--duplicates", "--noheader", "--parsable2",
+                                 "--format=JobID,State"], capture_output=True, text=True).stdout.split()
+        states = [line.split("|")[1] for line in listed if "." not in line.split("|")[0]]
+        assert states[0] == "PREEMPTED" and states[-1] == "COMPLETED", (submit_with, states)
 
 
 def _partitions() -> set[str]:

@@ -7,6 +7,8 @@ import re
 import shlex
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -401,6 +403,43 @@ def test_train_waits_for_the_runs_other_processes_train_and_trains_those_they_le
     assert "1 of the runs other processes trained were left without an outcome" in err
     assert "3 of 3 runs finished, 0 failed" in err and trainer.returncode == 0
     assert all(ResultsStore(store).finished(run.key) is not None for run in runs)
+
+
+def test_the_runs_other_processes_train_are_followed_again_where_their_thread_failed_and_stop_with_the_block(
+        tmp_path, monkeypatch, capsys):
+    """The thread that follows the runs other processes train says at once why it failed, and the runs are followed
+    again when asked for (here: a run nobody holds, given back to be trained); leaving the block stops a thread still
+    waiting on a live holder (this process's own claim) at once, not after its poll."""
+    from experiments.engine import run_claim
+    from experiments.engine.config import RunConfig
+    from experiments.engine.store import ResultsStore
+    from experiments.scale.plan import PlannedRun
+    from experiments.scale.progress import Progress
+    from experiments.tests.test_experiments import TINY
+
+    runs = [PlannedRun.outside_plan(RunConfig(**{**TINY, "seed": seed})) for seed in (1, 2)]
+    store, follows = ResultsStore(tmp_path / "store"), []
+    await_holders = cli.await_holders
+
+    def failing_once(*arguments):
+        follows.append(threading.current_thread().name)
+        if len(follows) == 1:
+            raise OSError("the store is away")
+        return await_holders(*arguments)
+    monkeypatch.setattr(cli, "await_holders", failing_once)
+    with cli.holders_followed(runs[:1], store, Progress(runs[:1], live=False)) as orphans:
+        assert orphans() == runs[:1]
+    assert follows == ["holders", "MainThread"]
+    assert ("note: following the 1 runs other processes train failed (the store is away); they are followed again "
+            "after this call's own training") in capsys.readouterr().err
+    monkeypatch.setattr(cli, "await_holders", await_holders)
+    monkeypatch.setattr(cli, "HOLDERS_POLL_S", 60.0)
+    assert run_claim.try_claim(store.root, runs[1].config.training_key())  # held by this live process
+    began = time.monotonic()
+    with cli.holders_followed(runs[1:], store, Progress(runs[1:], live=False)):
+        time.sleep(0.2)
+    assert time.monotonic() - began < 10 and not [thread for thread in threading.enumerate()
+                                                 if thread.name == "holders"]
 
 
 def test_every_executor_command_the_docs_show_is_one_the_command_line_takes():
