@@ -65,11 +65,10 @@ help: ## List the targets
 
 ifeq ($(origin PY),command line)
 $(STAMP):
-	@$(PY) -c "import importlib.util as u, sys; missing = [m for m in sys.argv[1:] if u.find_spec(m) is None]; \
-	sys.exit(f'$(PY) lacks {missing}: install them (pip install -r requirements.txt) or leave out PY=' if missing else 0)" $(MODULES)
-	@$(PY) -c "import importlib.util as u, sys; missing = [m for m in sys.argv[1:] if u.find_spec(m) is None]; \
-	missing and print(f'note: $(PY) lacks {missing}: EXECUTOR=slurm submits the plain scripts with sbatch')" \
-	$(OPTIONAL_MODULES)
+	@$(PY) -c "import importlib.util as u, sys; lacks = lambda names: [m for m in names.split() if u.find_spec(m) is None]; \
+	(missing := lacks(sys.argv[1])) and sys.exit(f'$(PY) lacks {missing}: install them (pip install -r requirements.txt) or leave out PY='); \
+	(optional := lacks(sys.argv[2])) and print(f'note: $(PY) lacks {optional}: EXECUTOR=slurm submits the plain scripts with sbatch')" \
+	"$(MODULES)" "$(OPTIONAL_MODULES)"
 .PHONY: check-python
 else
 $(STAMP): requirements.txt pyproject.toml

@@ -3,7 +3,7 @@
 # SLURM_CI_VERSION=24.11 starts Slurm 24.11 instead, built from source by build.sh (version.sh says where each lives).
 # Idempotent: installs what is missing, (re)writes slurm.conf (and slurmdbd.conf), starts the daemons and waits until
 # `sinfo` shows the node usable. A second run while the cluster is up with the same config is a no-op.
-# Stop it with .ci/slurm/down.sh (with the same SLURM_CI_VERSION). Run as root or as a user with passwordless sudo.
+# Stop it with .ci/slurm/down.sh, whichever version runs. Run as root or as a user with passwordless sudo.
 #
 # 22.05's config sits where Debian's slurm looks (/etc/slurm/slurm.conf): sbatch/squeue/scontrol/sinfo/sacct need no
 # env. 24.11's sits in /opt/slurm-24.11.5/etc, where its own tools look: they need PATH=/opt/slurm-24.11.5/bin:$PATH.

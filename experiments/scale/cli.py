@@ -450,6 +450,9 @@ def holders_followed(runs: list[PlannedRun], store: ResultsStore,
     train is reported as it ends; yields what waits for that thread and gives the runs whose holders left them. Where
     the thread fails (the store unreadable a moment, say), it says so at once and the runs are followed again once
     asked for. Leaving the block (Ctrl-C too) stops the thread."""
+    if not runs:
+        yield lambda: []
+        return
     stop, ended = threading.Event(), []
 
     def follow() -> None:
@@ -461,20 +464,16 @@ def holders_followed(runs: list[PlannedRun], store: ResultsStore,
             ended.append(None)
 
     thread = threading.Thread(target=follow, name="holders", daemon=True)
-    if runs:
-        thread.start()
+    thread.start()
 
     def orphans() -> list[PlannedRun]:
-        if not runs:
-            return []
         thread.join()
         return ended[0] if ended[0] is not None else await_holders(runs, store, progress)
     try:
         yield orphans
     finally:
         stop.set()
-        if runs:
-            thread.join()
+        thread.join()
 
 
 def _write_manifest(args: argparse.Namespace, options: executors.TrainOptions, progress: Progress, already: int,

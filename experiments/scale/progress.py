@@ -75,7 +75,8 @@ class Progress:
     def start(self, run: PlannedRun) -> None:
         with self.lock:
             self.running[run.key] = time.monotonic()
-            self.first_start = self.first_start or self.running[run.key]
+            if self.first_start is None:
+                self.first_start = self.running[run.key]
             self._show()
 
     def elsewhere(self, run: PlannedRun) -> None:
@@ -158,8 +159,7 @@ class Progress:
     def rate(self) -> float:
         """Images per second trained in this call, since its first run started (the time before, a Slurm array's in
         the queue, would make the time left far too long), else since the call began."""
-        since = self.first_start or self.started
-        elapsed = time.monotonic() - since
+        elapsed = time.monotonic() - (self.started if self.first_start is None else self.first_start)
         return sum(self.trained.values()) / elapsed if elapsed > 0 else 0.0
 
     def line(self) -> str:
