@@ -369,7 +369,7 @@ def test_a_task_preempted_by_a_higher_partitions_job_is_requeued_and_resumes_to_
         pytest.skip("the cluster preempts no job by requeueing it (up.sh's urgent partition)")
     if subprocess.run(["sacct", "--noheader", "--starttime=now"], capture_output=True).returncode != 0:
         pytest.skip("no accounting (up.sh's SLURM_CI_ACCOUNTING=0), where sacct would tell the preemption")
-    run = PlannedRun(RunConfig(**{**TINY, "epochs": 16, "milestones": (8,), "seed": 21}), ("test",), None, 0)
+    run = PlannedRun(RunConfig(**{**TINY, "epochs": 64, "milestones": (32,), "seed": 21}), ("test",), None, 0)
     inline = _inline([run], tmp_path / "inline")
     for submit_with in slurm_request.SUBMITTERS:
         options, slurm_options = _options(tmp_path, submit_with)
