@@ -325,6 +325,39 @@ def test_code_is_hidden_by_default_whatever_the_body_classes():
     assert report._with_code_toggle("<body>").startswith('<body class="hide-code">')
 
 
+def test_notebooks_run_on_a_private_unix_socket_folder_and_a_failing_cell_fails_the_command(tmp_path):
+    """make's papermill runs each kernel over IPC in a 0700 folder of its own, removed afterwards: no localhost port
+    for another user or a neighbouring notebook, no ipykernel warning about TCP; papermill's parameters and exit
+    status are unchanged."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import json, os, ipykernel.connect as c\n"
+             "info = json.load(open(c.get_connection_file()))\n"
+             "folder = os.path.dirname(info['ip'])\n"
+             "print(info['transport'], oct(os.stat(folder).st_mode & 0o777), folder, repr(threads))")
+    for name, last_cell in (("ok", "pass"), ("failing", "1 / 0")):
+        notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("threads = None"),
+                                                   nbformat.v4.new_code_cell(probe),
+                                                   nbformat.v4.new_code_cell(last_cell)])
+        notebook.cells[0].metadata["tags"] = ["parameters"]
+        notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(notebook, tmp_path / f"{name}.ipynb")
+        ran = subprocess.run([sys.executable, "-m", "experiments.publishing.papermill_ipc", str(tmp_path / f"{name}.ipynb"),
+                              str(tmp_path / f"{name}_out.ipynb"), "-k", "python3", "--no-progress-bar",
+                              "-p", "threads", "2"], cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(paths.PROJECT_ROOT)})
+        assert (ran.returncode == 0) == (name == "ok"), ran.stderr
+        assert "TCP" not in ran.stderr, ran.stderr
+        executed = nbformat.read(tmp_path / f"{name}_out.ipynb", as_version=4)
+        probed = next(cell for cell in executed.cells if cell.source == probe)  # failed: papermill adds a cell on top
+        transport, mode, folder, threads = probed.outputs[0]["text"].split()
+        assert (transport, mode, threads) == ("ipc", "0o700", "2")
+        assert not os.path.exists(folder)
+    assert "ZeroDivisionError" in ran.stderr
+
+
 def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     """``make paper-figures PY=python3`` (a machine with its own stack): no .venv is made, that interpreter runs the
     notebooks, and it is first checked for every module the project needs. The profile's runs are trained first by the
@@ -341,7 +374,7 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     assert dry.returncode == 0, dry.stderr
     assert "-m venv" not in dry.stdout and "pip install --quiet" not in dry.stdout
     assert f"{sys.executable} -c \"import importlib.util" in dry.stdout
-    assert f"{sys.executable} -m papermill" in dry.stdout
+    assert f"{sys.executable} -m experiments.publishing.papermill_ipc" in dry.stdout
     assert re.search(r"-m experiments train smoke --executor local --device cpu --jobs \d", dry.stdout)
 
     def executor(*settings):  # a dry run trains nothing: the training is a sub-make's
@@ -360,7 +393,7 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
                                    "EXECUTOR=slurm", "SLURM=--time-min 60 --sbatch-only"], cwd=paths.PROJECT_ROOT,
                                   capture_output=True, text=True, timeout=60)
     assert "--executor slurm --device cpu" in scripts_only.stdout and "--sbatch-only" in scripts_only.stdout
-    assert "-m papermill" not in scripts_only.stdout  # the tasks are the user's to submit: no notebook runs before
+    assert "papermill_ipc" not in scripts_only.stdout  # the tasks are the user's to submit: no notebook runs before
     assert "submit them with sbatch" in scripts_only.stdout
     for settings, command in (((), "plan smoke"), (("STACK=4", "GPUS=8"), "plan smoke --stack 4 --gpus 8")):
         plan = subprocess.run(["make", "--no-print-directory", "-n", "plan", "PROFILE=smoke", f"PY={sys.executable}",
