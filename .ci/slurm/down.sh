@@ -6,9 +6,12 @@
 # ${SLURM_CI_LOG_DIR:-/tmp/slurm-ci}.
 set -uo pipefail
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-# the running controller's own clients (up.sh's SLURM_CI_VERSION=24.11 lives in /opt; other versions' clients fail)
-ctld_exe=$($SUDO readlink "/proc/$($SUDO cat /run/slurmctld.pid 2>/dev/null)/exe" 2>/dev/null) || ctld_exe=""
-[ -z "$ctld_exe" ] || PATH=$(dirname "$(dirname "$ctld_exe")")/bin:$PATH
+# the running controller's own clients (up.sh's SLURM_CI_VERSION=24.11 lives in /opt; other versions' clients fail),
+# found through its pid file where that names a live slurmctld (pid files can be stale)
+ctld_pid=$($SUDO cat /run/slurmctld.pid 2>/dev/null) || ctld_pid=""
+if [[ "$ctld_pid" =~ ^[0-9]+$ ]] && [ "$($SUDO cat "/proc/$ctld_pid/comm" 2>/dev/null)" = slurmctld ]; then
+    PATH=$(dirname "$(dirname "$($SUDO readlink "/proc/$ctld_pid/exe")")")/bin:$PATH
+fi
 
 if command -v scontrol >/dev/null && timeout 10 scontrol ping 2>/dev/null | grep -q 'is UP'; then
     timeout 10 scancel --user="${SUDO_USER:-$(id -un)}" 2>/dev/null || true
