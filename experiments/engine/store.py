@@ -193,9 +193,9 @@ class ResultsStore:
             return None
 
     def holds_outcome(self, config: RunConfig) -> bool:
-        """Whether ``config``'s run needs no more training: finished (its record's file is there: not read), or
-        diverged (:meth:`divergence`)."""
-        return self.record_path(config.key()).exists() or self.divergence(config.training_key()) is not None
+        """Whether ``config``'s run needs no more training: finished (:meth:`finished`: a damaged record is set aside
+        and the run counts as not trained) or diverged (:meth:`divergence`)."""
+        return self.finished(config.key()) is not None or self.divergence(config.training_key()) is not None
 
     def save_checkpoint(self, key: str, state: dict) -> None:
         """The epoch's checkpoint (``state``: the :data:`CHECKPOINT_PARTS` but ``key``); the one it replaces is kept as

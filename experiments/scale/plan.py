@@ -135,7 +135,7 @@ def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:
     """``("finished" | "diverged" | "training" | "partial" | "missing", epochs done)`` from the store's record,
     divergence, claims and checkpoint of ``run`` (a diverged run's epochs: those before its loss became NaN;
     training: a live process holds its claim, :func:`experiments.engine.run_claim.live_holder`)."""
-    if store.record_path(run.key).exists():
+    if store.finished(run.key) is not None:  # a damaged record is set aside: the run is trained again
         return "finished", run.config.epochs
     checkpoint = store.load_checkpoint(run.key)
     epochs = checkpoint["state"]["epoch"] if checkpoint is not None else 0

@@ -89,7 +89,11 @@ def test_the_plan_says_what_the_store_holds_of_each_run(tmp_path):
     assert run(planned.config, store, stop_after_epochs=1) is None
     assert state(planned, store) == ("partial", 1)
     run(planned.config, store)
-    assert state(planned, store) == ("finished", 2)
+    assert state(planned, store) == ("finished", 2) and store.holds_outcome(planned.config)
+    for holds in (lambda: state(planned, store) == ("missing", 0), lambda: not store.holds_outcome(planned.config)):
+        store.record_path(planned.key).write_text('{"config": ')  # cut by a crash: train trains it again
+        with pytest.warns(DamagedStoreWarning, match="the run will be trained again"):
+            assert holds()
 
 
 def test_local_with_two_workers_gives_the_inline_records_bit_for_bit_and_names_a_failed_run(tmp_path):
