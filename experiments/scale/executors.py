@@ -112,16 +112,24 @@ def _report(group: list[PlannedRun], options: TrainOptions, progress: Progress, 
 
 
 def slots(jobs: int, per_gpu: int | None, device: str) -> list[str]:
-    """The device of each worker: ``per_gpu`` workers on each visible GPU, else ``jobs`` workers on ``device``. The GPUs
-    take turns (``cuda:0``, ``cuda:1``, ..., ``cuda:0``, ...), so that the first groups, and fewer groups than workers,
-    spread over every GPU."""
+    """The device of each worker: ``per_gpu`` workers on each visible GPU (``device`` ``cuda``) or on GPU N alone
+    (``cuda:N``), else ``jobs`` workers on ``device``. The GPUs take turns (``cuda:0``, ``cuda:1``, ..., ``cuda:0``,
+    ...), so that the first groups, and fewer groups than workers, spread over every GPU."""
     if per_gpu is not None:
         if per_gpu < 1:
             raise ValueError(f"'per_gpu' (--per-gpu) should be a positive number of runs per GPU, got {per_gpu}")
+        if not device.startswith("cuda"):
+            raise ValueError(f"'per_gpu' (--per-gpu) places runs on GPUs, but the device is {device!r}: give --device "
+                             "cuda (every visible GPU) or cuda:N (GPU N alone), or --jobs on the CPU")
         gpus = torch.cuda.device_count()
         if gpus == 0:
             raise ValueError("'per_gpu' (--per-gpu) was given, but torch sees no CUDA device here: use --jobs on "
                              "the CPU")
+        if device != "cuda":
+            if int(device.split(":")[1]) >= gpus:
+                raise ValueError(f"device {device!r} was asked for, but torch sees {gpus} CUDA device(s) here "
+                                 f"(cuda:0 to cuda:{gpus - 1})")
+            return [device] * per_gpu
         return [f"cuda:{gpu}" for _ in range(per_gpu) for gpu in range(gpus)]
     if jobs < 1:
         raise ValueError(f"'jobs' (--jobs) should be a positive number of worker processes, got {jobs}")

@@ -54,3 +54,7 @@ def test_workers_on_gpus_take_the_gpus_in_turn(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert slots(1, 3, "cuda") == ["cuda:0", "cuda:1"] * 3
+    assert slots(1, 2, "cuda:1") == ["cuda:1"] * 2  # one GPU named: that one alone
+    for device, refusal in (("cpu", "the device is 'cpu': give --device cuda"), ("cuda:2", "sees 2 CUDA device")):
+        with pytest.raises(ValueError, match=refusal):
+            slots(1, 2, device)
