@@ -44,6 +44,16 @@ def git_commit() -> str:
     return commit + ("-dirty" if changed else "")
 
 
+def changed_since(commit: str, files: tuple[str, ...]) -> bool | None:
+    """Whether ``files`` (relative to the project's root) differ now, uncommitted changes included, from their
+    contents at ``commit`` (a :func:`git_commit`; its ``-dirty`` mark is ignored: what was uncommitted then is not
+    known); None where git cannot tell (no checkout, or a commit it does not hold)."""
+    sha = commit.partition("-dirty")[0]
+    if not sha or _git("cat-file", "-e", f"{sha}^{{commit}}") is None:
+        return None
+    return _git("diff", "--quiet", sha, "--", *files) is None  # exit status 1: they differ
+
+
 def short_commit(commit: str) -> str:
     """A commit of :func:`git_commit` in 10 hex digits, its ``-dirty`` mark kept."""
     sha, dirty, _ = commit.partition("-dirty")

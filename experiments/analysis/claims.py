@@ -1,9 +1,10 @@
 """Verdicts on the paper's claims (:data:`experiments.spec.paper.CLAIMS`), computed from the reproduced results.
 
 A claim is split into parts, each a test on the reproduced means with the threshold written in its evidence line;
-the claim is reproduced when every part holds, not reproduced when one fails. A part whose statistic lies within its
-own noise of the threshold (one standard error of the statistic, from the seeds) neither holds nor fails: the claim
-is then "inconclusive at this profile", with the numbers, rather than a verdict a rerun could flip. The thresholds read
+the claim is reproduced when every part holds, not reproduced when one fails. Where a part's noise is measured (claim
+3's differences of means, claim 4's ratios of epoch times, claim 7's values), a statistic within it of the threshold
+neither holds nor fails: the claim is then "inconclusive at this profile", with the numbers, rather than a verdict a
+rerun could flip. Claims 1, 2, 5 and 6 compare the seeds' means with their thresholds alone. The thresholds read
 the paper's words ("fails", "little impact", "barely depends") as numbers, once, here.
 """
 

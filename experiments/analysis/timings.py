@@ -17,9 +17,6 @@ TRAIN_IMAGES = 45_000  #: the paper's CIFAR-100 training part: the images of one
 #: GPU and 1 h on :data:`GPUS` (taken at eight times one GPU's rate: the runs are independent).
 RATIO_TARGET, ONE_GPU_HOURS_TARGET, EIGHT_GPUS_HOURS_TARGET = 3.0, 8.0, 1.0
 GPUS = 8
-#: The code an engine timing runs: a row made with other contents of these files is stale.
-ENGINE_EPOCH_CODE = ("experiments/engine/train.py", "experiments/engine/batches.py", "experiments/engine/models.py",
-                     "data_prep/transforms.py")
 
 
 #: The code a timing of runs stacked into one model runs besides (``benchmarks.bench_concurrency --stack``).
@@ -27,10 +24,10 @@ STACKED_CODE = "experiments/engine/stacked.py"
 
 
 def engine_code(stacked: bool = False) -> str:
-    """A fingerprint of :data:`ENGINE_EPOCH_CODE`'s contents, with :data:`STACKED_CODE`'s for a timing of stacked
-    runs (12 hex digits of their SHA-256)."""
+    """A fingerprint of :data:`experiments.paths.ENGINE_EPOCH_CODE`'s contents, with :data:`STACKED_CODE`'s for a
+    timing of stacked runs (12 hex digits of their SHA-256)."""
     digest = hashlib.sha256()
-    for name in (*ENGINE_EPOCH_CODE, *(STACKED_CODE,) * stacked):
+    for name in (*paths.ENGINE_EPOCH_CODE, *(STACKED_CODE,) * stacked):
         digest.update((paths.PROJECT_ROOT / name).read_bytes())
     return digest.hexdigest()[:12]
 

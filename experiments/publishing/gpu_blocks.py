@@ -8,7 +8,7 @@ import functools
 from pathlib import Path
 
 from experiments.analysis import kernel_targets, timings
-from experiments.paths import BENCHMARK_RESULTS
+from experiments.paths import BENCHMARK_RESULTS, ENGINE_EPOCH_CODE
 from experiments.scale.hours import (Estimate, Rates, calibration_first_then, completeness_then_hours, counted_text,
                                     fastest, invocations, setting_text)
 from experiments.publishing.result_rows import (SMOOTH_HEADLINE, by_measurement, headline_rows, read_rows, split_by,
@@ -61,14 +61,14 @@ def _epochs(results: Path) -> str:
 
 
 def _stale_engine_warning(row: dict, command: str) -> str:
-    """A warning for an engine timing made with other code than today's (:data:`timings.ENGINE_EPOCH_CODE`, and
+    """A warning for an engine timing made with other code than today's (:data:`experiments.paths.ENGINE_EPOCH_CODE`, and
     :data:`timings.STACKED_CODE` for stacked runs), or nothing."""
     if timings.made_with_todays_engine(row):
         return ""
     why = ("it was made before the rows named the engine's code" if not row.get("engine_code") else
            "the engine's epoch changed since")
     stacking = (timings.STACKED_CODE,) * (timings.stacked_runs(row) > 1)
-    files = ", ".join(f"`{name}`" for name in (*timings.ENGINE_EPOCH_CODE, *stacking))
+    files = ", ".join(f"`{name}`" for name in (*ENGINE_EPOCH_CODE, *stacking))
     return f"**Stale:** {why} ({files}); rerun `{command}` on a GPU.\n\n"
 
 

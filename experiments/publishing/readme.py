@@ -26,7 +26,7 @@ from scipy import stats
 from experiments.tuning.calibration import (SEARCH_ERROR, SPREAD_CONFIDENCE, TOLERANCE, rate_text, seed_spread,
                                             spread_limit, unmatched)
 from experiments.tuning.calibration import search_seeds as search_seeds_for
-from experiments.tuning.learning_rates import fitted_gap_at_chosen_rate
+from experiments.tuning.learning_rates import fitted_gap_at_chosen_rate, stale_text
 from experiments.spec import tuned
 from experiments.spec.profiles import get_profile
 from experiments.spec.paper import CLAIMS, LABEL_NOISE, TABLE_4, TABLE_7
@@ -156,9 +156,11 @@ def calibration(path: Path = CALIBRATED / f"{DEFAULT_PROFILE}.json",
     misses = [f"- `{entry.dataset}`, {row['CE number']} ({row['role']}, {row['gap (points)']:+.1f} points): "
               f"{row['why']}" for entry in setups.values() for row in unmatched(entry)]
     commits = ", ".join(sorted({short_commit(e.commit) for e in setups.values()}))
+    stale = stale_text([*setups.values(), *chosen.values()])
     return "\n".join([*lines, "", f"Not matched (fitted: over {TOLERANCE[True]:g} points from the "
                        f"paper's; held out: over {TOLERANCE[False]:g}), and why:", "", *misses]) + (
-        f"\n\n*From `experiments/calibrated/{path.name}` (CE runs, the seeds' mean, commit {commits}).*")
+        f"\n\n*From `experiments/calibrated/{path.name}` (CE runs, the seeds' mean, commit {commits}).*") + (
+        f" **{stale[0].upper()}{stale[1:]}.**" if stale else "")
 
 
 def _at_chosen_rate(entry: tuned.Calibration, chosen: tuned.LearningRates | None) -> str:

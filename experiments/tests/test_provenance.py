@@ -43,3 +43,33 @@ def test_stamp_has_every_field_of_a_benchmark_row():
     assert list(stamp) == provenance.STAMP_FIELDS
     assert stamp["device"] == "cpu" and stamp["torch"] == torch.__version__ and stamp["device_name"]
     assert set(provenance.versions()) == {"python", "torch", "torchvision", "triton", "topk"}
+
+
+def test_files_changed_since_a_commit_are_told_and_an_entry_trained_before_is_stale(tmp_path, monkeypatch):
+    """A calibration whose runs an earlier engine trained says so wherever its numbers are shown: those numbers are
+    not what the same runs give today. Where git cannot tell (no checkout, an unknown commit), nothing is claimed."""
+    from experiments.spec.tuned import Calibration, LearningRates
+    from experiments.tuning import learning_rates
+
+    monkeypatch.setattr(provenance, "PROJECT_ROOT", tmp_path)
+    assert provenance.changed_since("0" * 40, ("engine.py",)) is None  # not a checkout
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "engine.py").write_text("1")
+    (tmp_path / "notes.md").write_text("1")
+    _git(tmp_path, "add", "engine.py", "notes.md")
+    _git(tmp_path, "commit", "-q", "-m", "one")
+    first = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "notes.md").write_text("2")
+    assert provenance.changed_since(first, ("engine.py",)) is False  # another file changed
+    assert provenance.changed_since(first + "-dirty", ("engine.py",)) is False
+    (tmp_path / "engine.py").write_text("2")  # uncommitted: changed all the same
+    assert provenance.changed_since(first, ("engine.py",)) is True
+    assert provenance.changed_since("f" * 40, ("engine.py",)) is None and provenance.changed_since("", ()) is None
+
+    monkeypatch.setattr(learning_rates, "ENGINE_EPOCH_CODE", ("engine.py",))
+    earlier, unknown = Calibration(commit=first + "-dirty"), LearningRates(commit="")
+    assert learning_rates.stale_text([unknown]) is None
+    assert provenance.short_commit(first) in learning_rates.stale_text([earlier, unknown])
+    _git(tmp_path, "commit", "-q", "-am", "two")
+    today = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert learning_rates.stale_text([Calibration(commit=today), LearningRates(commit=today)]) is None

@@ -12,7 +12,8 @@ searched.
 CE trains at a learning rate: the first search uses the grid's, and :mod:`experiments.tuning.fixed_point` searches again
 at the rate CE then chooses (:mod:`experiments.tuning.learning_rates`) until the two agree. The result of a search is a
 :class:`experiments.spec.tuned.Calibration`, stored in ``experiments/calibrated/<profile>.json``. Runs go through the
-results store, so the chosen point's runs are the very runs the tables use.
+results store, so the chosen point's runs are the very runs the tables use, while the engine that trained them is
+today's (:func:`experiments.tuning.learning_rates.stale_text`).
 """
 
 from __future__ import annotations

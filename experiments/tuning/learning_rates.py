@@ -16,7 +16,7 @@ stored with the choice, and a verdict quotes them where that rate is not the one
 
 The choices are a :class:`experiments.spec.tuned.LearningRates` per setup, stored in
 ``experiments/calibrated/<profile>_learning_rates.json``. Runs go through the results store, so the chosen runs are
-the tables' own.
+the tables' own while the engine that trained them is today's (:func:`stale_text`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import time
 import pandas as pd
 
 from experiments.engine.train import selection_value
-from experiments.provenance import git_commit
+from experiments.paths import CALIBRATION_SEEDS, ENGINE_EPOCH_CODE
+from experiments.provenance import changed_since, git_commit, short_commit
 from experiments.spec import grids, tuned
 from experiments.spec.profiles import Profile, untuned
 from experiments.spec.tuned import AtChosenRate, Calibration, Choice, LearningRates
@@ -129,8 +130,9 @@ def _ce_frame(rows: list[dict], profile: Profile) -> pd.DataFrame:
 
 
 def cross_entropy_table(profile: Profile) -> pd.DataFrame:
-    """Per calibrated setup and CE number: the paper's, the calibration's and the tables' (at the rate CE chose),
-    each with its learning-rate multiplier."""
+    """Per calibrated setup and CE number: the paper's, the calibration's and the learning-rate search's (at the rate
+    CE chose for the tables), each with its learning-rate multiplier, and whether their runs are stale
+    (:func:`stale_text`)."""
     rows = []
     for setup in profile.calibrated_setups:
         fitted, chosen = calibration.current_entry(profile, setup), current_entry(profile, setup)
@@ -142,8 +144,9 @@ def cross_entropy_table(profile: Profile) -> pd.DataFrame:
             rows.append({"data": fitted.dataset, "CE number": target.label,
                          "role": "fitted" if target.fitted else "held out", "paper (%)": target.published,
                          "calibration (%)": round(target.ours, 1), "calibrated at": f"x{calibrated_at:g}",
-                         "tables, chosen lr (%)": round(at_chosen.ours, 1), "chosen": f"x{at_chosen.multiplier:g}",
-                         "gap at chosen lr (points)": round(at_chosen.ours - target.published, 1)})
+                         "search, chosen lr (%)": round(at_chosen.ours, 1), "chosen": f"x{at_chosen.multiplier:g}",
+                         "gap at chosen lr (points)": round(at_chosen.ours - target.published, 1),
+                         "trained by": _engine_text([fitted, chosen])})
     return _ce_frame(rows, profile)
 
 
@@ -182,17 +185,40 @@ def fitted_gap_at_chosen_rate(fitted: Calibration | dict,
             ", ".join(f"x{m:g}" for m in multipliers))
 
 
+def earlier_engines(entries: list[Calibration | LearningRates]) -> list[str]:
+    """The commits (short) of those ``entries`` whose runs were trained with other engine code than today's
+    (:data:`ENGINE_EPOCH_CODE` changed since): their numbers are not what the same runs give now, the tables' own
+    included."""
+    return sorted({short_commit(entry.commit) for entry in entries
+                   if changed_since(entry.commit, ENGINE_EPOCH_CODE) is True})
+
+
+def stale_text(entries: list[Calibration | LearningRates]) -> str | None:
+    """Why the CE numbers of ``entries`` (a setup's calibration and learning-rate choice) are stale, or None."""
+    earlier = earlier_engines(entries)
+    return (f"stale: these CE numbers come from runs trained at commit {', '.join(earlier)} by an earlier engine; the "
+            f"tables' own CE runs are in the table {CALIBRATION_SEEDS}") if earlier else None
+
+
+def _engine_text(entries: list[Calibration | LearningRates]) -> str:
+    """The engine that trained the runs of ``entries``, for a table's cell."""
+    earlier = earlier_engines(entries)
+    return f"an earlier engine ({', '.join(earlier)}): stale" if earlier else "today's engine"
+
+
 def summary_line(profile: Profile, setup: str) -> str:
     """What a verdict on ``setup``'s data says about its difficulty: the calibration's line
     (:func:`experiments.tuning.calibration.summary_line`), then CE's fitted numbers at the learning rates it chose for
-    the tables where these are not the ones it was calibrated at (:mod:`experiments.tuning.fixed_point` not settled)."""
+    the tables where these are not the ones it was calibrated at (:mod:`experiments.tuning.fixed_point` not settled),
+    then :func:`stale_text` where their runs were trained by an earlier engine."""
     line, chosen, fitted = (calibration.summary_line(profile, setup), current_entry(profile, setup),
                             calibration.current_entry(profile, setup))
-    if chosen is None or fitted is None or agrees(chosen, fitted, profile, setup):
-        return line
-    rms, worst, gap, multipliers = fitted_gap_at_chosen_rate(fitted, chosen)
-    return (f"{line}; at the learning rate CE chose for the tables ({multipliers}): {rms:.1f} points RMS, largest gap "
-            f"{gap:+.1f} ({worst})")
+    if chosen is not None and fitted is not None and not agrees(chosen, fitted, profile, setup):
+        rms, worst, gap, multipliers = fitted_gap_at_chosen_rate(fitted, chosen)
+        line += (f"; at the learning rate CE chose for the tables ({multipliers}): {rms:.1f} points RMS, largest gap "
+                 f"{gap:+.1f} ({worst})")
+    stale = stale_text([entry for entry in (fitted, chosen) if entry is not None])
+    return line if stale is None else f"{line} ({stale})"
 
 
 def table(profile: Profile) -> pd.DataFrame:
