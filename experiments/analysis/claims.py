@@ -1,10 +1,12 @@
 """Verdicts on the paper's claims (:data:`experiments.spec.paper.CLAIMS`), computed from the reproduced results.
 
 A claim is split into parts, each a test on the reproduced means with the threshold written in its evidence line;
-the claim is reproduced when every part holds, not reproduced when one fails. Where a part's noise is measured (claim
-3's differences of means, claim 4's ratios of epoch times, claim 7's values), a statistic within it of the threshold
-neither holds nor fails: the claim is then "inconclusive at this profile", with the numbers, rather than a verdict a
-rerun could flip. Claims 1, 2, 5 and 6 compare the seeds' means with their thresholds alone. The thresholds read
+the claim is reproduced when every part holds, not reproduced when one fails. A part whose statistic lies within its
+own noise of the threshold neither holds nor fails: the claim is then "inconclusive at this profile", with the
+numbers, rather than a verdict a rerun could flip. The noise is one standard error of the statistic from the seeds
+(a difference ``a - c b`` of two means: ``sqrt(se_a^2 + c^2 se_b^2)``; claim 3 takes its largest), the drift of a
+repeated timing for claim 4's ratios, and three standard errors for claim 7's Monte Carlo estimates. A frame without
+standard errors (one seed, or published numbers) has no noise: its means decide. The thresholds read
 the paper's words ("fails", "little impact", "barely depends") as numbers, once, here.
 """
 
@@ -76,46 +78,96 @@ def _decided(statistic: float, threshold: float, noise: float, below: bool) -> b
     return statistic <= threshold if below else statistic >= threshold
 
 
-def _by(frame: pd.DataFrame, column: str) -> dict:
-    return dict(zip(frame[column], frame["mean"]))
+def _by(frame: pd.DataFrame, column: str, value: str = "mean") -> dict:
+    return dict(zip(frame[column], frame[value]))
+
+
+def _errors(frame: pd.DataFrame, column: str, value: str = "se") -> dict:
+    """The standard error of each mean of ``frame`` by ``column`` (0 where none is known: the mean then decides)."""
+    errors = frame[value] if value in frame else [math.nan] * len(frame)
+    return {key: error if math.isfinite(error) else 0.0 for key, error in zip(frame[column], errors)}
+
+
+def _exceeds(a: float, se_a: float, b: float, se_b: float, scale: float = 1.0) -> bool | None:
+    """Whether mean ``a`` is above ``scale`` x mean ``b``, None where ``a - scale b`` is within one standard error
+    of itself (``sqrt(se_a^2 + scale^2 se_b^2)``) of 0."""
+    return _decided(a - scale * b, 0.0, math.hypot(se_a, scale * se_b), below=False)
+
+
+def _every(outcomes: list[bool | None]) -> bool | None:
+    """Whether every comparison holds: False if one fails, else None if one is undecided, else True."""
+    return False if False in outcomes else None if None in outcomes else True
+
+
+def _undecided_text(outcomes: list[bool | None], names: list[str]) -> str:
+    """The evidence's note on the comparisons within their noise (one standard error): empty where none is."""
+    within = [name for name, outcome in zip(names, outcomes) if outcome is None]
+    return f"; within one standard error: {', '.join(within)}" if within else ""
 
 
 def _fmt(value: float) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.1f}"
 
 
+def _against_best(means: dict, errors: dict, keys: list, share: float) -> list[bool | None]:
+    """Whether each of ``keys``'s means is at least ``share`` x the best of ``means``, within noise."""
+    top = max(means, key=lambda key: means[key])
+    return [_exceeds(means[key], errors[key], means[top], errors[top], share) for key in keys]
+
+
+def _fails(means: dict, errors: dict, keys: list) -> list[bool | None]:
+    """Whether each of ``keys``'s means is below :data:`FAILS_BELOW` x the best, within noise."""
+    return [None if above is None else not above for above in _against_best(means, errors, keys, FAILS_BELOW)]
+
+
+def _learns(means: dict, errors: dict, keys: list) -> list[bool | None]:
+    """Whether each of ``keys``'s means is at least :data:`LEARNS_ABOVE` x the best, within noise."""
+    return _against_best(means, errors, keys, LEARNS_ABOVE)
+
+
 def claim_1(table2: pd.DataFrame) -> Verdict:
-    """eps = 0, 1e-4, 1e-3 fail; every eps >= 1e-2 learns. ``table2``: columns epsilon, mean (best val top-5)."""
-    means = _by(table2, "epsilon")
-    best = max(v for v in means.values() if math.isfinite(v))
-    small = {e: v for e, v in means.items() if e < 1e-2}
-    large = {e: v for e, v in means.items() if e >= 1e-2}
-    listed = lambda values: ", ".join(f"eps={e:g}: {_fmt(v)}" for e, v in values.items())  # noqa: E731
+    """eps = 0, 1e-4, 1e-3 fail; every eps >= 1e-2 learns. ``table2``: columns epsilon, mean (best val top-5), se
+    (optional)."""
+    means, errors = _by(table2, "epsilon"), _errors(table2, "epsilon")
+    means = {e: v for e, v in means.items() if math.isfinite(v)}
+    best = max(means.values())
+    small = [e for e in means if 0 < e < 1e-2]
+    large = [e for e in means if e >= 1e-2]
+    listed = lambda keys: ", ".join(f"eps={e:g}: {_fmt(means[e])}" for e in keys)  # noqa: E731
+    names = lambda keys: [f"eps={e:g}" for e in keys]  # noqa: E731
+    zero, fails, learns = _fails(means, errors, [0.0]), _fails(means, errors, small), _learns(means, errors, large)
     return Verdict.from_parts(1, [
-        (means[0.0] < FAILS_BELOW * best, f"eps = 0 fails: {_fmt(means[0.0])} < {FAILS_BELOW} x best ({_fmt(best)})"),
-        (all(v < FAILS_BELOW * best for e, v in small.items() if e > 0),
-         f"eps in (0, 1e-2) fails: {listed({e: v for e, v in small.items() if e > 0})} < {FAILS_BELOW} x best"),
-        (all(v >= LEARNS_ABOVE * best for v in large.values()),
-         f"eps >= 1e-2 learns, large eps included: {listed(large)} >= {LEARNS_ABOVE} x best"),
+        (zero[0], f"eps = 0 fails: {_fmt(means[0.0])} < {FAILS_BELOW} x best ({_fmt(best)})"
+                  f"{_undecided_text(zero, ['eps=0'])}"),
+        (_every(fails), f"eps in (0, 1e-2) fails: {listed(small)} < {FAILS_BELOW} x best"
+                        f"{_undecided_text(fails, names(small))}"),
+        (_every(learns), f"eps >= 1e-2 learns, large eps included: {listed(large)} >= {LEARNS_ABOVE} x best"
+                         f"{_undecided_text(learns, names(large))}"),
     ])
 
 
 def claim_2(figure2: pd.DataFrame, n_samples: int, n_classes: int, table2: pd.DataFrame) -> Verdict:
-    """Few non-zero gradient coordinates (``figure2``: epsilon, mean), rising with eps, and learning succeeds
-    (``table2``: every eps >= 1e-2 within 90% of the best)."""
-    nonzero = _by(figure2, "epsilon")
+    """Few non-zero gradient coordinates (``figure2``: epsilon, mean, se optional), rising with eps, and learning
+    succeeds (``table2``: every eps >= 1e-2 within 90% of the best)."""
+    nonzero, nonzero_errors = _by(figure2, "epsilon"), _errors(figure2, "epsilon")
     positive = [e for e in sorted(nonzero) if e > 0]
-    learned = _by(table2, "epsilon")
-    best = max(learned.values())
+    densest = max(nonzero, key=lambda e: nonzero[e])
+    learned, learned_errors = _by(table2, "epsilon"), _errors(table2, "epsilon")
+    learned = {e: v for e, v in learned.items() if math.isfinite(v)}
+    best, large = max(learned.values()), [e for e in learned if e >= 1e-2]
+    few = _decided(nonzero[densest], n_samples + 1, nonzero_errors[densest], below=True)
+    rises = _exceeds(nonzero[positive[-1]], nonzero_errors[positive[-1]], nonzero[positive[0]],
+                     nonzero_errors[positive[0]])
+    learns = _learns(learned, learned_errors, large)
+    within = "; within one standard error"
     return Verdict.from_parts(2, [
-        (max(nonzero.values()) <= n_samples + 1,
-         f"at most B + 1 = {n_samples + 1} of {n_classes} coordinates are non-zero: max {max(nonzero.values()):.2f}"),
-        (nonzero[positive[-1]] > nonzero[positive[0]],
-         f"the count rises with eps: {nonzero[positive[0]]:.2f} at eps={positive[0]:g}, "
-         f"{nonzero[positive[-1]]:.2f} at eps={positive[-1]:g}"),
-        (all(v >= LEARNS_ABOVE * best for e, v in learned.items() if e >= 1e-2),
-         f"learning succeeds with these gradients: best val top-5 for eps >= 1e-2 within {LEARNS_ABOVE} x best "
-         f"({_fmt(best)}): min {_fmt(min(v for e, v in learned.items() if e >= 1e-2))}"),
+        (few, f"at most B + 1 = {n_samples + 1} of {n_classes} coordinates are non-zero: max "
+              f"{nonzero[densest]:.2f}{within if few is None else ''}"),
+        (rises, f"the count rises with eps: {nonzero[positive[0]]:.2f} at eps={positive[0]:g}, "
+                f"{nonzero[positive[-1]]:.2f} at eps={positive[-1]:g}{within if rises is None else ''}"),
+        (_every(learns), f"learning succeeds with these gradients: best val top-5 for eps >= 1e-2 within "
+                         f"{LEARNS_ABOVE} x best ({_fmt(best)}): min {_fmt(min(learned[e] for e in large))}"
+                         f"{_undecided_text(learns, [f'eps={e:g}' for e in large])}"),
     ])
 
 
@@ -188,35 +240,47 @@ def claim_4_measured(times: pd.DataFrame) -> Verdict:
 
 def claim_5(table4: pd.DataFrame) -> Verdict:
     """Under label noise p > 0, both top-5 losses beat CE on top-5; noised >= smoothed for p >= 0.2.
-    ``table4``: loss, p, mean (test top-5)."""
-    means = {(row.loss, row.p): row.mean for row in table4.itertuples()}
+    ``table4``: loss, p, mean (test top-5), se (optional)."""
+    keyed = table4.assign(key=list(zip(table4["loss"], table4["p"])))
+    means, errors = _by(keyed, "key"), _errors(keyed, "key")
     noisy = sorted({p for _, p in means if p > 0})
+    beats = lambda a, b, p: _exceeds(means[a, p], errors[a, p], means[b, p], errors[b, p])  # noqa: E731
     parts = []
     for loss in ("smooth_hinge", "noised_balanced"):
-        parts.append((all(means[loss, p] > means["cross_entropy", p] for p in noisy),
-                      f"{loss} > CE for every p > 0 (test top-5, {loss} vs CE): " + ", ".join(
-                          f"p={p:g}: {_fmt(means[loss, p])} vs {_fmt(means['cross_entropy', p])}" for p in noisy)))
+        outcomes = [beats(loss, "cross_entropy", p) for p in noisy]
+        parts.append((_every(outcomes), f"{loss} > CE for every p > 0 (test top-5, {loss} vs CE): " + ", ".join(
+            f"p={p:g}: {_fmt(means[loss, p])} vs {_fmt(means['cross_entropy', p])}" for p in noisy)
+            + _undecided_text(outcomes, [f"p={p:g}" for p in noisy])))
     later = [p for p in noisy if p >= 0.2]
-    parts.append((all(means["noised_balanced", p] >= means["smooth_hinge", p] for p in later),
-                  "noised >= smoothed for p >= 0.2 (noised vs smoothed): " + ", ".join(
-                      f"p={p:g}: {_fmt(means['noised_balanced', p])} vs {_fmt(means['smooth_hinge', p])}" for p in later)))
+    outcomes = [None if (worse := beats("smooth_hinge", "noised_balanced", p)) is None else not worse for p in later]
+    parts.append((_every(outcomes), "noised >= smoothed for p >= 0.2 (noised vs smoothed): " + ", ".join(
+        f"p={p:g}: {_fmt(means['noised_balanced', p])} vs {_fmt(means['smooth_hinge', p])}" for p in later)
+        + _undecided_text(outcomes, [f"p={p:g}" for p in later])))
     return Verdict.from_parts(5, parts)
 
 
 def claim_6(table5: pd.DataFrame) -> Verdict:
     """The smoothed hinge fails on few-shot classes for K = 3, 5; noised imbalanced beats LDAM, focal and CE for every
-    K. ``table5``: loss, K, mean (macro top-K), few (few-shot macro top-K mean)."""
-    mean = {(row.loss, row.K): row.mean for row in table5.itertuples()}
-    few = {(row.loss, row.K): row.few for row in table5.itertuples()}
+    K. ``table5``: loss, K, mean (macro top-K), few (few-shot macro top-K mean), se and few_se (optional)."""
+    keyed = table5.assign(key=list(zip(table5["loss"], table5["K"])))
+    mean, mean_se = _by(keyed, "key"), _errors(keyed, "key")
+    few, few_se = _by(keyed, "key", "few"), _errors(keyed, "key", "few_se")
     ks = sorted({k for _, k in mean})
-    parts = [(few["smooth_hinge", k] < TAIL_FAILURE_RATIO * few["cross_entropy", k],
-              f"K={k}: smoothed hinge few-shot {_fmt(few['smooth_hinge', k])} < {TAIL_FAILURE_RATIO} x CE's "
-              f"({_fmt(few['cross_entropy', k])})") for k in ks if k >= 3]
+    within = "; within one standard error"
+    parts = []
+    for k in [k for k in ks if k >= 3]:
+        above = _exceeds(few["smooth_hinge", k], few_se["smooth_hinge", k], few["cross_entropy", k],
+                         few_se["cross_entropy", k], TAIL_FAILURE_RATIO)
+        fails = None if above is None else not above
+        parts.append((fails, f"K={k}: smoothed hinge few-shot {_fmt(few['smooth_hinge', k])} < {TAIL_FAILURE_RATIO} "
+                             f"x CE's ({_fmt(few['cross_entropy', k])}){within if fails is None else ''}"))
     for k in ks:
-        rivals = {loss: mean[loss, k] for loss in ("ldam", "focal", "cross_entropy")}
-        parts.append((all(mean["noised_imbalanced", k] > v for v in rivals.values()),
-                      f"K={k}: noised imbalanced > {', '.join(rivals)} (macro top-{k}): "
-                      f"{_fmt(mean['noised_imbalanced', k])} vs " + ", ".join(_fmt(v) for v in rivals.values())))
+        rivals = ("ldam", "focal", "cross_entropy")
+        outcomes = [_exceeds(mean["noised_imbalanced", k], mean_se["noised_imbalanced", k], mean[rival, k],
+                             mean_se[rival, k]) for rival in rivals]
+        parts.append((_every(outcomes), f"K={k}: noised imbalanced > {', '.join(rivals)} (macro top-{k}): "
+                      f"{_fmt(mean['noised_imbalanced', k])} vs " + ", ".join(_fmt(mean[r, k]) for r in rivals)
+                      + _undecided_text(outcomes, list(rivals))))
     return Verdict.from_parts(6, parts)
 
 

@@ -8,17 +8,31 @@ import pandas as pd
 from scipy import stats
 
 
+def _finite(values) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
+def standard_error(values) -> float:
+    """The standard error of the mean of the finite ``values`` (sample standard deviation over sqrt(n)); NaN for
+    n < 2."""
+    finite = _finite(values)
+    n = len(finite)
+    if n < 2:
+        return math.nan
+    mean = sum(finite) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) / math.sqrt(n)
+
+
 def mean_interval(values) -> tuple[float, float, int]:
     """``(mean, half-width of the 95% Student t interval, n)`` of the finite ``values``; the half-width is NaN for n < 2."""
-    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    finite = _finite(values)
     n = len(finite)
     if n == 0:
         return math.nan, math.nan, 0
     mean = sum(finite) / n
     if n < 2:
         return mean, math.nan, 1
-    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
-    return mean, float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n), n
+    return mean, float(stats.t.ppf(0.975, n - 1)) * standard_error(finite), n
 
 
 def summarise(frame: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
@@ -27,8 +41,8 @@ def summarise(frame: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
     rows = []
     for key, group in frame.groupby(by, dropna=False, sort=False):
         mean, half, n = mean_interval(group[value])
-        se = half / float(stats.t.ppf(0.975, n - 1)) if n > 1 else math.nan
-        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "mean": mean, "half": half, "se": se,
+        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "mean": mean, "half": half,
+                     "se": standard_error(group[value]),
                      "n": n, "runs": len(group)})
     return pd.DataFrame(rows)
 
@@ -208,9 +222,11 @@ def epoch_time_overheads(times: pd.DataFrame, published: dict[str, float], k: in
 
 def macro_top_k_means(runs: pd.DataFrame) -> pd.DataFrame:
     """Claim 6's numbers: per loss and K, the seeds' mean test macro-average top-K (``mean``) and its few-shot part
-    (``few``), from the run columns ``test_macro_top<K>`` and ``test_macro_top<K>_few``."""
+    (``few``), from the run columns ``test_macro_top<K>`` and ``test_macro_top<K>_few``, each with the standard error
+    of its mean (``se``, ``few_se``)."""
     return pd.DataFrame([{"loss": loss, "K": k, "mean": part[f"test_macro_top{k}"].mean(),
-                          "few": part[f"test_macro_top{k}_few"].mean()}
+                          "se": standard_error(part[f"test_macro_top{k}"]), "few": part[f"test_macro_top{k}_few"].mean(),
+                          "few_se": standard_error(part[f"test_macro_top{k}_few"])}
                          for (loss, k), part in runs.groupby(["loss", "K"])])
 
 

@@ -97,12 +97,21 @@ def test_claim_1_holds_on_table_2_and_breaks_if_eps_0_learns():
     assert claims.claim_1(_frame(paper.TABLE_2, "epsilon")).status == claims.REPRODUCED
     learned = claims.claim_1(_frame({**paper.TABLE_2, 0.0: 90.0}, "epsilon"))
     assert learned.status == claims.NOT_REPRODUCED and learned.evidence[0].startswith("✗ eps = 0 fails")
+    # eps = 1e-2 at 85 against 0.9 x 94.46 = 85.01: within one standard error (here 0.1 and 0.9 x 0.1), then beyond it
+    near = claims.claim_1(_frame({**paper.TABLE_2, 1e-2: 85.0}, "epsilon"))
+    assert near.status == claims.INCONCLUSIVE and near.evidence[2].endswith("within one standard error: eps=0.01")
+    far = claims.claim_1(_frame({**paper.TABLE_2, 1e-2: 84.5}, "epsilon"))
+    assert far.status == claims.NOT_REPRODUCED and far.evidence[2].startswith("✗ eps >= 1e-2 learns")
+    assert claims.claim_1(_frame({**paper.TABLE_2, 1e-2: 85.0}, "epsilon").drop(columns="se")).status == \
+        claims.NOT_REPRODUCED  # no standard errors (published numbers, one seed): the means decide
 
 
 def test_claim_2_needs_sparse_gradients_rising_with_eps_and_learning():
-    sparsity = _frame({0.0: 2.0, 1e-4: 2.0, 1e-2: 2.8, 1.0: 3.9, 100.0: 3.95}, "epsilon")
+    sparsity = _frame({0.0: 2.0, 1e-4: 2.0, 1e-2: 2.8, 1.0: 3.9, 100.0: 3.95}, "epsilon").assign(se=0.01)
     table2 = _frame(paper.TABLE_2, "epsilon")
     assert claims.claim_2(sparsity, 3, 100, table2).status == claims.REPRODUCED
+    near = claims.claim_2(sparsity.assign(se=0.1), 3, 100, table2)  # 3.95 against B + 1 = 4, one SE 0.1 away
+    assert near.status == claims.INCONCLUSIVE and near.evidence[0].startswith("? at most B + 1")
     dense = _frame({0.0: 2.0, 1e-4: 2.0, 1.0: 60.0}, "epsilon")
     assert claims.claim_2(dense, 3, 100, table2).status == claims.NOT_REPRODUCED
 
@@ -160,7 +169,15 @@ def test_claim_5_holds_on_table_4_and_breaks_if_ce_wins_under_noise():
     table4 = pd.DataFrame([{"loss": loss, "p": p, "mean": values[i][0]} for loss, values in paper.TABLE_4.items()
                            for i, p in enumerate(paper.LABEL_NOISE)])
     assert claims.claim_5(table4).status == claims.REPRODUCED
-    table4.loc[(table4["loss"] == "cross_entropy") & (table4["p"] == 0.3), "mean"] = 95.0
+    smooth = table4.loc[(table4["loss"] == "smooth_hinge") & (table4["p"] == 0.3), "mean"].item()
+    ce_at_p3 = (table4["loss"] == "cross_entropy") & (table4["p"] == 0.3)
+    table4["se"] = 0.5  # a difference of two means: one standard error sqrt(2) x 0.5 = 0.71
+    table4.loc[ce_at_p3, "mean"] = smooth + 0.5
+    near = claims.claim_5(table4)
+    assert near.status == claims.INCONCLUSIVE and "within one standard error: p=0.3" in near.evidence[0]
+    table4.loc[ce_at_p3, "mean"] = smooth + 1.0
+    assert claims.claim_5(table4).status == claims.NOT_REPRODUCED
+    table4.loc[ce_at_p3, "mean"] = 95.0
     assert claims.claim_5(table4).status == claims.NOT_REPRODUCED
 
 
@@ -168,7 +185,14 @@ def test_claim_6_holds_on_table_5_and_breaks_if_ldam_wins():
     table5 = pd.DataFrame([{"loss": loss, "K": k, "mean": v[0], "few": v[2][0]}
                            for k, row in paper.TABLE_5.items() for loss, v in row.items()])
     assert claims.claim_6(table5).status == claims.REPRODUCED
-    table5.loc[(table5["loss"] == "ldam") & (table5["K"] == 3), "mean"] = 70.0
+    ldam_at_3 = (table5["loss"] == "ldam") & (table5["K"] == 3)
+    noised = table5.loc[(table5["loss"] == "noised_imbalanced") & (table5["K"] == 3), "mean"].item()
+    table5 = table5.assign(se=1.0, few_se=1.0)
+    table5.loc[ldam_at_3, "mean"] = noised - 1.0  # within sqrt(2) x 1.0 of the noised loss's
+    near = claims.claim_6(table5)
+    assert near.status == claims.INCONCLUSIVE and any(line.endswith("within one standard error: ldam")
+                                                      for line in near.evidence)
+    table5.loc[ldam_at_3, "mean"] = 70.0
     assert claims.claim_6(table5).status == claims.NOT_REPRODUCED
 
 
@@ -201,7 +225,8 @@ def test_epoch_time_overheads_put_ours_beside_the_papers_over_cross_entropy():
 def test_macro_top_k_means_average_the_seeds_per_loss_and_k():
     runs = pd.DataFrame([{"loss": "ce", "K": 1, "test_macro_top1": a, "test_macro_top1_few": b}
                          for a, b in ((40.0, 10.0), (42.0, 14.0))])
-    assert summary.macro_top_k_means(runs).to_dict("records") == [{"loss": "ce", "K": 1, "mean": 41.0, "few": 12.0}]
+    assert summary.macro_top_k_means(runs).to_dict("records") == [
+        {"loss": "ce", "K": 1, "mean": 41.0, "se": 1.0, "few": 12.0, "few_se": 2.0}]
 
 
 def test_gradient_sparsity_by_b_is_drawn_and_tabled():
