@@ -75,6 +75,7 @@ class Context:
         self.setup: str | None = None  # the profile's setup this notebook trains (:meth:`describe`)
         self.outputs: list[str] = []
         self.runs = {"trained": 0, "from_store": 0}  # this notebook's runs, by where their records came from
+        self.run_commits: set[str] = set()  # the commits that trained them (their records' provenance)
         self.started = time.time()
         # a notebook that reads every run from the store needs no GPU (a cluster's login node, after the executor)
         self.no_cuda_here = device.startswith("cuda") and not torch.cuda.is_available()
@@ -114,10 +115,12 @@ class Context:
                              "was asked for to train it, but torch sees no CUDA device here: train the profile's runs "
                              "where there is one (make train, EXECUTOR=slurm), then run the notebooks anywhere")
         try:
-            return train_once(config, self.store, device=self.device, data_root=data_root, num_workers=self.workers,
-                              compile_mode=self.compile_mode)
+            record = train_once(config, self.store, device=self.device, data_root=data_root, num_workers=self.workers,
+                                compile_mode=self.compile_mode)
         finally:
             self.runs["from_store" if cached else "trained"] += 1
+        self.run_commits.add(record["provenance"]["git_commit"])
+        return record
 
     def _root(self, cell: Cell) -> Path | None:
         if cell.setup.synthetic:
@@ -187,7 +190,8 @@ class Context:
     def _write_manifest(self) -> None:
         manifest = {"notebook": self.notebook, "profile": self.profile.name, "commit": self.commit, "device": self.device,
                     "data": self.data, "outputs": self.outputs, "seconds": round(time.time() - self.started, 1),
-                    "runs": self.runs, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+                    "runs": self.runs, "run_commits": sorted(self.run_commits), "threads": torch.get_num_threads(),
+                    "cpus": os.cpu_count(),
                     "machine": self.machine, "pid": os.getpid()}
         (self.figures / "manifests" / f"{self.notebook}.json").write_text(json.dumps(manifest, indent=1))
 

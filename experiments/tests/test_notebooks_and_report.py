@@ -124,6 +124,7 @@ def test_a_smoke_run_writes_its_outputs_with_profile_commit_and_data(tmp_path):
     again.run(grids.table3(SMOKE)[:1], progress=False)
     manifest = json.loads((tmp_path / "figures" / "manifests" / "table3_samples.json").read_text())
     assert manifest["runs"] == {"trained": 0, "from_store": 1}
+    assert manifest["run_commits"] == [commit]  # the commit that trained the run read back, from its record
 
 
 def _executed(path, outputs):
@@ -328,15 +329,17 @@ def test_code_is_hidden_by_default_whatever_the_body_classes():
 
 def test_the_committed_quick_figures_were_made_by_todays_engine():
     """figures/quick (the README's verdicts, the committed report) is regenerated whenever the training engine's code
-    changes: runs trained by an earlier engine give other numbers. Its manifests name the commit of their runs."""
+    changes: runs trained by an earlier engine give other numbers. Its manifests name the notebook's commit and the
+    commits that trained its runs."""
     stale = {}
     for manifest in sorted((paths.FIGURES / "quick" / "manifests").glob("*.json")):
-        commit = json.loads(manifest.read_text())["commit"]
-        changed = provenance.changed_since(commit, paths.ENGINE_EPOCH_CODE)
-        if changed is None:
-            pytest.skip(f"git cannot compare this checkout with commit {commit} (not a full clone?)")
-        if changed:
-            stale[manifest.stem] = provenance.short_commit(commit)
+        written = json.loads(manifest.read_text())
+        for commit in (written["commit"], *written.get("run_commits", [])):
+            changed = provenance.changed_since(commit, paths.ENGINE_EPOCH_CODE)
+            if changed is None:
+                pytest.skip(f"git cannot compare this checkout with commit {commit} (not a full clone?)")
+            if changed:
+                stale[manifest.stem] = provenance.short_commit(commit)
     assert not stale, (f"figures/quick was made at {stale}, before the engine's last change "
                        f"({', '.join(paths.ENGINE_EPOCH_CODE)}): run make paper-figures and commit figures/quick")
 
