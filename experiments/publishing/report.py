@@ -34,7 +34,7 @@ from experiments.analysis.claims import NOT_RUN, REPRODUCED, STATUSES
 from experiments.spec.paper import CLAIMS
 from experiments.paths import BUILD, FIGURES
 from experiments.spec.profiles import get_profile
-from experiments.provenance import device_name, git_commit, versions
+from experiments.provenance import device_name, git_commit, short_commit, versions
 
 OK, FAILED, MISSING = "ok", "failed", "not run"
 _REMOTE_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>', re.S)
@@ -124,20 +124,26 @@ def verdicts(profile: str, figures: Path, runs: list[NotebookRun]) -> list[dict]
 
 
 def provenance(profile: str, runs: list[NotebookRun]) -> dict:
+    """Where the results come from (the notebooks' manifests: their commits, the commits that trained their runs,
+    their machines) and where this page was rendered."""
     import torch
 
     manifests = [run.manifest for run in runs if run.manifest]
+    listed = lambda values: ", ".join(sorted(set(values))) or "-"  # noqa: E731
     data = sorted({d for m in manifests for d in m.get("data", [])})
     devices = sorted({m["device"] for m in manifests})
     return {
         "profile": f"{profile}: {get_profile(profile).description}",
         "data": "; ".join(data) or "none",
         "real or synthetic": _real_or_synthetic(data),
-        "git commit": git_commit(),
+        "notebooks run at commit": listed(short_commit(m["commit"]) for m in manifests if m.get("commit")),
+        "runs trained at commit": listed(short_commit(c) for m in manifests for c in m.get("run_commits", [])),
+        "notebooks' machines": listed(m["machine"] for m in manifests if m.get("machine")),
+        "rendered at commit": git_commit(),
         "rendered": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "versions": ", ".join(f"{name} {version}" for name, version in versions().items()),
         "device": ", ".join(devices) or "-",
-        "machine": f"{device_name('cpu')}, {torch.get_num_threads()} torch threads",
+        "rendering machine": f"{device_name('cpu')}, {torch.get_num_threads()} torch threads",
         "notebook run time": f"{sum(r.seconds or 0 for r in runs) / 60:.1f} min in total for this execution "
                              "(runs already in the results store are read back, not retrained)",
     }

@@ -428,3 +428,16 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     missing = subprocess.run(["make", "check-python", "PY=" + sys.executable, "MODULES=torch no_such_module_here"],
                              cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "lacks ['no_such_module_here']" in missing.stderr
+
+
+def test_the_reports_provenance_names_the_commits_of_the_notebooks_and_of_their_runs():
+    """The report's provenance is the results' (each manifest's commit, its runs' commits, its machine), beside the
+    rendering's own commit: a report rendered later says when its numbers were made."""
+    from types import SimpleNamespace
+
+    manifests = [{"commit": "a" * 40, "run_commits": ["b" * 40, "c" * 40 + "-dirty"], "device": "cpu", "machine": "m1"},
+                 {"commit": "a" * 40, "run_commits": ["b" * 40], "device": "cpu", "machine": "m2"}]
+    shown = report.provenance("smoke", [SimpleNamespace(manifest=m, seconds=1.0) for m in manifests])
+    assert shown["notebooks run at commit"] == "a" * 10
+    assert shown["runs trained at commit"] == f"{'b' * 10}, {'c' * 10}-dirty"
+    assert shown["notebooks' machines"] == "m1, m2" and shown["rendered at commit"] == provenance.git_commit()
