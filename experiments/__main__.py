@@ -105,15 +105,11 @@ def _progress_kept(store: ResultsStore, config: RunConfig) -> str:
             f"{store.root / 'checkpoints'})")
 
 
-def _stop_as_ctrl_c(signum: int, frame) -> None:
-    """SIGTERM (``kill``, a scheduler) and SIGHUP (a closed terminal or ssh session) stop a command as Ctrl-C does:
-    what finished is kept, the message says so, and no traceback."""
-    raise KeyboardInterrupt
-
-
 if __name__ == "__main__":
-    for stop in (signal.SIGTERM, signal.SIGHUP):  # here, not at import: spawned workers import this module too
-        signal.signal(stop, _stop_as_ctrl_c)
+    # Ctrl-C, SIGTERM (kill, a scheduler) and SIGHUP (a closed terminal or ssh session) stop a command alike: what
+    # finished is kept, the message says so, and no traceback. Here, not at import: spawned workers import this module.
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, executors.interrupt_quietly)
     try:
         sys.exit(main())
     except KeyboardInterrupt:  # before a command's own handling began (planning, say): nothing was trained

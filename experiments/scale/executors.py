@@ -118,13 +118,13 @@ def slots(jobs: int, per_gpu: int | None, device: str) -> list[str]:
     if per_gpu is not None:
         if per_gpu < 1:
             raise ValueError(f"'per_gpu' (--per-gpu) should be a positive number of runs per GPU, got {per_gpu}")
-        if not device.startswith("cuda"):
-            raise ValueError(f"'per_gpu' (--per-gpu) places runs on GPUs, but the device is {device!r}: give --device "
-                             "cuda (every visible GPU) or cuda:N (GPU N alone), or --jobs on the CPU")
         gpus = torch.cuda.device_count()
         if gpus == 0:
             raise ValueError("'per_gpu' (--per-gpu) was given, but torch sees no CUDA device here: use --jobs on "
                              "the CPU")
+        if not device.startswith("cuda"):
+            raise ValueError(f"'per_gpu' (--per-gpu) places runs on GPUs, but the device is {device!r}: give --device "
+                             "cuda (every visible GPU) or cuda:N (GPU N alone), or --jobs on the CPU")
         if device != "cuda":
             if int(device.split(":")[1]) >= gpus:
                 raise ValueError(f"device {device!r} was asked for, but torch sees {gpus} CUDA device(s) here "
@@ -399,13 +399,22 @@ INTERRUPTED = 130
 INTERRUPTED_EXITS = (INTERRUPTED, -signal.SIGINT)
 
 
+def interrupt_quietly(signum: int, frame) -> None:
+    """The handler of a stop signal (Ctrl-C's SIGINT; SIGTERM and SIGHUP at the command line): KeyboardInterrupt, after
+    which the exceptions Python ignores but prints ("Exception ignored in ...": a library's finaliser left half done by
+    the interrupt, llvmlite's under numba say) are not printed, so that an interrupted command ends with its message
+    and no traceback."""
+    sys.unraisablehook = lambda unraisable: None
+    raise KeyboardInterrupt
+
+
 def _worker(connection, device: str, options: TrainOptions, threads: int) -> None:
     """A worker process: trains each group it is sent, until it is sent None (:func:`_serve`). Ctrl-C reaches the
     whole process group: the worker then ends quietly with :data:`INTERRUPTED`, and the parent says what is kept."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of its start, held blocked (WorkerPool._start): dropped
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, interrupt_quietly)
         _serve(connection, device, options, threads)
     except KeyboardInterrupt:
         sys.exit(INTERRUPTED)

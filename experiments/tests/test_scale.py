@@ -540,6 +540,29 @@ def test_ctrl_c_stops_a_local_train_with_its_workers_and_one_message_no_tracebac
     assert "Traceback" not in errors, errors[-3000:]
 
 
+def test_after_a_stop_signal_a_finaliser_left_half_done_prints_no_traceback():
+    """Ctrl-C can cut a library's cleanup short (llvmlite's under numba, in a CI run): its object's finaliser then
+    fails, and Python prints that as "Exception ignored ... Traceback". After the stop signal nothing such is printed;
+    before it, it still is."""
+    code = ("import os, signal\n"
+            "from experiments.scale.executors import interrupt_quietly\n"
+            "class Finalised:\n"
+            "    def __del__(self):\n"
+            "        raise AttributeError('cut short')\n"
+            "signal.signal(signal.SIGINT, interrupt_quietly)\n"
+            "Finalised()\n"
+            "try:\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    for _ in range(10 ** 7):\n"
+            "        pass\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n"
+            "Finalised()\n")
+    ran = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and ran.stdout == "interrupted\n", ran.stderr
+    assert ran.stderr.count("Exception ignored") == 1 and ran.stderr.count("cut short") == 1, ran.stderr
+
+
 def test_sigterm_to_a_local_train_alone_stops_it_with_its_workers_as_ctrl_c_does(tmp_path):
     """SIGTERM to the command's process only (``kill``, a scheduler ending the job; SIGHUP, a closed terminal, is taken
     the same way): exit 130, the message that the same command resumes, no traceback, and no worker left running."""
