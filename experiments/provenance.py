@@ -51,7 +51,12 @@ def changed_since(commit: str, files: tuple[str, ...]) -> bool | None:
     sha = commit.partition("-dirty")[0]
     if not sha or _git("cat-file", "-e", f"{sha}^{{commit}}") is None:
         return None
-    return _git("diff", "--quiet", sha, "--", *files) is None  # exit status 1: they differ
+    try:
+        status = subprocess.run(["git", "diff", "--quiet", sha, "--", *files], cwd=PROJECT_ROOT,
+                                capture_output=True).returncode
+    except OSError:
+        return None
+    return {0: False, 1: True}.get(status)  # another status: git failed, so it cannot tell
 
 
 def short_commit(commit: str) -> str:

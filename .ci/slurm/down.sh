@@ -9,8 +9,9 @@ SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 # the running controller's own clients (up.sh's SLURM_CI_VERSION=24.11 lives in /opt; other versions' clients fail),
 # found through its pid file where that names a live slurmctld (pid files can be stale)
 ctld_pid=$($SUDO cat /run/slurmctld.pid 2>/dev/null) || ctld_pid=""
-if [[ "$ctld_pid" =~ ^[0-9]+$ ]] && [ "$($SUDO cat "/proc/$ctld_pid/comm" 2>/dev/null)" = slurmctld ]; then
-    PATH=$(dirname "$(dirname "$($SUDO readlink "/proc/$ctld_pid/exe")")")/bin:$PATH
+if [[ "$ctld_pid" =~ ^[0-9]+$ ]] && [ "$($SUDO cat "/proc/$ctld_pid/comm" 2>/dev/null)" = slurmctld ] \
+   && ctld_exe=$($SUDO readlink "/proc/$ctld_pid/exe" 2>/dev/null) && [ -n "$ctld_exe" ]; then   # gone meanwhile: none
+    PATH=$(dirname "$(dirname "$ctld_exe")")/bin:$PATH
 fi
 
 if command -v scontrol >/dev/null && timeout 10 scontrol ping 2>/dev/null | grep -q 'is UP'; then

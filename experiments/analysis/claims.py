@@ -72,8 +72,9 @@ class Verdict:
 
 
 def _decided(statistic: float, threshold: float, noise: float, below: bool) -> bool | None:
-    """Whether ``statistic`` is below (``below``) or above ``threshold``; None when they are within ``noise``."""
-    if abs(statistic - threshold) <= noise:
+    """Whether ``statistic`` is at most (``below``) or at least ``threshold``; None when they are within ``noise`` (a
+    noise of 0: the statistic decides, a tie included)."""
+    if noise > 0 and abs(statistic - threshold) <= noise:
         return None
     return statistic <= threshold if below else statistic >= threshold
 
@@ -88,20 +89,33 @@ def _errors(frame: pd.DataFrame, column: str, value: str = "se") -> dict:
     return {key: error if math.isfinite(error) else 0.0 for key, error in zip(frame[column], errors)}
 
 
-def _exceeds(a: float, se_a: float, b: float, se_b: float, scale: float = 1.0) -> bool | None:
-    """Whether mean ``a`` is above ``scale`` x mean ``b``, None where ``a - scale b`` is within one standard error
-    of itself (``sqrt(se_a^2 + scale^2 se_b^2)``) of 0."""
-    return _decided(a - scale * b, 0.0, math.hypot(se_a, scale * se_b), below=False)
+Comparison = tuple[bool | None, float]  #: whether a comparison of two means holds (None: undecided), and its noise
 
 
-def _every(outcomes: list[bool | None]) -> bool | None:
+def _compare(a: float, se_a: float, b: float, se_b: float, *, above: bool, strict: bool,
+             scale: float = 1.0) -> Comparison:
+    """Whether mean ``a`` is above (``above``) or below ``scale`` x mean ``b`` (``strict``: not equal to it), with the
+    noise it was judged with, the standard error of ``a - scale b``: ``sqrt(se_a^2 + scale^2 se_b^2)``. None where the
+    difference is within it of 0 (a noise of 0: the means decide, as published numbers do); False where a mean is
+    missing (NaN: a diverged run)."""
+    difference, noise = a - scale * b, math.hypot(se_a, scale * se_b)
+    if not math.isfinite(difference):
+        return False, noise
+    if noise > 0 and abs(difference) <= noise:
+        return None, noise
+    signed = difference if above else -difference
+    return (signed > 0 if strict else signed >= 0), noise
+
+
+def _every(comparisons: list[Comparison]) -> bool | None:
     """Whether every comparison holds: False if one fails, else None if one is undecided, else True."""
+    outcomes = [holds for holds, _ in comparisons]
     return False if False in outcomes else None if None in outcomes else True
 
 
-def _undecided_text(outcomes: list[bool | None], names: list[str]) -> str:
-    """The evidence's note on the comparisons within their noise (one standard error): empty where none is."""
-    within = [name for name, outcome in zip(names, outcomes) if outcome is None]
+def _undecided_text(comparisons: list[Comparison], names: list[str]) -> str:
+    """The evidence's note on the comparisons within their noise, each with it: empty where none is."""
+    within = [f"{name} ({noise:.2f})" for name, (holds, noise) in zip(names, comparisons) if holds is None]
     return f"; within one standard error: {', '.join(within)}" if within else ""
 
 
@@ -109,36 +123,39 @@ def _fmt(value: float) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.1f}"
 
 
-def _against_best(means: dict, errors: dict, keys: list, share: float) -> list[bool | None]:
-    """Whether each of ``keys``'s means is at least ``share`` x the best of ``means``, within noise."""
-    top = max(means, key=lambda key: means[key])
-    return [_exceeds(means[key], errors[key], means[top], errors[top], share) for key in keys]
+def _against_best(means: dict, errors: dict, keys: list, share: float, *, above: bool,
+                  strict: bool) -> list[Comparison]:
+    """Each of ``keys``'s means against ``share`` x the best finite mean of ``means`` (:func:`_compare`). The best
+    against a share of itself is one mean, not two: its difference's standard error is (1 - share) x its own."""
+    top = max((key for key in means if math.isfinite(means[key])), key=lambda key: means[key])
+    return [_compare((1 - share) * means[top], (1 - share) * errors[top], 0.0, 0.0, above=above, strict=strict)
+            if key == top else
+            _compare(means[key], errors[key], means[top], errors[top], above=above, strict=strict, scale=share)
+            for key in keys]
 
 
-def _fails(means: dict, errors: dict, keys: list) -> list[bool | None]:
-    """Whether each of ``keys``'s means is below :data:`FAILS_BELOW` x the best, within noise."""
-    return [None if above is None else not above for above in _against_best(means, errors, keys, FAILS_BELOW)]
+def _fails(means: dict, errors: dict, keys: list) -> list[Comparison]:
+    """Whether each of ``keys``'s means is below :data:`FAILS_BELOW` x the best."""
+    return _against_best(means, errors, keys, FAILS_BELOW, above=False, strict=True)
 
 
-def _learns(means: dict, errors: dict, keys: list) -> list[bool | None]:
-    """Whether each of ``keys``'s means is at least :data:`LEARNS_ABOVE` x the best, within noise."""
-    return _against_best(means, errors, keys, LEARNS_ABOVE)
+def _learns(means: dict, errors: dict, keys: list) -> list[Comparison]:
+    """Whether each of ``keys``'s means is at least :data:`LEARNS_ABOVE` x the best."""
+    return _against_best(means, errors, keys, LEARNS_ABOVE, above=True, strict=False)
 
 
 def claim_1(table2: pd.DataFrame) -> Verdict:
     """eps = 0, 1e-4, 1e-3 fail; every eps >= 1e-2 learns. ``table2``: columns epsilon, mean (best val top-5), se
     (optional)."""
     means, errors = _by(table2, "epsilon"), _errors(table2, "epsilon")
-    means = {e: v for e, v in means.items() if math.isfinite(v)}
-    best = max(means.values())
-    small = [e for e in means if 0 < e < 1e-2]
-    large = [e for e in means if e >= 1e-2]
+    best = max(v for v in means.values() if math.isfinite(v))
+    small, large = [e for e in means if 0 < e < 1e-2], [e for e in means if e >= 1e-2]
     listed = lambda keys: ", ".join(f"eps={e:g}: {_fmt(means[e])}" for e in keys)  # noqa: E731
     names = lambda keys: [f"eps={e:g}" for e in keys]  # noqa: E731
     zero, fails, learns = _fails(means, errors, [0.0]), _fails(means, errors, small), _learns(means, errors, large)
     return Verdict.from_parts(1, [
-        (zero[0], f"eps = 0 fails: {_fmt(means[0.0])} < {FAILS_BELOW} x best ({_fmt(best)})"
-                  f"{_undecided_text(zero, ['eps=0'])}"),
+        (_every(zero), f"eps = 0 fails: {_fmt(means[0.0])} < {FAILS_BELOW} x best ({_fmt(best)})"
+                       f"{_undecided_text(zero, ['eps=0'])}"),
         (_every(fails), f"eps in (0, 1e-2) fails: {listed(small)} < {FAILS_BELOW} x best"
                         f"{_undecided_text(fails, names(small))}"),
         (_every(learns), f"eps >= 1e-2 learns, large eps included: {listed(large)} >= {LEARNS_ABOVE} x best"
@@ -151,22 +168,22 @@ def claim_2(figure2: pd.DataFrame, n_samples: int, n_classes: int, table2: pd.Da
     succeeds (``table2``: every eps >= 1e-2 within 90% of the best)."""
     nonzero, nonzero_errors = _by(figure2, "epsilon"), _errors(figure2, "epsilon")
     positive = [e for e in sorted(nonzero) if e > 0]
-    densest = max(nonzero, key=lambda e: nonzero[e])
     learned, learned_errors = _by(table2, "epsilon"), _errors(table2, "epsilon")
-    learned = {e: v for e, v in learned.items() if math.isfinite(v)}
-    best, large = max(learned.values()), [e for e in learned if e >= 1e-2]
-    few = _decided(nonzero[densest], n_samples + 1, nonzero_errors[densest], below=True)
-    rises = _exceeds(nonzero[positive[-1]], nonzero_errors[positive[-1]], nonzero[positive[0]],
-                     nonzero_errors[positive[0]])
+    large = [e for e in learned if e >= 1e-2]
+    few = [_compare(nonzero[e], nonzero_errors[e], n_samples + 1, 0.0, above=False, strict=False) for e in nonzero]
+    rises = [_compare(nonzero[positive[-1]], nonzero_errors[positive[-1]], nonzero[positive[0]],
+                      nonzero_errors[positive[0]], above=True, strict=True)]
     learns = _learns(learned, learned_errors, large)
-    within = "; within one standard error"
+    finite = lambda values: [v for v in values if math.isfinite(v)] or [math.nan]  # noqa: E731
     return Verdict.from_parts(2, [
-        (few, f"at most B + 1 = {n_samples + 1} of {n_classes} coordinates are non-zero: max "
-              f"{nonzero[densest]:.2f}{within if few is None else ''}"),
-        (rises, f"the count rises with eps: {nonzero[positive[0]]:.2f} at eps={positive[0]:g}, "
-                f"{nonzero[positive[-1]]:.2f} at eps={positive[-1]:g}{within if rises is None else ''}"),
+        (_every(few), f"at most B + 1 = {n_samples + 1} of {n_classes} coordinates are non-zero: max "
+                      f"{max(finite(nonzero.values())):.2f}{_undecided_text(few, [f'eps={e:g}' for e in nonzero])}"),
+        (_every(rises), f"the count rises with eps: {nonzero[positive[0]]:.2f} at eps={positive[0]:g}, "
+                        f"{nonzero[positive[-1]]:.2f} at eps={positive[-1]:g}"
+                        f"{_undecided_text(rises, ['the rise'])}"),
         (_every(learns), f"learning succeeds with these gradients: best val top-5 for eps >= 1e-2 within "
-                         f"{LEARNS_ABOVE} x best ({_fmt(best)}): min {_fmt(min(learned[e] for e in large))}"
+                         f"{LEARNS_ABOVE} x best ({_fmt(max(finite(learned.values())))}): min "
+                         f"{_fmt(min(finite(learned[e] for e in large)))}"
                          f"{_undecided_text(learns, [f'eps={e:g}' for e in large])}"),
     ])
 
@@ -244,18 +261,21 @@ def claim_5(table4: pd.DataFrame) -> Verdict:
     keyed = table4.assign(key=list(zip(table4["loss"], table4["p"])))
     means, errors = _by(keyed, "key"), _errors(keyed, "key")
     noisy = sorted({p for _, p in means if p > 0})
-    beats = lambda a, b, p: _exceeds(means[a, p], errors[a, p], means[b, p], errors[b, p])  # noqa: E731
+
+    def beats(a: str, b: str, p: float, strict: bool) -> Comparison:
+        return _compare(means[a, p], errors[a, p], means[b, p], errors[b, p], above=True, strict=strict)
+
     parts = []
     for loss in ("smooth_hinge", "noised_balanced"):
-        outcomes = [beats(loss, "cross_entropy", p) for p in noisy]
-        parts.append((_every(outcomes), f"{loss} > CE for every p > 0 (test top-5, {loss} vs CE): " + ", ".join(
+        comparisons = [beats(loss, "cross_entropy", p, strict=True) for p in noisy]
+        parts.append((_every(comparisons), f"{loss} > CE for every p > 0 (test top-5, {loss} vs CE): " + ", ".join(
             f"p={p:g}: {_fmt(means[loss, p])} vs {_fmt(means['cross_entropy', p])}" for p in noisy)
-            + _undecided_text(outcomes, [f"p={p:g}" for p in noisy])))
+            + _undecided_text(comparisons, [f"p={p:g}" for p in noisy])))
     later = [p for p in noisy if p >= 0.2]
-    outcomes = [None if (worse := beats("smooth_hinge", "noised_balanced", p)) is None else not worse for p in later]
-    parts.append((_every(outcomes), "noised >= smoothed for p >= 0.2 (noised vs smoothed): " + ", ".join(
+    comparisons = [beats("noised_balanced", "smooth_hinge", p, strict=False) for p in later]
+    parts.append((_every(comparisons), "noised >= smoothed for p >= 0.2 (noised vs smoothed): " + ", ".join(
         f"p={p:g}: {_fmt(means['noised_balanced', p])} vs {_fmt(means['smooth_hinge', p])}" for p in later)
-        + _undecided_text(outcomes, [f"p={p:g}" for p in later])))
+        + _undecided_text(comparisons, [f"p={p:g}" for p in later])))
     return Verdict.from_parts(5, parts)
 
 
@@ -266,21 +286,20 @@ def claim_6(table5: pd.DataFrame) -> Verdict:
     mean, mean_se = _by(keyed, "key"), _errors(keyed, "key")
     few, few_se = _by(keyed, "key", "few"), _errors(keyed, "key", "few_se")
     ks = sorted({k for _, k in mean})
-    within = "; within one standard error"
     parts = []
     for k in [k for k in ks if k >= 3]:
-        above = _exceeds(few["smooth_hinge", k], few_se["smooth_hinge", k], few["cross_entropy", k],
-                         few_se["cross_entropy", k], TAIL_FAILURE_RATIO)
-        fails = None if above is None else not above
-        parts.append((fails, f"K={k}: smoothed hinge few-shot {_fmt(few['smooth_hinge', k])} < {TAIL_FAILURE_RATIO} "
-                             f"x CE's ({_fmt(few['cross_entropy', k])}){within if fails is None else ''}"))
+        fails = [_compare(few["smooth_hinge", k], few_se["smooth_hinge", k], few["cross_entropy", k],
+                          few_se["cross_entropy", k], above=False, strict=True, scale=TAIL_FAILURE_RATIO)]
+        parts.append((_every(fails), f"K={k}: smoothed hinge few-shot {_fmt(few['smooth_hinge', k])} < "
+                                     f"{TAIL_FAILURE_RATIO} x CE's ({_fmt(few['cross_entropy', k])})"
+                                     f"{_undecided_text(fails, ['the few-shot ratio'])}"))
     for k in ks:
         rivals = ("ldam", "focal", "cross_entropy")
-        outcomes = [_exceeds(mean["noised_imbalanced", k], mean_se["noised_imbalanced", k], mean[rival, k],
-                             mean_se[rival, k]) for rival in rivals]
-        parts.append((_every(outcomes), f"K={k}: noised imbalanced > {', '.join(rivals)} (macro top-{k}): "
+        beaten = [_compare(mean["noised_imbalanced", k], mean_se["noised_imbalanced", k], mean[rival, k],
+                           mean_se[rival, k], above=True, strict=True) for rival in rivals]
+        parts.append((_every(beaten), f"K={k}: noised imbalanced > {', '.join(rivals)} (macro top-{k}): "
                       f"{_fmt(mean['noised_imbalanced', k])} vs " + ", ".join(_fmt(mean[r, k]) for r in rivals)
-                      + _undecided_text(outcomes, list(rivals))))
+                      + _undecided_text(beaten, list(rivals))))
     return Verdict.from_parts(6, parts)
 
 

@@ -99,11 +99,17 @@ def test_claim_1_holds_on_table_2_and_breaks_if_eps_0_learns():
     assert learned.status == claims.NOT_REPRODUCED and learned.evidence[0].startswith("✗ eps = 0 fails")
     # eps = 1e-2 at 85 against 0.9 x 94.46 = 85.01: within one standard error (here 0.1 and 0.9 x 0.1), then beyond it
     near = claims.claim_1(_frame({**paper.TABLE_2, 1e-2: 85.0}, "epsilon"))
-    assert near.status == claims.INCONCLUSIVE and near.evidence[2].endswith("within one standard error: eps=0.01")
+    assert near.status == claims.INCONCLUSIVE and near.evidence[2].endswith("within one standard error: eps=0.01 (0.13)")
     far = claims.claim_1(_frame({**paper.TABLE_2, 1e-2: 84.5}, "epsilon"))
     assert far.status == claims.NOT_REPRODUCED and far.evidence[2].startswith("✗ eps >= 1e-2 learns")
     assert claims.claim_1(_frame({**paper.TABLE_2, 1e-2: 85.0}, "epsilon").drop(columns="se")).status == \
         claims.NOT_REPRODUCED  # no standard errors (published numbers, one seed): the means decide
+    for diverged in (0.0, 1e-2):  # a diverged setting (NaN) neither fails nor learns: the part fails, as before
+        verdict = claims.claim_1(_frame({**paper.TABLE_2, diverged: float("nan")}, "epsilon"))
+        assert verdict.status == claims.NOT_REPRODUCED and "n/a" in " ".join(verdict.evidence)
+    # low accuracies with wide seeds: the best against 0.9 x itself is one mean (its SE x 0.1), not two: decided
+    low = _frame({0.0: 2.0, 1e-4: 2.0, 1e-3: 2.0, 1e-2: 30.0}, "epsilon").assign(se=2.5)  # 30 - 27 < hypot(2.5, 2.25)
+    assert claims.claim_1(low).status == claims.REPRODUCED
 
 
 def test_claim_2_needs_sparse_gradients_rising_with_eps_and_learning():
@@ -112,6 +118,9 @@ def test_claim_2_needs_sparse_gradients_rising_with_eps_and_learning():
     assert claims.claim_2(sparsity, 3, 100, table2).status == claims.REPRODUCED
     near = claims.claim_2(sparsity.assign(se=0.1), 3, 100, table2)  # 3.95 against B + 1 = 4, one SE 0.1 away
     assert near.status == claims.INCONCLUSIVE and near.evidence[0].startswith("? at most B + 1")
+    assert near.evidence[0].endswith("within one standard error: eps=100 (0.10)")
+    exact = _frame({0.0: 2.0, 1e-2: 2.8, 100.0: 4.0}, "epsilon").assign(se=0.0)  # every seed at B + 1: no noise, a tie
+    assert claims.claim_2(exact, 3, 100, table2).status == claims.REPRODUCED
     dense = _frame({0.0: 2.0, 1e-4: 2.0, 1.0: 60.0}, "epsilon")
     assert claims.claim_2(dense, 3, 100, table2).status == claims.NOT_REPRODUCED
 
@@ -174,11 +183,15 @@ def test_claim_5_holds_on_table_4_and_breaks_if_ce_wins_under_noise():
     table4["se"] = 0.5  # a difference of two means: one standard error sqrt(2) x 0.5 = 0.71
     table4.loc[ce_at_p3, "mean"] = smooth + 0.5
     near = claims.claim_5(table4)
-    assert near.status == claims.INCONCLUSIVE and "within one standard error: p=0.3" in near.evidence[0]
+    assert near.status == claims.INCONCLUSIVE and near.evidence[0].endswith("within one standard error: p=0.3 (0.71)")
     table4.loc[ce_at_p3, "mean"] = smooth + 1.0
     assert claims.claim_5(table4).status == claims.NOT_REPRODUCED
     table4.loc[ce_at_p3, "mean"] = 95.0
     assert claims.claim_5(table4).status == claims.NOT_REPRODUCED
+    table4.loc[ce_at_p3, "mean"] = 80.0
+    smooth_at_p4 = (table4["loss"] == "smooth_hinge") & (table4["p"] == 0.4)
+    table4.loc[smooth_at_p4, "mean"] = float("nan")  # diverged: it neither beats CE nor loses to the noised loss
+    assert [line[0] for line in claims.claim_5(table4).evidence] == ["✗", "✓", "✗"]
 
 
 def test_claim_6_holds_on_table_5_and_breaks_if_ldam_wins():
@@ -190,10 +203,13 @@ def test_claim_6_holds_on_table_5_and_breaks_if_ldam_wins():
     table5 = table5.assign(se=1.0, few_se=1.0)
     table5.loc[ldam_at_3, "mean"] = noised - 1.0  # within sqrt(2) x 1.0 of the noised loss's
     near = claims.claim_6(table5)
-    assert near.status == claims.INCONCLUSIVE and any(line.endswith("within one standard error: ldam")
+    assert near.status == claims.INCONCLUSIVE and any(line.endswith("within one standard error: ldam (1.41)")
                                                       for line in near.evidence)
     table5.loc[ldam_at_3, "mean"] = 70.0
     assert claims.claim_6(table5).status == claims.NOT_REPRODUCED
+    table5.loc[ldam_at_3, "mean"] = noised - 5.0
+    table5.loc[(table5["loss"] == "smooth_hinge") & (table5["K"] == 5), "few"] = float("nan")  # diverged
+    assert claims.claim_6(table5).evidence[1].startswith("✗ K=5: smoothed hinge few-shot n/a")
 
 
 def test_claim_7_allows_three_standard_errors_and_no_more():
