@@ -9,10 +9,15 @@ RESULTS = PROJECT_ROOT / "results"  #: the results store of each profile (result
 BUILD = PROJECT_ROOT / "build"  #: executed notebooks (build/<profile>/) and the rendered report (build/report/)
 CALIBRATED = PROJECT_ROOT / "experiments" / "calibrated"  #: what tuning chose, per profile (experiments.spec.tuned)
 BENCHMARK_RESULTS = PROJECT_ROOT / "benchmarks" / "results"  #: CSVs of the benchmark scripts, committed with the code
-#: The training engine's code, relative to :data:`PROJECT_ROOT`: what an epoch's time and a training's numbers come
-#: from, so that a timing or a calibration made with other contents of these files is stale.
+#: The training engine's epoch, relative to :data:`PROJECT_ROOT`: a timing made with other contents of these files is
+#: stale (experiments.analysis.timings).
 ENGINE_EPOCH_CODE = ("experiments/engine/train.py", "experiments/engine/batches.py", "experiments/engine/models.py",
                      "data_prep/transforms.py")
+#: What a training's numbers come from, as git pathspecs: the engine's epoch, the run's config, runs stacked into one
+#: model, the stand-ins' images and the library's losses (not its tests). A calibration or a committed run of a
+#: profile made with other contents of these is stale (experiments.provenance.changed_since).
+TRAINING_CODE = (*ENGINE_EPOCH_CODE, "experiments/engine/config.py", "experiments/engine/stacked.py",
+                 "data_prep/synthetic.py", "topk", ":(exclude)topk/tests")
 
 # Tables of ``figures/<profile>/`` (name without suffix) that docs/stand-ins.md quotes, and the notebook writing each.
 LABEL_NOISE_FIT = "table7_label_noise_fit"  #: the label noise each selected model fitted (table4_table7_label_noise)

@@ -61,7 +61,7 @@ def _epochs(results: Path) -> str:
 
 
 def _stale_engine_warning(row: dict, command: str) -> str:
-    """A warning for an engine timing made with other code than today's (:data:`experiments.paths.ENGINE_EPOCH_CODE`, and
+    """A warning for an engine timing made with other code than today's (:data:`ENGINE_EPOCH_CODE`, and
     :data:`timings.STACKED_CODE` for stacked runs), or nothing."""
     if timings.made_with_todays_engine(row):
         return ""

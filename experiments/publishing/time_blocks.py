@@ -44,7 +44,7 @@ def figures_time(figures: Path = FIGURES / DEFAULT_PROFILE,
                              f"figures/{DEFAULT_PROFILE}/manifests/")]
     from_empty = [folder for folder in (empty_store, *machines) if any((folder / "manifests").glob("*.json"))]
     for folder in from_empty:
-        where = "on a fresh clone" if folder == empty_store else "on another machine"
+        where = "on a fresh clone" if folder == empty_store else "on another fresh clone"  # its processor follows
         lines += [_manifests_line(f"`make paper-figures` from an empty results store {where}", folder / "manifests",
                                   f"benchmarks/results/{folder.name}/"),
                   _rerun_line("That run's", figures, folder)]

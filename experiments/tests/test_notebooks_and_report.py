@@ -327,26 +327,26 @@ def test_code_is_hidden_by_default_whatever_the_body_classes():
     assert report._with_code_toggle("<body>").startswith('<body class="hide-code">')
 
 
-def test_the_committed_quick_figures_were_made_by_todays_engine():
+def test_the_committed_quick_figures_were_made_by_todays_training_code():
     """figures/quick (the README's verdicts, the committed report) and the committed runs the docs compare it with
-    (``benchmarks/results/*_quick``) are made again whenever the training engine's code changes: runs trained by an
-    earlier engine give other numbers. Their manifests name the notebook's commit and the commits that trained its
-    runs."""
+    (``benchmarks/results/*_quick``) are made again whenever the training's code (:data:`paths.TRAINING_CODE`)
+    changes: runs trained by earlier code can give other numbers. Their manifests name the notebook's commit and the
+    commits that trained its runs."""
     stale, unknown = {}, set()
     folders = [paths.FIGURES / "quick", *sorted(paths.BENCHMARK_RESULTS.glob("*_quick"))]
     for manifest in [path for folder in folders for path in sorted((folder / "manifests").glob("*.json"))]:
         written = json.loads(manifest.read_text())
         for commit in (written["commit"], *written.get("run_commits", [])):
-            changed = provenance.changed_since(commit, paths.ENGINE_EPOCH_CODE)
+            changed = provenance.changed_since(commit, paths.TRAINING_CODE)
             if changed is None:
                 unknown.add(provenance.short_commit(commit))
             elif changed:
                 stale[str(manifest.relative_to(paths.PROJECT_ROOT))] = provenance.short_commit(commit)
     if unknown and not stale:
         pytest.skip(f"git cannot compare this checkout with commit {', '.join(sorted(unknown))} (not a full clone?)")
-    assert not stale, (f"made before the engine's last change ({', '.join(paths.ENGINE_EPOCH_CODE)}): {stale}; run "
-                       "make paper-figures on a fresh clone and commit its figures/quick (docs/reproducing.md says "
-                       "where each copy goes)")
+    assert not stale, (f"made before the last change of the training's code ({' '.join(paths.TRAINING_CODE)}): "
+                       f"{stale}; run make paper-figures on a fresh clone and commit its figures/quick "
+                       "(docs/reproducing.md says where each copy goes)")
 
 
 def test_notebooks_run_on_a_private_unix_socket_folder_and_a_failing_cell_fails_the_command(tmp_path):

@@ -66,7 +66,7 @@ def test_files_changed_since_a_commit_are_told_and_an_entry_trained_before_is_st
     assert provenance.changed_since(first, ("engine.py",)) is True
     assert provenance.changed_since("f" * 40, ("engine.py",)) is None and provenance.changed_since("", ()) is None
 
-    monkeypatch.setattr(learning_rates, "ENGINE_EPOCH_CODE", ("engine.py",))
+    monkeypatch.setattr(learning_rates, "TRAINING_CODE", ("engine.py",))
     earlier, unknown = Calibration(commit=first + "-dirty"), LearningRates(commit="")
     assert learning_rates.stale_text([unknown]) is None
     assert provenance.short_commit(first) in learning_rates.stale_text([earlier, unknown])

@@ -296,8 +296,8 @@ def test_another_machines_run_is_listed_compared_and_gives_the_range(tmp_path):
     assert "Expect" not in time_blocks.figures_time(figures, empty, tmp_path / "none")  # one run: no range
     run_folder(tmp_path / "machine_slow_quick", 1800, "Slow CPU", "loss,top5\nCE,1.2 ± 0.5\n")
     lines = time_blocks.figures_time(figures, empty, tmp_path / "none").splitlines()
-    assert lines[3].startswith("- `make paper-figures` from an empty results store on another machine: 1 notebooks, 30 "
-                               "minutes in all") and "Slow CPU, 2 cores" in lines[3]
+    assert lines[3].startswith("- `make paper-figures` from an empty results store on another fresh clone: 1 "
+                               "notebooks, 30 minutes in all") and "Slow CPU, 2 cores" in lines[3]
     assert lines[4] == ("- That run's: of 1 tables, 0 byte-identical to the committed ones, 1 within the seeds' noise "
                         "(table4), 0 beyond it; 1 of 1 verdicts the same")
     assert lines[5] == ("- Expect 11 to 30 minutes for the training and the notebooks from an empty store: the range of "

@@ -27,7 +27,7 @@ import time
 import pandas as pd
 
 from experiments.engine.train import selection_value
-from experiments.paths import CALIBRATION_SEEDS, ENGINE_EPOCH_CODE
+from experiments.paths import CALIBRATION_SEEDS, TRAINING_CODE
 from experiments.provenance import changed_since, git_commit, short_commit
 from experiments.spec import grids, tuned
 from experiments.spec.profiles import Profile, untuned
@@ -187,10 +187,10 @@ def fitted_gap_at_chosen_rate(fitted: Calibration | dict,
 
 def earlier_engines(entries: list[Calibration | LearningRates]) -> list[str]:
     """The commits (short) of those ``entries`` whose runs were trained with other engine code than today's
-    (:data:`ENGINE_EPOCH_CODE` changed since): their numbers are not what the same runs give now, the tables' own
+    (:data:`experiments.paths.TRAINING_CODE` changed since): their numbers are not what the same runs give now, the tables' own
     included."""
     return sorted({short_commit(entry.commit) for entry in entries
-                   if changed_since(entry.commit, ENGINE_EPOCH_CODE) is True})
+                   if changed_since(entry.commit, TRAINING_CODE) is True})
 
 
 def stale_text(entries: list[Calibration | LearningRates]) -> str | None:
