@@ -51,12 +51,8 @@ def changed_since(commit: str, files: tuple[str, ...]) -> bool | None:
     sha = commit.partition("-dirty")[0]
     if not sha or _git("cat-file", "-e", f"{sha}^{{commit}}") is None:
         return None
-    try:
-        status = subprocess.run(["git", "diff", "--quiet", sha, "--", *files], cwd=PROJECT_ROOT,
-                                capture_output=True).returncode
-    except OSError:
-        return None
-    return {0: False, 1: True}.get(status)  # another status: git failed, so it cannot tell
+    changed = _git("diff", "--name-only", sha, "--", *files)  # the files that differ; None where git failed
+    return None if changed is None else changed != ""
 
 
 def short_commit(commit: str) -> str:

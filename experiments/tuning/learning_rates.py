@@ -139,6 +139,7 @@ def cross_entropy_table(profile: Profile) -> pd.DataFrame:
         if fitted is None or chosen is None:
             continue
         rates, keys = calibration.calibrated_rates(fitted, profile, setup), calibration.ce_keys(profile, setup)
+        trained_by = _engine_text([fitted, chosen])
         for target in fitted.targets:
             at_chosen, calibrated_at = chosen.cross_entropy[target.label], rates[keys[target.label]]
             rows.append({"data": fitted.dataset, "CE number": target.label,
@@ -146,7 +147,7 @@ def cross_entropy_table(profile: Profile) -> pd.DataFrame:
                          "calibration (%)": round(target.ours, 1), "calibrated at": f"x{calibrated_at:g}",
                          "search, chosen lr (%)": round(at_chosen.ours, 1), "chosen": f"x{at_chosen.multiplier:g}",
                          "gap at chosen lr (points)": round(at_chosen.ours - target.published, 1),
-                         "trained by": _engine_text([fitted, chosen])})
+                         "trained by": trained_by})
     return _ce_frame(rows, profile)
 
 
@@ -186,9 +187,9 @@ def fitted_gap_at_chosen_rate(fitted: Calibration | dict,
 
 
 def earlier_engines(entries: list[Calibration | LearningRates]) -> list[str]:
-    """The commits (short) of those ``entries`` whose runs were trained with other engine code than today's
-    (:data:`experiments.paths.TRAINING_CODE` changed since): their numbers are not what the same runs give now, the tables' own
-    included."""
+    """The commits (short) of those ``entries`` whose runs were trained with other code than today's
+    (:data:`experiments.paths.TRAINING_CODE` changed since): their numbers are not what the same runs give now, the
+    tables' own included."""
     return sorted({short_commit(entry.commit) for entry in entries
                    if changed_since(entry.commit, TRAINING_CODE) is True})
 
