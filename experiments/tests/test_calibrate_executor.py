@@ -11,6 +11,7 @@ import torch
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore
 from experiments.scale import calibrate, executors
+from experiments.spec.profiles import QUICK
 from experiments.tests.test_experiments import TINY
 from experiments.tuning import fixed_point
 
@@ -77,6 +78,7 @@ def test_bad_options_are_refused(arguments, message, capsys):
 
 def test_a_calibrated_profile_is_left_as_it_is_whatever_the_executor(capsys):
     """The quick profile's committed calibration is current: two workers find nothing to train."""
+    assert not fixed_point.unsettled(QUICK), "the committed calibration is not current (run `make calibrate`)"
     assert calibrate.main(["quick", "--jobs", "2"]) == 0
     assert "cifar: " in capsys.readouterr().out
 

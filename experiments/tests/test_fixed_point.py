@@ -127,6 +127,37 @@ def test_a_changed_search_starts_from_the_knobs_and_rates_the_setups_last_calibr
     assert fixed_point.next_step(changed, "cifar") == fixed_point.Step("calibrate")
 
 
+def test_a_calibration_trained_by_earlier_code_is_searched_again_from_its_knobs_and_its_rates_chosen_again(
+        calibrations, monkeypatch):
+    """Fingerprints cover the setup and the search, not the code that trains: after the training's code changed, the
+    stored calibration and choice are an earlier engine's numbers, so ``make calibrate`` makes both again, from the
+    knobs and at the rates the earlier one ended at (round 1), and says why."""
+    commit = {"now": "before"}
+    for module in (calibration, learning_rates):
+        monkeypatch.setattr(module, "git_commit", lambda: commit["now"])
+    monkeypatch.setattr(calibration, "changed_since", lambda made_at, files: commit["now"] == "after" != made_at)
+    training = FakeTraining(lambda n: 3.0)
+    settled = fixed_point.settle(QUICK, "cifar", training, say=lambda line: None)
+    assert fixed_point.next_step(settled, "cifar") is None
+    commit["now"] = "after"  # the training's code changed since
+    ended, chosen = tuned.calibrations("quick")["cifar"], tuned.learning_rates("quick")["cifar"]
+    assert ended.commit == chosen.commit == "before" and ended.round == 2
+    assert calibration.current_entry(settled, "cifar") is None
+    assert learning_rates.current_entry(settled, "cifar") is None
+    assert calibration.earlier_search(settled, "cifar") == ended
+    assert fixed_point.status(settled, "cifar")["state"] == ("calibrated by an earlier search or training code: run "
+                                                           "`make calibrate`")
+    assert "`make calibrate` searches again" in learning_rates.stale_text([ended, chosen])
+    calibrations[:], choices = [], training.choices
+    profile = fixed_point.settle(QUICK, "cifar", training, say=lambda line: None)
+    assert calibrations == [{"rates": ended.ce_multipliers, "start": ended.knobs, "round_": 1}]
+    assert training.choices == choices + 1  # the learning rates chosen again, on today's runs
+    assert tuned.calibrations("quick")["cifar"].commit == tuned.learning_rates("quick")["cifar"].commit == "after"
+    assert fixed_point.status(profile, "cifar")["state"].startswith("settled")
+    assert learning_rates.stale_text([calibration.current_entry(profile, "cifar"),
+                                      learning_rates.current_entry(profile, "cifar")]) is None
+
+
 def test_a_profile_that_chooses_no_learning_rate_stops_after_the_first_calibration(calibrations):
     profile = replace(QUICK, lr_multipliers=(1.0,))
     training = FakeTraining(lambda n: 3.0)

@@ -49,7 +49,7 @@ def test_files_changed_since_a_commit_are_told_and_an_entry_trained_before_is_st
     """A calibration whose runs an earlier engine trained says so wherever its numbers are shown: those numbers are
     not what the same runs give today. Where git cannot tell (no checkout, an unknown commit), nothing is claimed."""
     from experiments.spec.tuned import Calibration, LearningRates
-    from experiments.tuning import learning_rates
+    from experiments.tuning import calibration, learning_rates
 
     monkeypatch.setattr(provenance, "PROJECT_ROOT", tmp_path)
     assert provenance.changed_since("0" * 40, ("engine.py",)) is None  # not a checkout
@@ -66,7 +66,7 @@ def test_files_changed_since_a_commit_are_told_and_an_entry_trained_before_is_st
     assert provenance.changed_since(first, ("engine.py",)) is True
     assert provenance.changed_since("f" * 40, ("engine.py",)) is None and provenance.changed_since("", ()) is None
 
-    monkeypatch.setattr(learning_rates, "TRAINING_CODE", ("engine.py",))
+    monkeypatch.setattr(calibration, "TRAINING_CODE", ("engine.py",))
     earlier, unknown = Calibration(commit=first + "-dirty"), LearningRates(commit="")
     assert learning_rates.stale_text([unknown]) is None
     assert provenance.short_commit(first) in learning_rates.stale_text([earlier, unknown])

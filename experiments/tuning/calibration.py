@@ -12,8 +12,8 @@ searched.
 CE trains at a learning rate: the first search uses the grid's, and :mod:`experiments.tuning.fixed_point` searches again
 at the rate CE then chooses (:mod:`experiments.tuning.learning_rates`) until the two agree. The result of a search is a
 :class:`experiments.spec.tuned.Calibration`, stored in ``experiments/calibrated/<profile>.json``. Runs go through the
-results store, so the chosen point's runs are the very runs the tables use, while the engine that trained them is
-today's (:func:`experiments.tuning.learning_rates.stale_text`).
+results store, so the chosen point's runs are the very runs the tables use, while the code that trained them is
+today's: a calibration made before the training's code last changed is searched again (:func:`trained_by_todays_code`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 from scipy import stats
 
-from experiments.provenance import git_commit
+from experiments.paths import TRAINING_CODE
+from experiments.provenance import changed_since, git_commit
 from experiments.spec import grids, paper, tuned
 from experiments.spec.profiles import SETUPS, Profile, untuned
 from experiments.spec.tuned import Calibration, Number, Point
@@ -343,10 +344,19 @@ def shortest_search(profile: Profile, setup: str, searched: int | None = 1,
             + [ce_configs(profile, setup, knobs, stand_in.targets)], knobs)
 
 
+def trained_by_todays_code(entry: Calibration | tuned.LearningRates) -> bool:
+    """Whether the runs behind a stored calibration or choice were trained by today's training code
+    (:data:`experiments.paths.TRAINING_CODE` unchanged since its commit): earlier code can give the same runs other
+    numbers. True where git cannot tell (no checkout, or a commit it does not hold)."""
+    return changed_since(entry.commit, TRAINING_CODE) is not True
+
+
 def is_current(entry: Calibration | None, profile: Profile, setup: str) -> bool:
-    """Whether a stored calibration was made for this setup with this search, on at least the seeds
-    :func:`search_seeds` asks for at the spread it measured (an entry that searched every seed always has)."""
-    if entry is None or not entry.is_current(getattr(profile, setup).fingerprint(), STAND_INS[setup].fingerprint()):
+    """Whether a stored calibration was made for this setup with this search, by today's training code
+    (:func:`trained_by_todays_code`), on at least the seeds :func:`search_seeds` asks for at the spread it measured (an
+    entry that searched every seed always has)."""
+    if entry is None or not entry.is_current(getattr(profile, setup).fingerprint(), STAND_INS[setup].fingerprint()) \
+            or not trained_by_todays_code(entry):
         return False
     seeds = getattr(profile, setup).seeds
     asked = search_seeds(entry.seed_spread, len(seeds))
@@ -354,7 +364,8 @@ def is_current(entry: Calibration | None, profile: Profile, setup: str) -> bool:
 
 
 def earlier_search(profile: Profile, setup: str) -> Calibration | None:
-    """The stored calibration of ``setup`` made for this setup by a search that has changed since, if any."""
+    """The stored calibration of ``setup`` made for this setup by a search or a training code that has changed since,
+    if any."""
     entry = tuned.calibrations(profile.name).get(setup)
     return entry if entry is not None and entry.fits(getattr(profile, setup).fingerprint()) \
         and not is_current(entry, profile, setup) else None

@@ -4,9 +4,10 @@ The difficulty is fitted with cross-entropy at a learning rate (:mod:`experiment
 learning rate, CE's included, is then chosen on the calibrated stand-in (:mod:`experiments.tuning.learning_rates`).
 Where CE chooses another rate than the one it was calibrated at, the tables show CE on data fitted for a rate they do
 not use. So each setup alternates: calibrate (first at the grid's rate, from the stand-in's start; where only the search
-has changed since the setup's stored calibration, at the rates and from the knobs that one ended at), choose, and while
-CE's choice for the runs behind its calibration numbers differs from the rates they were calibrated at, calibrate again
-at the chosen rates from the knobs found, and choose again: at most :data:`MAX_ROUNDS` calibrations. Where the rounds
+or the training's code has changed since the setup's stored calibration, at the rates and from the knobs that one ended
+at), choose, and while CE's choice for the runs behind its calibration numbers differs from the rates they were
+calibrated at, calibrate again at the chosen rates from the knobs found, and choose again: at most :data:`MAX_ROUNDS`
+calibrations. Where the rounds
 run out (the choice goes back and forth), the last calibration and the choice made on it are kept, and a verdict quotes
 CE's numbers at both rates (:func:`experiments.tuning.learning_rates.summary_line`).
 
@@ -112,7 +113,8 @@ def status(profile: Profile, setup: str) -> dict:
     """Where ``setup`` stands: the round of its calibration, CE's rates there and as chosen, whether they agree."""
     fitted, chosen = calibration.current_entry(profile, setup), learning_rates.current_entry(profile, setup)
     if fitted is None:
-        state = "not calibrated: run `make calibrate`"
+        state = ("calibrated by an earlier search or training code: run `make calibrate`"
+                 if calibration.earlier_search(profile, setup) else "not calibrated: run `make calibrate`")
     elif len(profile.lr_multipliers) == 1:
         state = "calibrated at the grid's learning rate (this profile chooses none)"
     elif chosen is None:

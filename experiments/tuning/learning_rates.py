@@ -16,7 +16,9 @@ stored with the choice, and a verdict quotes them where that rate is not the one
 
 The choices are a :class:`experiments.spec.tuned.LearningRates` per setup, stored in
 ``experiments/calibrated/<profile>_learning_rates.json``. Runs go through the results store, so the chosen runs are
-the tables' own while the engine that trained them is today's (:func:`stale_text`).
+the tables' own while the code that trained them is today's: a choice made before the training's code last changed
+is made again (:func:`experiments.tuning.calibration.trained_by_todays_code`), and its numbers are marked stale until
+then (:func:`stale_text`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import time
 import pandas as pd
 
 from experiments.engine.train import selection_value
-from experiments.paths import CALIBRATION_SEEDS, TRAINING_CODE
-from experiments.provenance import changed_since, git_commit, short_commit
+from experiments.paths import CALIBRATION_SEEDS
+from experiments.provenance import git_commit, short_commit
 from experiments.spec import grids, tuned
 from experiments.spec.profiles import Profile, untuned
 from experiments.spec.tuned import AtChosenRate, Calibration, Choice, LearningRates
@@ -108,8 +110,9 @@ def agrees(chosen: LearningRates, fitted: Calibration, profile: Profile, setup: 
 
 def is_current(entry: LearningRates | None, profile: Profile, setup: str) -> bool:
     """Whether a stored choice was made for this setup (its difficulty included), these multipliers and the runs its
-    table has now (:meth:`experiments.spec.tuned.LearningRates.is_current`)."""
-    if entry is None:
+    table has now (:meth:`experiments.spec.tuned.LearningRates.is_current`), by today's training code
+    (:func:`experiments.tuning.calibration.trained_by_todays_code`)."""
+    if entry is None or not calibration.trained_by_todays_code(entry):
         return False
     runs = {grids.choice_key(c.config): c.config.key() for c in base_cells(profile, setup)}
     return entry.is_current(getattr(profile, setup).tuned_fingerprint(), profile.lr_multipliers, runs,
@@ -190,15 +193,15 @@ def earlier_engines(entries: list[Calibration | LearningRates]) -> list[str]:
     """The commits (short) of those ``entries`` whose runs were trained with other code than today's
     (:data:`experiments.paths.TRAINING_CODE` changed since): their numbers are not what the same runs give now, the
     tables' own included."""
-    return sorted({short_commit(entry.commit) for entry in entries
-                   if changed_since(entry.commit, TRAINING_CODE) is True})
+    return sorted({short_commit(entry.commit) for entry in entries if not calibration.trained_by_todays_code(entry)})
 
 
 def stale_text(entries: list[Calibration | LearningRates]) -> str | None:
     """Why the CE numbers of ``entries`` (a setup's calibration and learning-rate choice) are stale, or None."""
     earlier = earlier_engines(entries)
-    return (f"stale: these CE numbers come from runs trained at commit {', '.join(earlier)} by an earlier engine; the "
-            f"tables' own CE runs are in the table {CALIBRATION_SEEDS}") if earlier else None
+    return (f"stale: these CE numbers come from runs trained at commit {', '.join(earlier)} by an earlier engine "
+            f"(`make calibrate` searches again); the tables' own CE runs are in the table {CALIBRATION_SEEDS}") \
+        if earlier else None
 
 
 def _engine_text(entries: list[Calibration | LearningRates]) -> str:
