@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 
 import data_prep
+from experiments.engine.config import RunConfig
 from experiments.spec import grids
 from experiments.spec.grids import NOTEBOOK_GRIDS
 from experiments.spec.profiles import SETUPS, Profile, Setup, get_profile
@@ -60,9 +61,10 @@ class Work:
     eval_images: int  #: images evaluated: the validation set after every epoch, the test set at most once a sibling
 
 
-def stand_in_size(setup: Setup) -> StandInSize:
-    """The sizes of ``setup``'s stand-in: its generator run on 1-pixel images (the labels and splits are the same at
-    every image size; only the rendering, skipped here, depends on it)."""
+def stand_in_size(setup: Setup | RunConfig) -> StandInSize:
+    """The sizes of ``setup``'s stand-in (a profile's setup, or a run's config, which names its dataset and options as
+    a setup does: a calibration's run, which no setup holds): its generator run on 1-pixel images (the labels and
+    splits are the same at every image size; only the rendering, skipped here, depends on it)."""
     if setup.dataset not in data_prep.SYNTHETIC:
         raise ValueError(f"the {setup.dataset!r} dataset is real: its size comes from its files, not from a profile; "
                          f"the stand-ins are {sorted(data_prep.SYNTHETIC)}")

@@ -42,8 +42,12 @@ class PlannedRun:
 
     @classmethod
     def outside_plan(cls, config: RunConfig) -> "PlannedRun":
-        """A run on a stand-in that no notebook's grid holds: the calibration's."""
-        return cls(config, ("calibration",), None, None)
+        """A run on a stand-in that no notebook's grid holds (the calibration's), with its work: the progress line's
+        images per second and time left count it."""
+        if config.dataset not in data_prep.SYNTHETIC:
+            return cls(config, ("calibration",), None, None)
+        size = stand_in_size(config)
+        return cls(config, ("calibration",), None, *run_images(config, size), size.image_bytes)
 
     @property
     def key(self) -> str:

@@ -78,3 +78,17 @@ def test_the_gpu_profile_has_the_paper_s_models_and_schedules_on_stand_ins():
 def test_a_real_dataset_cannot_be_counted():
     with pytest.raises(ValueError, match="'cifar100' dataset is real"):
         workload.stand_in_size(PAPER.cifar)
+
+
+def test_a_calibration_run_outside_the_plan_counts_its_work_as_the_plan_does():
+    """The calibration's runs are no notebook's, yet their progress line gives images per second and time left: each
+    counts its images from its own config as the plan counts a notebook's run; a run on real data counts none."""
+    from experiments.scale.plan import PlannedRun, plan
+
+    planned = next(run for run in plan(QUICK) if run.config.dataset == "plantnet_like")
+    outside = PlannedRun.outside_plan(planned.config)
+    assert outside.notebooks == ("calibration",) and outside.train_images > 0
+    assert (outside.train_images, outside.val_images, outside.test_images, outside.image_bytes) == \
+        (planned.train_images, planned.val_images, planned.test_images, planned.image_bytes)
+    real = PlannedRun.outside_plan(planned.config.replace(dataset="plantnet", dataset_options={}))
+    assert real.train_images is None and real.image_bytes is None
