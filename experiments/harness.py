@@ -117,6 +117,10 @@ class Context:
         try:
             record = train_once(config, self.store, device=self.device, data_root=data_root, num_workers=self.workers,
                                 compile_mode=self.compile_mode)
+        except FloatingPointError:  # a NaN is an outcome too, of the commit that trained it
+            if commit := self.store.divergence_commit(config.training_key()):
+                self.run_commits.add(commit)
+            raise
         finally:
             self.runs["from_store" if cached else "trained"] += 1
         self.run_commits.add(record["provenance"]["git_commit"])

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from experiments.engine.compile_cache import share_compilations
 from experiments.engine.train import run, run_stacked
+from experiments.provenance import git_commit
 
 HEARTBEAT = 30.0  #: seconds between two touches of a held claim
 STALE_AFTER = 300.0  #: a claim from another host whose heartbeat is older than this is taken over
@@ -204,7 +205,7 @@ def train_once(config, store, *, wait: bool = True, poll: float = 2.0, **options
                 try:
                     return run(config, store, **options)
                 except FloatingPointError as error:
-                    store.save_divergence(key, str(error))
+                    store.save_divergence(key, str(error), git_commit())
                     raise
         if not wait:
             return None

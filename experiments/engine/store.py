@@ -170,15 +170,26 @@ class ResultsStore:
     def divergence_path(self, training_key: str) -> Path:
         return self.root / "diverged" / f"{training_key}.json"
 
-    def save_divergence(self, training_key: str, message: str) -> None:
-        """That the training ``training_key`` became NaN, with the engine's ``message``: an outcome, as a record is,
+    def save_divergence(self, training_key: str, message: str, commit: str) -> None:
+        """That the training ``training_key`` became NaN, with the engine's ``message`` and the ``commit`` that trained
+        it (:func:`experiments.provenance.git_commit`, as a record's provenance names it): an outcome, as a record is,
         so that no reader trains it again (its checkpoint at the last good epoch is kept)."""
-        text = json.dumps({"training_key": training_key, "error": message}, indent=1)
+        text = json.dumps({"training_key": training_key, "error": message, "git_commit": commit}, indent=1)
         atomic_write(self.divergence_path(training_key), lambda tmp: tmp.write_text(text))
 
     def divergence(self, training_key: str) -> str | None:
         """The engine's message for the training ``training_key`` that became NaN, or None (also for a damaged file,
         which is set aside: the run is trained again)."""
+        outcome = self._divergence(training_key)
+        return None if outcome is None else outcome["error"]
+
+    def divergence_commit(self, training_key: str) -> str | None:
+        """The commit that trained ``training_key`` into its NaN; None where there is no divergence or it names none
+        (kept before divergences named their commit)."""
+        outcome = self._divergence(training_key)
+        return None if outcome is None else outcome.get("git_commit")
+
+    def _divergence(self, training_key: str) -> dict | None:
         path = self.divergence_path(training_key)
         if not path.exists():
             return None
@@ -187,7 +198,10 @@ class ResultsStore:
             _check_fields("the divergence", outcome, {"training_key": str, "error": str})
             if outcome["training_key"] != training_key:
                 raise DamagedFileError(f"it is training {outcome['training_key']!r}'s, not {training_key!r}'s")
-            return outcome["error"]
+            if not isinstance(outcome.get("git_commit", ""), str):
+                raise DamagedFileError(f"its 'git_commit' should be a str, it is a "
+                                       f"{type(outcome['git_commit']).__name__}")
+            return outcome
         except (OSError, ValueError) as error:
             _set_aside(path, error, "the run will be trained again")
             return None

@@ -57,7 +57,7 @@ def test_a_run_that_failed_in_the_executor_stops_the_calibration_and_a_diverged_
         for run in runs:
             sent.append(run.key)
             progress.start(run)
-            store.save_divergence(run.config.training_key(), "the training loss became NaN in epoch 1")
+            store.save_divergence(run.config.training_key(), "the training loss became NaN in epoch 1", "e" * 40)
             progress.diverge(run, str(log))
 
     calibrate.executor_ahead(store, diverging)([config])

@@ -76,11 +76,13 @@ def test_a_cuda_notebook_without_a_gpu_reads_finished_runs_and_refuses_to_train_
     cells = grids.table3(SMOKE)[:3]
     store = ResultsStore(tmp_path / "store")
     run(cells[0].config, store)
-    store.save_divergence(cells[2].config.training_key(), "the training loss became NaN in epoch 1")
+    store.save_divergence(cells[2].config.training_key(), "the training loss became NaN in epoch 1", "d" * 40)
     ctx = harness.start("table3_samples", "smoke", device="cuda", store=store.root, figures=tmp_path / "figures")
     assert ctx.record(cells[0].config)["key"] == cells[0].config.key() and ctx.runs["from_store"] == 1
     frame = ctx.run(cells[2:], progress=False)
     assert list(frame["status"]) == ["diverged"] and ctx.runs["from_store"] == 2
+    manifest = json.loads((tmp_path / "figures" / "manifests" / "table3_samples.json").read_text())
+    assert "d" * 40 in manifest["run_commits"]  # the diverged run's commit: a NaN is a result of its code too
     with pytest.raises(ValueError, match=f"run {cells[1].config.key()} is not in the store .*torch sees no CUDA device "
                                          "here: train the profile's runs where there is one"):
         ctx.record(cells[1].config)

@@ -12,6 +12,7 @@ from experiments.engine import run_claim, train
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore, computed
 from experiments.engine.train import run, run_stacked
+from experiments.provenance import git_commit
 from experiments.scale import executors
 from experiments.scale.plan import PlannedRun
 from experiments.scale.progress import Progress
@@ -188,6 +189,7 @@ def test_a_stack_whose_run_becomes_nan_finishes_the_others_and_keeps_the_nan_for
         run_claim.train_stacked_once(RUNS, store)
     assert store.finished(RUNS[0].key()) is not None and store.finished(RUNS[1].key()) is None
     assert store.divergence(RUNS[1].training_key()) == str(raised.value)
+    assert store.divergence_commit(RUNS[1].training_key()) == git_commit()  # as a record's provenance names it
     monkeypatch.undo()
     monkeypatch.setattr(run_claim, "run", lambda *args, **kwargs: pytest.fail("a diverged run was trained again"))
     with pytest.raises(FloatingPointError, match=f"^{str(raised.value)}$"):

@@ -285,14 +285,19 @@ def test_a_divergence_is_kept_under_its_training_and_a_damaged_one_is_set_aside(
     that is not one (cut, another training's, a folder) is set aside with a warning, and the run trained again."""
     store, key = ResultsStore(tmp_path), RunConfig(**TINY).training_key()
     assert store.divergence(key) is None
-    store.save_divergence(key, "the training loss became NaN in epoch 2")
+    store.save_divergence(key, "the training loss became NaN in epoch 2", "a" * 40)
     assert store.divergence(key) == "the training loss became NaN in epoch 2"
+    assert store.divergence_commit(key) == "a" * 40  # the commit that trained it, for a notebook's manifest
     path = store.divergence_path(key)
+    path.write_text(json.dumps({"training_key": key, "error": "NaN"}))  # kept before divergences named their commit
+    assert store.divergence(key) == "NaN" and store.divergence_commit(key) is None
     damages = {"cut": lambda: _cut(path),
                "another training's": lambda: path.write_text(json.dumps({"training_key": "other", "error": "x"})),
-               "a folder": lambda: (path.unlink(), path.mkdir())}
+               "a folder": lambda: (path.unlink(), path.mkdir()),
+               "a commit that is not text": lambda: path.write_text(json.dumps({"training_key": key, "error": "x",
+                                                                                 "git_commit": 3}))}
     for name, damage in damages.items():
-        store.save_divergence(key, "the training loss became NaN in epoch 2")
+        store.save_divergence(key, "the training loss became NaN in epoch 2", "a" * 40)
         damage()
         with pytest.warns(DamagedStoreWarning, match="the run will be trained again"):
             assert store.divergence(key) is None, name
