@@ -19,7 +19,7 @@ from experiments.engine.run_claim import live_holder
 from experiments.engine.store import ResultsStore
 from experiments.spec.grids import NOTEBOOK_GRIDS
 from experiments.spec.profiles import SETUPS, Profile, Setup
-from experiments.tuning.calibration import current_entry, shortest_search
+from experiments.tuning.calibration import current_entry, shortest_search, todays
 
 #: Notebooks whose result is the runs' own timing (Fig. 3's epoch times): their runs train with nothing beside them.
 TIMED_NOTEBOOKS = ("fig3_epoch_time",)
@@ -129,10 +129,11 @@ def calibration_first(profile: Profile, setup: str, searched: int | None = 1) ->
 
 
 def calibrations_to_make(profile: Profile, searched: int | None = 1) -> dict[str, CalibrationFirst]:
-    """:func:`calibration_first` of each stand-in whose stored calibration is not current, its search averaging
-    ``searched`` seeds (None: every seed): what ``make calibrate`` trains first (nothing for a current one)."""
+    """:func:`calibration_first` of each stand-in whose stored calibration is not current or was trained by earlier
+    code, its search averaging ``searched`` seeds (None: every seed): what ``make calibrate`` trains first (nothing
+    for a current one)."""
     return {setup: calibration_first(profile, setup, searched) for setup in profile.calibrated_setups
-            if current_entry(profile, setup) is None}
+            if todays(current_entry(profile, setup)) is None}
 
 
 def state(run: PlannedRun, store: ResultsStore) -> tuple[str, int]:

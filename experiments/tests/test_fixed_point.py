@@ -142,12 +142,15 @@ def test_a_calibration_trained_by_earlier_code_is_searched_again_from_its_knobs_
     commit["now"] = "after"  # the training's code changed since
     ended, chosen = tuned.calibrations("quick")["cifar"], tuned.learning_rates("quick")["cifar"]
     assert ended.commit == chosen.commit == "before" and ended.round == 2
-    assert calibration.current_entry(settled, "cifar") is None
-    assert learning_rates.current_entry(settled, "cifar") is None
+    assert calibration.current_entry(settled, "cifar") == ended  # still the one the profile uses, shown stale
+    assert learning_rates.current_entry(settled, "cifar") == chosen
+    assert calibration.todays(ended) is None and calibration.todays(chosen) is None
     assert calibration.earlier_search(settled, "cifar") == ended
-    assert fixed_point.status(settled, "cifar")["state"] == ("calibrated by an earlier search or training code: run "
+    assert fixed_point.next_step(settled, "cifar") == fixed_point.Step("calibrate", ended.ce_multipliers, ended.knobs)
+    assert fixed_point.status(settled, "cifar")["state"] == ("trained by an earlier engine (before): run "
                                                            "`make calibrate`")
     assert "`make calibrate` searches again" in learning_rates.stale_text([ended, chosen])
+    assert "`make calibrate` searches again" in learning_rates.summary_line(settled, "cifar")
     calibrations[:], choices = [], training.choices
     profile = fixed_point.settle(QUICK, "cifar", training, say=lambda line: None)
     assert calibrations == [{"rates": ended.ce_multipliers, "start": ended.knobs, "round_": 1}]

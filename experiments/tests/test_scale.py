@@ -648,7 +648,7 @@ def test_plan_says_what_the_calibration_trains_first_where_a_stand_in_is_not_cal
     monkeypatch.setattr(cli, "calibrations_to_make", lambda profile, searched=1: {"cifar": first if searched else every})
     assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "and first, make calibrate: at least 3 runs of 1 uncalibrated stand-in (cifar100_like), 1 of them the "
+        "and first, make calibrate: at least 3 runs of 1 stand-in to calibrate (cifar100_like), 1 of them the "
         "notebooks' own once calibrated, 0 training images in all, where the seeds at a search's start agree so "
         "closely that it averages one; 4 runs and 0 training images where it needs every seed "
         "(docs/reproducing.md#the-calibrations-hours)")

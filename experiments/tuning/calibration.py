@@ -351,12 +351,16 @@ def trained_by_todays_code(entry: Calibration | tuned.LearningRates) -> bool:
     return changed_since(entry.commit, TRAINING_CODE) is not True
 
 
+def todays(entry: Calibration | tuned.LearningRates | None) -> Calibration | tuned.LearningRates | None:
+    """``entry`` where its runs were trained by today's code (:func:`trained_by_todays_code`), else None: what
+    ``make calibrate`` keeps (an earlier code's is still used, and shown stale, until it has been made again)."""
+    return entry if entry is not None and trained_by_todays_code(entry) else None
+
+
 def is_current(entry: Calibration | None, profile: Profile, setup: str) -> bool:
-    """Whether a stored calibration was made for this setup with this search, by today's training code
-    (:func:`trained_by_todays_code`), on at least the seeds :func:`search_seeds` asks for at the spread it measured (an
-    entry that searched every seed always has)."""
-    if entry is None or not entry.is_current(getattr(profile, setup).fingerprint(), STAND_INS[setup].fingerprint()) \
-            or not trained_by_todays_code(entry):
+    """Whether a stored calibration was made for this setup with this search, on at least the seeds
+    :func:`search_seeds` asks for at the spread it measured (an entry that searched every seed always has)."""
+    if entry is None or not entry.is_current(getattr(profile, setup).fingerprint(), STAND_INS[setup].fingerprint()):
         return False
     seeds = getattr(profile, setup).seeds
     asked = search_seeds(entry.seed_spread, len(seeds))
@@ -368,7 +372,7 @@ def earlier_search(profile: Profile, setup: str) -> Calibration | None:
     if any."""
     entry = tuned.calibrations(profile.name).get(setup)
     return entry if entry is not None and entry.fits(getattr(profile, setup).fingerprint()) \
-        and not is_current(entry, profile, setup) else None
+        and not todays(entry if is_current(entry, profile, setup) else None) else None
 
 
 def table(entry: Calibration) -> pd.DataFrame:

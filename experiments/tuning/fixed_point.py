@@ -48,7 +48,7 @@ class Step:
 def next_step(profile: Profile, setup: str) -> Step | None:
     """The step ``setup`` needs, from what is stored (``profile`` as :func:`experiments.spec.profiles.recalibrated`
     reads it); None when its calibration and choice agree on CE's rate or the rounds are used."""
-    fitted = calibration.current_entry(profile, setup)
+    fitted = calibration.todays(calibration.current_entry(profile, setup))
     if fitted is None:
         earlier = calibration.earlier_search(profile, setup)
         if earlier is None:
@@ -58,7 +58,7 @@ def next_step(profile: Profile, setup: str) -> Step | None:
                     {**start, **{knob: value for knob, value in earlier.knobs.items() if knob in start}})
     if len(profile.lr_multipliers) == 1:
         return None
-    chosen = learning_rates.current_entry(profile, setup)
+    chosen = calibration.todays(learning_rates.current_entry(profile, setup))
     if chosen is None:
         return Step("choose")
     if learning_rates.agrees(chosen, fitted, profile, setup) or fitted.round >= MAX_ROUNDS:
@@ -113,8 +113,10 @@ def status(profile: Profile, setup: str) -> dict:
     """Where ``setup`` stands: the round of its calibration, CE's rates there and as chosen, whether they agree."""
     fitted, chosen = calibration.current_entry(profile, setup), learning_rates.current_entry(profile, setup)
     if fitted is None:
-        state = ("calibrated by an earlier search or training code: run `make calibrate`"
-                 if calibration.earlier_search(profile, setup) else "not calibrated: run `make calibrate`")
+        state = ("calibrated by an earlier search: run `make calibrate`" if calibration.earlier_search(profile, setup)
+                 else "not calibrated: run `make calibrate`")
+    elif earlier := learning_rates.earlier_engines([entry for entry in (fitted, chosen) if entry is not None]):
+        state = f"trained by an earlier engine ({', '.join(earlier)}): run `make calibrate`"
     elif len(profile.lr_multipliers) == 1:
         state = "calibrated at the grid's learning rate (this profile chooses none)"
     elif chosen is None:

@@ -110,9 +110,8 @@ def agrees(chosen: LearningRates, fitted: Calibration, profile: Profile, setup: 
 
 def is_current(entry: LearningRates | None, profile: Profile, setup: str) -> bool:
     """Whether a stored choice was made for this setup (its difficulty included), these multipliers and the runs its
-    table has now (:meth:`experiments.spec.tuned.LearningRates.is_current`), by today's training code
-    (:func:`experiments.tuning.calibration.trained_by_todays_code`)."""
-    if entry is None or not calibration.trained_by_todays_code(entry):
+    table has now (:meth:`experiments.spec.tuned.LearningRates.is_current`)."""
+    if entry is None:
         return False
     runs = {grids.choice_key(c.config): c.config.key() for c in base_cells(profile, setup)}
     return entry.is_current(getattr(profile, setup).tuned_fingerprint(), profile.lr_multipliers, runs,
