@@ -76,6 +76,7 @@ class Context:
         self.outputs: list[str] = []
         self.runs = {"trained": 0, "from_store": 0}  # this notebook's runs, by where their records came from
         self.run_commits: set[str] = set()  # the commits that trained them (their records' provenance)
+        self.datasets: set[str] = set()  # the datasets they trained on, for the setups the manifest names
         self.started = time.time()
         # a notebook that reads every run from the store needs no GPU (a cluster's login node, after the executor)
         self.no_cuda_here = device.startswith("cuda") and not torch.cuda.is_available()
@@ -109,6 +110,7 @@ class Context:
         """One run's record, trained or read back from the store and counted in the manifest either way (``data_root``:
         the real dataset's folder, None on a synthetic stand-in). It trains under the store's claim: while an executor
         or another notebook trains the same run, this waits for its record instead of training it twice."""
+        self.datasets.add(config.dataset)
         cached = self.store.holds_outcome(config)  # read back, a NaN included
         if not cached and self.no_cuda_here:
             raise ValueError(f"run {config.key()} is not in the store {self.store.root}, and device {self.device!r} "
@@ -194,10 +196,16 @@ class Context:
     def _write_manifest(self) -> None:
         manifest = {"notebook": self.notebook, "profile": self.profile.name, "commit": self.commit, "device": self.device,
                     "data": self.data, "outputs": self.outputs, "seconds": round(time.time() - self.started, 1),
-                    "runs": self.runs, "run_commits": sorted(self.run_commits), "threads": torch.get_num_threads(),
-                    "cpus": os.cpu_count(),
-                    "machine": self.machine, "pid": os.getpid()}
+                    "runs": self.runs, "run_commits": sorted(self.run_commits), "setups": self._setups(),
+                    "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": self.machine,
+                    "pid": os.getpid()}
         (self.figures / "manifests" / f"{self.notebook}.json").write_text(json.dumps(manifest, indent=1))
+
+    def _setups(self) -> dict[str, str]:
+        """The profile's setups whose data this notebook's runs trained on, each with its
+        :meth:`~experiments.spec.profiles.Setup.trained_fingerprint` (difficulty and learning rates included)."""
+        return {name: getattr(self.profile, name).trained_fingerprint() for name in SETUPS
+                if getattr(self.profile, name).dataset in self.datasets}
 
 
 def flatten(record: dict) -> dict:

@@ -70,6 +70,11 @@ class Setup:
         validation data apply to the setup with this fingerprint."""
         return tuned.fingerprint(self._chosen_apart())
 
+    def trained_fingerprint(self) -> str:
+        """A hash of the whole setup, its difficulty knobs and chosen learning rates included: what its runs are
+        trained with (a notebook's manifest names it, so results made with another calibration are caught)."""
+        return tuned.fingerprint(asdict(self))
+
     def _chosen_apart(self) -> dict:
         fields = asdict(self)
         del fields["lr_scales"]

@@ -127,6 +127,7 @@ def test_a_smoke_run_writes_its_outputs_with_profile_commit_and_data(tmp_path):
     manifest = json.loads((tmp_path / "figures" / "manifests" / "table3_samples.json").read_text())
     assert manifest["runs"] == {"trained": 0, "from_store": 1}
     assert manifest["run_commits"] == [commit]  # the commit that trained the run read back, from its record
+    assert manifest["setups"] == {"cifar": SMOKE.cifar.trained_fingerprint()}  # the setup its runs trained with
 
 
 def _executed(path, outputs):
@@ -348,6 +349,25 @@ def test_the_committed_quick_figures_were_made_by_todays_training_code():
         pytest.skip(f"git cannot compare this checkout with commit {', '.join(sorted(unknown))} (not a full clone?)")
     assert not stale, (f"made before the last change of the training's code ({' '.join(paths.TRAINING_CODE)}): "
                        f"{stale}; run make paper-figures on a fresh clone and commit its figures/quick "
+                       "(docs/reproducing.md says where each copy goes)")
+
+
+def test_the_committed_quick_figures_were_made_with_todays_calibration():
+    """A calibration made again (other knobs, other learning rates) changes what every quick run trains on or at:
+    figures/quick and the committed runs compared with it (``benchmarks/results/*_quick``) are then made again. Each
+    manifest names the setups its runs trained with (:meth:`Setup.trained_fingerprint`)."""
+    stale = {}
+    folders = [paths.FIGURES / "quick", *sorted(paths.BENCHMARK_RESULTS.glob("*_quick"))]
+    for manifest in [path for folder in folders for path in sorted((folder / "manifests").glob("*.json"))]:
+        written, where = json.loads(manifest.read_text()), str(manifest.relative_to(paths.PROJECT_ROOT))
+        if "executor" in written:  # its runs are the notebooks' own, whose manifests name their setups
+            continue
+        if "setups" not in written:
+            stale[where] = "names no setups (made before manifests did)"
+        for name, fingerprint in written.get("setups", {}).items():
+            if getattr(QUICK, name).trained_fingerprint() != fingerprint:
+                stale[where] = f"{name} trained with another calibration or setup"
+    assert not stale, (f"{stale}: run make paper-figures on a fresh clone and commit its figures/quick "
                        "(docs/reproducing.md says where each copy goes)")
 
 
