@@ -116,7 +116,7 @@ train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default:
 forget-executor: ## Remove the executor's manifest of PROFILE (its notebooks train their own runs)
 	rm -f figures/$(PROFILE)/manifests/executor.json
 
-calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers and choose each loss's learning rate, until CE's agree (experiments/calibrated/; no-op when current; each search move's runs, and the stand-ins' searches, side by side with EXECUTOR=local or slurm)
+calibrate: $(STAMP) ## Fit the stand-ins' difficulty to the paper's CE numbers and choose each loss's learning rate, until CE's agree (experiments/calibrated/; no-op when current and made by today's training code; each search move's runs, and the stand-ins' searches, side by side with EXECUTOR=local or slurm)
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.scale.calibrate $(PROFILE) --device $(DEVICE) $(if $(COMPILE),--compile $(COMPILE)) \
 		$(if $(filter local,$(EXECUTOR)),$(if $(PER_GPU),--per-gpu $(PER_GPU),--jobs $(JOBS))) \
 		$(if $(filter slurm,$(EXECUTOR)),--executor slurm $(SLURM))

@@ -44,14 +44,16 @@ def git_commit() -> str:
     return commit + ("-dirty" if changed else "")
 
 
-def changed_since(commit: str, files: tuple[str, ...]) -> bool | None:
-    """Whether ``files`` (relative to the project's root) differ now, uncommitted changes included, from their
-    contents at ``commit`` (a :func:`git_commit`; its ``-dirty`` mark is ignored: what was uncommitted then is not
-    known); None where git cannot tell (no checkout, or a commit it does not hold)."""
+def changed_since(commit: str, files: tuple[str, ...], *, uncommitted: bool = True) -> bool | None:
+    """Whether ``files`` (relative to the project's root) differ now from their contents at ``commit`` (a
+    :func:`git_commit`; its ``-dirty`` mark is ignored: what was uncommitted then is not known), uncommitted changes
+    included, or with ``uncommitted=False`` as committed (HEAD); None where git cannot tell (no checkout, or a commit
+    it does not hold)."""
     sha = commit.partition("-dirty")[0]
     if not sha or _git("cat-file", "-e", f"{sha}^{{commit}}") is None:
         return None
-    changed = _git("diff", "--name-only", sha, "--", *files)  # the files that differ; None where git failed
+    now = () if uncommitted else ("HEAD",)
+    changed = _git("diff", "--name-only", sha, *now, "--", *files)  # the files that differ; None where git failed
     return None if changed is None else changed != ""
 
 

@@ -1,5 +1,6 @@
 """Fit each stand-in's difficulty to the paper's cross-entropy numbers (and, where the profile chooses them, the
-learning rates), each move of the search trained side by side; a no-op where the stored calibration is current.
+learning rates), each move of the search trained side by side; a no-op where the stored calibration is current and
+its runs were trained by today's code.
 
     python -m experiments.scale.calibrate PROFILE --jobs 2                      # make calibrate EXECUTOR=local JOBS=2
     python -m experiments.scale.calibrate gpu --device cuda --per-gpu 1          # every GPU of this node

@@ -153,12 +153,13 @@ def main(argv: list[str]) -> int:
 
 def uncalibrated_text(profile: Profile, setups: list[str]) -> str:
     """Why ``train`` refuses a profile whose stand-ins ``setups`` are not calibrated, and what to do."""
-    return (f"the {profile.name} profile's stand-ins {profile.setups_text(setups)} are not calibrated yet, or were "
-            f"by an earlier search or training code (experiments/calibrated/{profile.name}.json): a run's key holds "
-            f"its stand-in's difficulty and learning rate, so runs trained now would all be trained again once they "
-            f"are. Calibrate first: `make calibrate PROFILE={profile.name}` (with the same EXECUTOR, DEVICE and SLURM "
-            "options), which `make paper-figures` runs before training; or give --uncalibrated to train on the "
-            "difficulty they have now anyway")
+    return (f"the {profile.name} profile's stand-ins {profile.setups_text(setups)} have calibration steps left "
+            f"(experiments/calibrated/{profile.name}.json: not calibrated, calibrated by an earlier search or earlier "
+            "training code, or their learning rates still to choose): a run's key holds its stand-in's difficulty and "
+            "learning rate, so runs trained now would all be trained again once they are done. Calibrate first: "
+            f"`make calibrate PROFILE={profile.name}` (with the same EXECUTOR, DEVICE and SLURM options), which `make "
+            "paper-figures` runs before training; or give --uncalibrated to train on the difficulty and rates they "
+            "have now anyway")
 
 
 def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> str | None:
@@ -219,9 +220,9 @@ def calibration_line(fewest: dict[str, CalibrationFirst], every: dict[str, Calib
 
     datasets = [first.runs[0].config.dataset for first in fewest.values()]
     shared = sum(len(first.notebooks_trained) for first in fewest.values())
-    return (f"and first, make calibrate: at least {len(trained(fewest))} runs of {len(fewest)} stand-in"
-            f"{'s' * (len(fewest) > 1)} to calibrate ({', '.join(datasets)}), {shared} of them the notebooks' own once calibrated, "
-            f"{images(fewest)} in all, where the seeds at a search's start agree so closely that it averages one; "
+    return (f"and first, make calibrate: at least {len(trained(fewest))} runs of {len(fewest)} "
+            f"stand-in{'s' * (len(fewest) > 1)} to calibrate ({', '.join(datasets)}), {shared} of them the notebooks' "
+            f"own once calibrated, {images(fewest)} in all, where the seeds at a search's start agree so closely that it averages one; "
             f"{len(trained(every))} runs and {images(every)} where it needs every seed "
             "(docs/reproducing.md#the-calibrations-hours)")
 

@@ -46,8 +46,7 @@ class PlannedRun:
         images per second and time left count it."""
         if config.dataset not in data_prep.SYNTHETIC:
             return cls(config, ("calibration",), None, None)
-        size = stand_in_size(config)
-        return cls(config, ("calibration",), None, *run_images(config, size), size.image_bytes)
+        return _on_stand_in(config, ("calibration",), stand_in_size(config))
 
     @property
     def key(self) -> str:
@@ -88,7 +87,11 @@ def planned_run(config: RunConfig, setup: Setup, notebooks: tuple[str, ...]) -> 
     """The run of ``config`` on ``setup``'s data, read by ``notebooks``, with its work where its data is a stand-in."""
     if not setup.synthetic:
         return PlannedRun(config, notebooks, setup.data_subdir, None)
-    size = stand_in_size(setup)
+    return _on_stand_in(config, notebooks, stand_in_size(setup))
+
+
+def _on_stand_in(config: RunConfig, notebooks: tuple[str, ...], size) -> PlannedRun:
+    """The run of ``config`` on a stand-in of ``size``, with its work."""
     return PlannedRun(config, notebooks, None, *run_images(config, size), size.image_bytes)
 
 

@@ -135,7 +135,8 @@ def test_a_calibration_trained_by_earlier_code_is_searched_again_from_its_knobs_
     commit = {"now": "before"}
     for module in (calibration, learning_rates):
         monkeypatch.setattr(module, "git_commit", lambda: commit["now"])
-    monkeypatch.setattr(calibration, "changed_since", lambda made_at, files: commit["now"] == "after" != made_at)
+    monkeypatch.setattr(calibration, "changed_since",
+                        lambda made_at, files, uncommitted: commit["now"] == "after" != made_at)
     training = FakeTraining(lambda n: 3.0)
     settled = fixed_point.settle(QUICK, "cifar", training, say=lambda line: None)
     assert fixed_point.next_step(settled, "cifar") is None
@@ -159,6 +160,26 @@ def test_a_calibration_trained_by_earlier_code_is_searched_again_from_its_knobs_
     assert fixed_point.status(profile, "cifar")["state"].startswith("settled")
     assert learning_rates.stale_text([calibration.current_entry(profile, "cifar"),
                                       learning_rates.current_entry(profile, "cifar")]) is None
+
+
+def test_a_calibration_refuses_a_stored_run_of_earlier_training_code(tmp_path, monkeypatch):
+    """Searched again after the training's code changed, a calibration must not read back the earlier code's runs
+    (a run's key holds no code): it stops, naming the run, its commit and how to get a store without them."""
+    from experiments.engine.config import RunConfig
+    from experiments.engine.store import ResultsStore
+    from experiments.engine.train import run
+    from experiments.tests.test_experiments import TINY
+
+    store, config = ResultsStore(tmp_path), RunConfig(**TINY)
+    run(config, store)
+    made_at = store.finished(config.key())["provenance"]["git_commit"]
+    monkeypatch.setattr(calibration, "changed_since", lambda commit, files, uncommitted: commit == made_at)
+    with pytest.raises(SystemExit, match=fr"calibrating the quick profile's cifar stand-in read run {config.key()} "
+                                         fr"from the store {tmp_path}, trained at commit .* by earlier training code: "
+                                         r".*`make clean-results PROFILE=quick` \(the whole store goes\), or --store"):
+        fixed_point.trained(config, store, "cpu", "quick", "cifar")
+    monkeypatch.setattr(calibration, "changed_since", lambda commit, files, uncommitted: False)  # today's: read back
+    assert fixed_point.trained(config, store, "cpu", "quick", "cifar") == store.finished(config.key())
 
 
 def test_a_profile_that_chooses_no_learning_rate_stops_after_the_first_calibration(calibrations):

@@ -66,10 +66,16 @@ def test_files_changed_since_a_commit_are_told_and_an_entry_trained_before_is_st
     assert provenance.changed_since(first, ("engine.py",)) is True
     assert provenance.changed_since("f" * 40, ("engine.py",)) is None and provenance.changed_since("", ()) is None
 
+    # a calibration asks about the committed code: what uncommitted edits train is stamped HEAD-dirty, and must not
+    # be stale the moment it is stored (make calibrate would search again for ever)
     monkeypatch.setattr(calibration, "TRAINING_CODE", ("engine.py",))
+    assert provenance.changed_since(first, ("engine.py",), uncommitted=False) is False
     earlier, unknown = Calibration(commit=first + "-dirty"), LearningRates(commit="")
-    assert learning_rates.stale_text([unknown]) is None
-    assert provenance.short_commit(first) in learning_rates.stale_text([earlier, unknown])
+    assert learning_rates.stale_text([earlier, unknown]) is None
     _git(tmp_path, "commit", "-q", "-am", "two")
     today = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert provenance.changed_since(first, ("engine.py",), uncommitted=False) is True
+    assert provenance.short_commit(first) in learning_rates.stale_text([earlier, unknown])
     assert learning_rates.stale_text([Calibration(commit=today), LearningRates(commit=today)]) is None
+    (tmp_path / "engine.py").write_text("3")
+    assert learning_rates.stale_text([Calibration(commit=today + "-dirty")]) is None

@@ -262,7 +262,7 @@ def test_an_uncalibrated_profile_is_not_trained_unless_asked(tmp_path, capsys):
     assert main(arguments) == 2
     error = capsys.readouterr().err
     assert ("the gpu profile's stand-ins cifar (cifar100_like), plantnet (plantnet_like), imagenet_lt "
-            "(imagenet_lt_like), imagenet (imagenet_like) are not calibrated yet") in error
+            "(imagenet_lt_like), imagenet (imagenet_like) have calibration steps left") in error
     assert "make calibrate PROFILE=gpu" in error
     assert main([*arguments, "--uncalibrated"]) == 0
     assert (tmp_path / "store" / "slurm" / "runs.sbatch").exists()

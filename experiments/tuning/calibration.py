@@ -344,17 +344,19 @@ def shortest_search(profile: Profile, setup: str, searched: int | None = 1,
             + [ce_configs(profile, setup, knobs, stand_in.targets)], knobs)
 
 
-def trained_by_todays_code(entry: Calibration | tuned.LearningRates) -> bool:
-    """Whether the runs behind a stored calibration or choice were trained by today's training code
-    (:data:`experiments.paths.TRAINING_CODE` unchanged since its commit): earlier code can give the same runs other
-    numbers. True where git cannot tell (no checkout, or a commit it does not hold)."""
-    return changed_since(entry.commit, TRAINING_CODE) is not True
+def trained_by_todays_code(commit: str) -> bool:
+    """Whether runs trained at ``commit`` (a stored calibration's or choice's, a record's) were trained by today's
+    training code (:data:`experiments.paths.TRAINING_CODE` unchanged since, as committed): earlier code can give the
+    same runs other numbers. Uncommitted edits do not count: what they train is stamped with HEAD (``-dirty``), which
+    could then never be today's, and a calibration would search again for ever. True where git cannot tell (no
+    checkout, or a commit it does not hold)."""
+    return changed_since(commit, TRAINING_CODE, uncommitted=False) is not True
 
 
 def todays(entry: Calibration | tuned.LearningRates | None) -> Calibration | tuned.LearningRates | None:
     """``entry`` where its runs were trained by today's code (:func:`trained_by_todays_code`), else None: what
     ``make calibrate`` keeps (an earlier code's is still used, and shown stale, until it has been made again)."""
-    return entry if entry is not None and trained_by_todays_code(entry) else None
+    return entry if entry is not None and trained_by_todays_code(entry.commit) else None
 
 
 def is_current(entry: Calibration | None, profile: Profile, setup: str) -> bool:
@@ -372,7 +374,7 @@ def earlier_search(profile: Profile, setup: str) -> Calibration | None:
     if any."""
     entry = tuned.calibrations(profile.name).get(setup)
     return entry if entry is not None and entry.fits(getattr(profile, setup).fingerprint()) \
-        and not todays(entry if is_current(entry, profile, setup) else None) else None
+        and not (is_current(entry, profile, setup) and trained_by_todays_code(entry.commit)) else None
 
 
 def table(entry: Calibration) -> pd.DataFrame:

@@ -7,14 +7,15 @@ not use. So each setup alternates: calibrate (first at the grid's rate, from the
 or the training's code has changed since the setup's stored calibration, at the rates and from the knobs that one ended
 at), choose, and while CE's choice for the runs behind its calibration numbers differs from the rates they were
 calibrated at, calibrate again at the chosen rates from the knobs found, and choose again: at most :data:`MAX_ROUNDS`
-calibrations. Where the rounds
-run out (the choice goes back and forth), the last calibration and the choice made on it are kept, and a verdict quotes
-CE's numbers at both rates (:func:`experiments.tuning.learning_rates.summary_line`).
+calibrations. Where the rounds run out (the choice goes back and forth), the last calibration and the choice made on
+it are kept, and a verdict quotes CE's numbers at both rates (:func:`experiments.tuning.learning_rates.summary_line`).
 
 ``make calibrate`` (:mod:`experiments.scale.calibrate`, run first by ``make paper-figures``; each move's runs side by
-side with ``EXECUTOR=local`` or ``slurm``) does what is left: a setup whose stored
-calibration and choice are current and agree (or that used its rounds) is not touched; each step is stored
-(:func:`experiments.spec.tuned.keep`) as soon as it is done, so an interrupted run resumes from the last one.
+side with ``EXECUTOR=local`` or ``slurm``) does what is left: a setup whose stored calibration and choice are
+current, trained by today's code (:func:`experiments.tuning.calibration.todays`) and agree (or that used its rounds) is
+not touched; each step is stored (:func:`experiments.spec.tuned.keep`) as soon as it is done, so an interrupted run
+resumes from the last one. A calibration searched again reads no run of earlier training code from the store
+(:func:`trained`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pandas as pd
 import torch
 
 from experiments.engine.run_claim import train_once
+from experiments.provenance import short_commit
 from experiments.spec import tuned
 from experiments.spec.profiles import Profile, recalibrated
 from experiments.tuning import calibration, learning_rates
@@ -153,4 +155,18 @@ def trained(config, store, device: str, profile: str, setup: str, compile_mode: 
         raise SystemExit(f"error: calibrating the {profile} profile's {setup} stand-in trains on {device}, but torch "
                          f"sees no CUDA device here: run `make calibrate PROFILE={profile} DEVICE=cuda` on a machine "
                          "with a GPU (on a cluster: inside srun or salloc), then this again")
+    if (commit := _earlier_code(config, store)) is not None:
+        raise SystemExit(f"error: calibrating the {profile} profile's {setup} stand-in read run {config.key()} from the "
+                         f"store {store.root}, trained at commit {short_commit(commit)} by earlier training code: its "
+                         "numbers are not today's. Calibrate with a store that holds none of the earlier code's runs: "
+                         f"`make clean-results PROFILE={profile}` (the whole store goes), or --store a new folder")
     return train_once(config, store, device=device, compile_mode=compile_mode)
+
+
+def _earlier_code(config, store) -> str | None:
+    """The commit that trained ``config``'s stored outcome (its record, or its NaN), where that was earlier training
+    code than today's (:func:`experiments.tuning.calibration.trained_by_todays_code`); else None."""
+    record = store.finished(config.key())
+    commit = record["provenance"]["git_commit"] if record is not None else \
+        store.divergence_commit(config.training_key())
+    return commit if commit and not calibration.trained_by_todays_code(commit) else None

@@ -192,7 +192,8 @@ def earlier_engines(entries: list[Calibration | LearningRates]) -> list[str]:
     """The commits (short) of those ``entries`` whose runs were trained with other code than today's
     (:data:`experiments.paths.TRAINING_CODE` changed since): their numbers are not what the same runs give now, the
     tables' own included."""
-    return sorted({short_commit(entry.commit) for entry in entries if not calibration.trained_by_todays_code(entry)})
+    return sorted({short_commit(entry.commit) for entry in entries
+                   if not calibration.trained_by_todays_code(entry.commit)})
 
 
 def stale_text(entries: list[Calibration | LearningRates]) -> str | None:
