@@ -222,8 +222,8 @@ def calibration_line(fewest: dict[str, CalibrationFirst], every: dict[str, Calib
     shared = sum(len(first.notebooks_trained) for first in fewest.values())
     return (f"and first, make calibrate: at least {len(trained(fewest))} runs of {len(fewest)} "
             f"stand-in{'s' * (len(fewest) > 1)} to calibrate ({', '.join(datasets)}), {shared} of them the notebooks' "
-            f"own once calibrated, {images(fewest)} in all, where the seeds at a search's start agree so closely that it averages one; "
-            f"{len(trained(every))} runs and {images(every)} where it needs every seed "
+            f"own once calibrated, {images(fewest)} in all, where the seeds at a search's start agree so closely "
+            f"that it averages one; {len(trained(every))} runs and {images(every)} where it needs every seed "
             "(docs/reproducing.md#the-calibrations-hours)")
 
 
