@@ -9,6 +9,8 @@ thread that will train calls :func:`give_this_thread_cuda_graph_trees` first.
 from __future__ import annotations
 
 import collections
+import ctypes
+import sys
 import threading
 
 import torch
@@ -30,4 +32,17 @@ def give_this_thread_cuda_graph_trees() -> None:
     fresh = {"tree_manager_containers": {}, "tree_manager_locks": collections.defaultdict(threading.Lock)}
     for name in TREE_STATE:
         setattr(cudagraph_trees.local, name, fresh[name])
-        torch._C._stash_obj_in_tls(name, fresh[name])  # carried to autograd's threads with this thread's state
+        stash_in_torch_thread_state(name, fresh[name])
+
+
+def stash_in_torch_thread_state(name: str, value: object) -> None:
+    """``value`` in the calling thread's torch state, which autograd's threads receive, holding a reference of its own.
+
+    torch 2.11's ``_stash_obj_in_tls`` keeps the pointer it is handed without counting a reference (its
+    ``c10::SafePyObject`` takes one over) and gives one back when the thread's state ends: at a thread's end ``value``
+    was released twice, by ``threading.local`` and by the stash, the likeliest cause of the crash that ended the sixth
+    H200 lease's thread test (NOTES section 27). torch 2.14 counts the stash's reference; where it did not, we do."""
+    before = sys.getrefcount(value)
+    torch._C._stash_obj_in_tls(name, value)
+    if sys.getrefcount(value) == before:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(value))

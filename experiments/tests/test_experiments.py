@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -349,6 +350,37 @@ def test_a_search_thread_gets_cuda_graph_trees_of_its_own(monkeypatch):
     (made, stashed), = _each_in_a_thread(look, ("cifar100",))
     assert made and stashed is not False and stashed is not main_containers
     assert cudagraph_trees.get_obj(cudagraph_trees.local, "tree_manager_containers") is main_containers
+
+
+@pytest.mark.parametrize("stash", ["torch's", "one that keeps the reference it is handed"])
+def test_a_search_threads_trees_are_counted_once_by_each_holder(monkeypatch, stash):
+    """torch 2.11's stash keeps the pointer it is handed without counting a reference and releases it at the thread's
+    end, as ``threading.local`` does: the trees were freed twice, and the sixth H200 lease's thread test crashed
+    (NOTES section 27). Whichever the stash, each holder counts its own reference."""
+    import ctypes
+
+    from torch._inductor import cudagraph_trees
+
+    from experiments.engine.cuda_graph_threads import give_this_thread_cuda_graph_trees
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    kept_uncounted = {}
+    if stash != "torch's":
+        def taking_over(name, value):  # holds ``value`` without counting it, as a stolen reference
+            kept_uncounted[name] = value
+            ctypes.pythonapi.Py_DecRef(ctypes.py_object(value))
+        monkeypatch.setattr(torch._C, "_stash_obj_in_tls", taking_over)
+    counts = []
+
+    def count_holders():
+        give_this_thread_cuda_graph_trees()
+        containers = cudagraph_trees.local.tree_manager_containers
+        counts.append(sys.getrefcount(containers))  # the thread's local, `containers`, this call's argument, the stash
+
+    thread = threading.Thread(target=count_holders)
+    thread.start()
+    thread.join()
+    assert counts == [4]
 
 
 @CUDA
