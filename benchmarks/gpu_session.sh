@@ -9,7 +9,8 @@
 #   kernel  the fused kernel's grids with their memory and noise floors, every kind of input (resumable: rerun to
 #           finish); the headline and the issue's grid, or the grids named after the time limit
 #   fig3    Fig. 3 in GPU seconds (the second argument: torch.compile's mode for the engine's step, "default" unless
-#           given; the third and later: the K values, the paper's grid unless given; 7 points a K, about 25 s each)
+#           given; the third and later: the K values, the paper's grid unless given; 7 points a K, about 25 s each;
+#           FIG3_RESUME=PATH starts from the rows of an earlier call's CSV, whose points are then skipped)
 #   hinge   the smoothed hinge on CUDA, tree against Triton kernel, against CE (headline, then the grid until the limit)
 #   profile the gpu profile's hours on this GPU (benchmarks.bench_profile_time: each setup's images/s times its
 #           workload)
@@ -30,15 +31,14 @@
 #   streams 1, 2, 4 and 8 compiled DenseNet-40-40 trainings as threads of one process, each on its own CUDA stream:
 #           MPS's overlap without its daemon (benchmarks.bench_streams; the second argument: torch.compile's mode,
 #           "reduce-overhead" unless given; the third and later: the counts)
-#   lease   the next lease's checks in one call that ends inside ten minutes: tests (238 s in NOTES section 20: the
-#           library's, then the engine's and the examples', which compile), the reduce-overhead step's profile (29 s
-#           on a warm machine in section 20, its first compilation cold here; now with the libraries' share of its
-#           kernels, which bounds what max-autotune can gain),
-#           then 1, 2 and 4 runs as threads on their own streams, then the compiled training step's overheads
-#           (section 20's call cut them), every stage under its own limit (LEASE_LIMITS="tests step-profile streams
-#           step" seconds, default "265 70 100 125": 560 s, with the stages' grace inside a 600 s call); wheels in
-#           .whl/ installed first; everything in one archive, $OUT/lease.tgz (a device machine returns few files),
-#           written again after each stage, and each stage's end
+#   lease   the next lease's checks in one call that ends inside ten minutes: tests (251 s in NOTES section 27: the
+#           library's, then the engine's and the examples', which compile; with the thread test whose crash section
+#           27 fixed), then 1, 2 and 4 runs as threads on their own streams (section 27's two threads failed in a
+#           graph capture), then Fig. 3 over the paper's K with reduce-overhead (seven points a K, about 25 s each;
+#           FIG3_RESUME=PATH, a fig3_epoch_time.csv an earlier call returned, skips the points it holds), every
+#           stage under its own limit (LEASE_LIMITS="tests streams fig3" seconds, default "265 100 195": 560 s, with
+#           the stages' grace inside a 600 s call); wheels in .whl/ installed first; everything in one archive,
+#           $OUT/lease.tgz (a device machine returns few files), written again after each stage, and each stage's end
 # Results go to $OUT (or benchmarks/results); copy the CSVs and logs into benchmarks/results/ and commit them.
 # Run from the repository root (each benchmark runs as python3 -m benchmarks.NAME):
 #   bash benchmarks/gpu_session.sh STAGE [seconds for each kernel grid, default 240] [kernel grids, default
@@ -82,6 +82,7 @@ case "${1:-tests}" in
     done ;;
   fig3)
     ks="${*:3}"
+    if [ -n "${FIG3_RESUME:-}" ]; then cp "$FIG3_RESUME" "$out/fig3_epoch_time.csv" || exit 2; fi
     python3 -m benchmarks.bench_epoch_time --device cuda --compile "${2:-default}" ${ks:+--ks $ks} \
       --out "$out/fig3_epoch_time.csv" 2>&1 \
       | tee "$out/fig3_epoch_time.log" || status=1 ;;
@@ -135,8 +136,8 @@ case "${1:-tests}" in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
     fi
-    read -r tests_s profile_s streams_s step_s <<< "${LEASE_LIMITS:-}"
-    tests_s=${tests_s:-265} profile_s=${profile_s:-70} streams_s=${streams_s:-100} step_s=${step_s:-125}
+    read -r tests_s streams_s fig3_s <<< "${LEASE_LIMITS:-}"
+    tests_s=${tests_s:-265} streams_s=${streams_s:-100} fig3_s=${fig3_s:-195}
     work=$(mktemp -d)
     while read -r limit name stage mode ks; do
       start=$SECONDS
@@ -150,9 +151,8 @@ case "${1:-tests}" in
       tar czf "$out/lease.tgz" -C "$work" .  # what finished survives a call cut short
     done <<EOF
 $tests_s tests tests
-$profile_s step_profile step-profile reduce-overhead
 $streams_s streams_reduce_overhead streams reduce-overhead 1 2 4
-$step_s step_compiled step compiled
+$fig3_s fig3_reduce_overhead fig3 reduce-overhead
 EOF
     for log in "$work"/*.log; do echo "== $(basename "$log")"; tail -n 6 "$log"; done
     cat "$work/lease.txt" ;;
