@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks._fig3_setup import checked_device
 from benchmarks._measure import append_csv_row
 from benchmarks.bench_concurrency import Training, process_training
-from experiments.analysis.timings import engine_code
+from experiments.analysis.timings import engine_code, library_bound_text
 from experiments.engine.train import COMPILE_MODES, compile_step, train_epoch
 from experiments.provenance import STAMP_FIELDS, stamp
 
@@ -78,16 +78,6 @@ def origin_of(name: str) -> str:
     if name.startswith("triton_"):
         return "triton"
     return "library" if any(marker in name.lower() for marker in LIBRARY_MARKERS) else "other"
-
-
-def library_bound_text(row: dict) -> str:
-    """The most a faster choice of library kernels could gain (Amdahl: the step without their share of its kernels'
-    time, taking the step as its kernels), which bounds what ``max-autotune``'s templates can give."""
-    share = float(row["share_library"])
-    bound = f"at most x{1 / (1 - share):.2f}" if share < 1 else "without bound"
-    return (f"of the kernels' time, {share:.0%} in the vendor libraries' kernels (convolutions, matrix products), "
-            f"{float(row['share_triton']):.0%} in inductor's Triton kernels, {float(row['share_other']):.0%} in "
-            f"others: faster library kernels (max-autotune's templates) would make the step {bound} faster")
 
 
 def heaviest(items: list[tuple[str, float]], steps: int, rows: int) -> list[tuple[str, float, float, float]]:

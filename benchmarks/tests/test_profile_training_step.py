@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from benchmarks.profile_training_step import (FIELDS, device_items, heaviest, library_bound_text, main, origin_of,
-                                              summarise)
+from benchmarks.profile_training_step import FIELDS, device_items, heaviest, main, origin_of, summarise
+from experiments.analysis.timings import library_bound_text
 
 
 def test_the_summary_is_per_step_with_the_share_of_short_items():

@@ -1,5 +1,6 @@
 """Fig. 3 measured on a GPU by ``python -m benchmarks.bench_epoch_time``, read back for the ``fig3_epoch_time``
-notebook; the fingerprint of the engine's epoch code that such timings (and ``bench_concurrency``'s) carry."""
+notebook; the fingerprint of the engine's epoch code that such timings (and ``bench_concurrency``'s) carry; what a
+profile of the training step (``python -m benchmarks.profile_training_step``) bounds."""
 
 from __future__ import annotations
 
@@ -101,3 +102,13 @@ def describe(rows: pd.DataFrame) -> str:
             f"{first['device_name']}, {first['model']}, batch {first['batch_size']}, the last of {first['epochs']} whole "
             f"epochs of the training engine ({first['compile']}; python -m benchmarks.bench_epoch_time, "
             f"torch {first['torch']}, commit {str(first['commit'])[:8]})")
+
+
+def library_bound_text(row: dict) -> str:
+    """The most a faster choice of library kernels could gain (Amdahl: the step without their share of its kernels'
+    time, taking the step as its kernels), which bounds what ``max-autotune``'s templates can give."""
+    share = float(row["share_library"])
+    bound = f"at most x{1 / (1 - share):.2f}" if share < 1 else "without bound"
+    return (f"of the kernels' time, {share:.0%} in the vendor libraries' kernels (convolutions, matrix products), "
+            f"{float(row['share_triton']):.0%} in inductor's Triton kernels, {float(row['share_other']):.0%} in "
+            f"others: faster library kernels (max-autotune's templates) would make the step {bound} faster")

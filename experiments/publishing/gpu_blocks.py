@@ -8,6 +8,7 @@ import functools
 from pathlib import Path
 
 from experiments.analysis import kernel_targets, timings
+from experiments.analysis.timings import library_bound_text
 from experiments.paths import BENCHMARK_RESULTS, ENGINE_EPOCH_CODE
 from experiments.scale.hours import (Estimate, Rates, calibration_first_then, completeness_then_hours, counted_text,
                                     fastest, invocations, setting_text)
@@ -15,7 +16,7 @@ from experiments.publishing.result_rows import (SMOOTH_HEADLINE, by_measurement,
                                                 stamp_text)
 
 #: The CSVs of GPU measurements the ``gpu-results`` block reads.
-GPU_CSVS = ("training_step.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
+GPU_CSVS = ("training_step.csv", "step_profile.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
 
 
 def _training_steps(results: Path) -> str:
@@ -27,6 +28,16 @@ def _training_steps(results: Path) -> str:
         tables.append(f"Training step, {rows[0]['model']}, batch {rows[0]['batch_size']} (`training_step.csv`; "
                       f"{stamp_text(rows[0])}):\n\n" + "\n".join(lines))
     return "\n\n".join(tables)
+
+
+def _step_profiles(results: Path) -> str:
+    """Where each profiled compiled step's device time went, and what faster library kernels could gain."""
+    return "\n\n".join(
+        f"The {r['compile']} step of {r['model']}, batch {r['batch_size']}, profiled (`step_profile.csv`; {stamp_text(r)}):"
+        f" {float(r['step_ms']):.2f} ms a step under the profiler, {float(r['items_per_step']):.0f} kernels summing "
+        f"{float(r['items_ms_per_step']):.2f} ms (busy {float(r['busy']):.0%}), {float(r['share_under_50us']):.0%} of "
+        f"that time in kernels under 50 us; {library_bound_text(r)}."
+        for r in read_rows(results / "step_profile.csv") if r["device"] == "cuda")
 
 
 def _smooth_hinge_gpu(results: Path) -> str:
@@ -82,8 +93,8 @@ def _loss_label(row: dict) -> str:
 
 def gpu_results(results: Path = BENCHMARK_RESULTS) -> str:
     """What the committed GPU measurements say, or that there are none."""
-    parts = [part for part in (_training_steps(results), _smooth_hinge_gpu(results), _fused_kernel(results),
-                               _epochs(results)) if part]
+    parts = [part for part in (_training_steps(results), _step_profiles(results), _smooth_hinge_gpu(results),
+                               _fused_kernel(results), _epochs(results)) if part]
     if not parts:
         return ("*No GPU measurement is committed yet: " + ", ".join(f"`benchmarks/results/{name}`" for name in GPU_CSVS)
                 + " hold no CUDA row.*")
