@@ -32,11 +32,12 @@ def give_this_thread_cuda_graph_trees() -> None:
     fresh = {"tree_manager_containers": {}, "tree_manager_locks": collections.defaultdict(threading.Lock)}
     for name in TREE_STATE:
         setattr(cudagraph_trees.local, name, fresh[name])
-        stash_in_torch_thread_state(name, fresh[name])
+        _stash_in_torch_thread_state(name, fresh[name])
 
 
-def stash_in_torch_thread_state(name: str, value: object) -> None:
-    """``value`` in the calling thread's torch state, which autograd's threads receive, holding a reference of its own.
+def _stash_in_torch_thread_state(name: str, value: object) -> None:
+    """``value``, a fresh object no other thread holds yet, in the calling thread's torch state, which autograd's
+    threads receive, holding a reference of its own (the count is read before and after the stash).
 
     torch 2.11's ``_stash_obj_in_tls`` keeps the pointer it is handed without counting a reference (its
     ``c10::SafePyObject`` takes one over) and gives one back when the thread's state ends: at a thread's end ``value``

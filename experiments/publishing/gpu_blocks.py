@@ -8,7 +8,6 @@ import functools
 from pathlib import Path
 
 from experiments.analysis import kernel_targets, timings
-from experiments.analysis.timings import library_bound_text
 from experiments.paths import BENCHMARK_RESULTS, ENGINE_EPOCH_CODE
 from experiments.scale.hours import (Estimate, Rates, calibration_first_then, completeness_then_hours, counted_text,
                                     fastest, invocations, setting_text)
@@ -34,9 +33,10 @@ def _step_profiles(results: Path) -> str:
     """Where each profiled compiled step's device time went, and what faster library kernels could gain."""
     return "\n\n".join(
         f"The {r['compile']} step of {r['model']}, batch {r['batch_size']}, profiled (`step_profile.csv`; {stamp_text(r)}):"
-        f" {float(r['step_ms']):.2f} ms a step under the profiler, {float(r['items_per_step']):.0f} kernels summing "
-        f"{float(r['items_ms_per_step']):.2f} ms (busy {float(r['busy']):.0%}), {float(r['share_under_50us']):.0%} of "
-        f"that time in kernels under 50 us; {library_bound_text(r)}."
+        f" {float(r['step_ms']):.2f} ms a step over {r['steps']} steps timed before the profiled ones, whose device "
+        f"work was {float(r['items_per_step']):.0f} kernels and copies a step summing {float(r['items_ms_per_step']):.2f}"
+        f" ms ({float(r['busy']):.0%} of the timed step), {float(r['share_under_50us']):.0%} of that time in items under "
+        f"50 us; {timings.library_bound_text(r)}."
         for r in read_rows(results / "step_profile.csv") if r["device"] == "cuda")
 
 

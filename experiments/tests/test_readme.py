@@ -142,13 +142,14 @@ def _csv(path, rows):
 def test_the_gpu_block_shows_each_profiled_step_with_what_faster_library_kernels_could_gain(tmp_path):
     stamp = {"device": "cuda", "device_name": "test-gpu", "commit": "c" * 40, "python": "3", "torch": "9.9",
              "triton": "3", "topk": "0"}
-    profiled = {"model": "densenet40_40", "compile": "reduce-overhead", "batch_size": "64", "step_ms": "6.0",
+    profiled = {"model": "densenet40_40", "compile": "reduce-overhead", "batch_size": "64", "steps": "50", "step_ms": "6.0",
                 "items_per_step": "700", "items_ms_per_step": "5.0", "busy": "0.83", "share_under_50us": "0.77",
                 "share_library": "0.6", "share_triton": "0.3", "share_other": "0.1"}
     _csv(tmp_path / "step_profile.csv", [{**stamp, **profiled}, {**stamp, **profiled, "device": "cpu"}])
     text = gpu_blocks.gpu_results(tmp_path)
     assert text.count("profiled (`step_profile.csv`; test-gpu") == 1  # the CUDA row alone
-    assert "700 kernels summing 5.00 ms (busy 83%)" in text and "60% in the vendor libraries' kernels" in text
+    assert "700 kernels and copies a step summing 5.00 ms (83% of the timed step)" in text
+    assert "60% in the vendor libraries' kernels" in text
     assert "at most x2.50 faster." in text
 
 
