@@ -133,6 +133,8 @@ def main(argv: list[str]) -> int:
         calibrations = (fewest, calibrations_to_make(profile, searched=None) if fewest else {})
         if fewest:
             print(calibration_line(*calibrations))
+        if beyond_search := [setup for setup in fixed_point.unsettled(profile) if setup not in fewest]:
+            print(steps_left_line(profile, beyond_search))
         return _print_hours(runs, args.gpus, args.rates, calibrations) if args.gpus is not None else 0
     data_root = str(Path(args.data_root).resolve()) if args.data_root else None  # Slurm's tasks start elsewhere
     options = executors.TrainOptions(store, args.device, data_root, args.workers, args.compile_mode, args.threads,
@@ -225,6 +227,15 @@ def calibration_line(fewest: dict[str, CalibrationFirst], every: dict[str, Calib
             f"own once calibrated, {images(fewest)} in all, where the seeds at a search's start agree so closely "
             f"that it averages one; {len(trained(every))} runs and {images(every)} where it needs every seed "
             "(docs/reproducing.md#the-calibrations-hours)")
+
+
+def steps_left_line(profile: Profile, setups: list[str]) -> str:
+    """What ``make paper-figures`` also does first for stand-ins whose calibration search is today's but which have a
+    step left (:func:`experiments.tuning.fixed_point.next_step`: their learning rates to choose, again or for the first
+    time, or another round), each with its state (:func:`experiments.tuning.fixed_point.status`)."""
+    states = "; ".join(f"{getattr(profile, setup).dataset}: {fixed_point.status(profile, setup)['state']}"
+                       for setup in setups)
+    return f"and first, make calibrate: {len(setups)} stand-in{'s' * (len(setups) > 1)} with a step left ({states})"
 
 
 def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path, calibrations: Calibrations) -> int:

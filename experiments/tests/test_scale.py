@@ -646,6 +646,7 @@ def test_plan_says_what_the_calibration_trains_first_where_a_stand_in_is_not_cal
     every = CalibrationFirst("cifar", [[_planned(3)], [_planned(4), _planned(5), runs[1]]], runs[:1], runs[1:])
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
     monkeypatch.setattr(cli, "calibrations_to_make", lambda profile, searched=1: {"cifar": first if searched else every})
+    monkeypatch.setattr(cli.fixed_point, "unsettled", lambda profile: ["cifar"])  # said once, with its search
     assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         "and first, make calibrate: at least 3 runs of 1 stand-in to calibrate (cifar100_like), 1 of them the "
@@ -653,8 +654,23 @@ def test_plan_says_what_the_calibration_trains_first_where_a_stand_in_is_not_cal
         "closely that it averages one; 4 runs and 0 training images where it needs every seed "
         "(docs/reproducing.md#the-calibrations-hours)")
     monkeypatch.setattr(cli, "calibrations_to_make", lambda profile, searched=1: {})  # calibrated: nothing said
+    monkeypatch.setattr(cli.fixed_point, "unsettled", lambda profile: [])
     assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
     assert "make calibrate" not in capsys.readouterr().out
+
+
+def test_plan_says_which_stand_ins_have_a_step_left_beyond_their_search(monkeypatch, capsys, tmp_path):
+    """A stand-in whose search is today's but whose learning rates are to choose again: ``train`` refuses the profile,
+    so the plan says what ``make calibrate`` does first (it said nothing)."""
+    monkeypatch.setattr(cli, "plan", lambda profile: [_planned(1)])
+    monkeypatch.setattr(cli, "calibrations_to_make", lambda profile, searched=1: {})
+    monkeypatch.setattr(cli.fixed_point, "unsettled", lambda profile: ["cifar"])
+    monkeypatch.setattr(cli.fixed_point, "status", lambda profile, setup: {
+        "state": "trained by an earlier engine (abc1234): run `make calibrate`"})
+    assert cli.main(["plan", "smoke", "--store", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "and first, make calibrate: 1 stand-in with a step left (cifar100_like: trained by an earlier engine (abc1234): "
+        "run `make calibrate`)")
 
 
 def test_plan_with_a_stack_numbers_each_runs_group(monkeypatch, capsys, tmp_path):
