@@ -391,10 +391,21 @@ def test_a_task_preempted_by_a_higher_partitions_job_is_requeued_and_resumes_to_
         assert not follower.is_alive() and progress.done == 1 and not progress.failed, progress.summary()
         assert computed(store.finished(run.key)) == computed(inline.finished(run.key))
         _wait_for(task.split("_")[0])
+        states = _accounted_states(task)
+        assert states[0] == "PREEMPTED" and states[-1] == "COMPLETED", (submit_with, states)
+
+
+def _accounted_states(task: str, timeout: float = 60) -> list[str]:
+    """The states sacct lists for ``task``'s runs, first to last, once the last is final: slurmdbd hears of a job's
+    end after squeue has dropped it (a CI run once read ``RUNNING`` there)."""
+    deadline = time.time() + timeout
+    while True:
         listed = subprocess.run(["sacct", "--jobs", task, "--duplicates", "--noheader", "--parsable2",
                                  "--format=JobID,State"], capture_output=True, text=True).stdout.split()
         states = [line.split("|")[1] for line in listed if "." not in line.split("|")[0]]
-        assert states[0] == "PREEMPTED" and states[-1] == "COMPLETED", (submit_with, states)
+        if (states and states[-1] not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING")) or time.time() > deadline:
+            return states
+        time.sleep(0.5)
 
 
 def _partitions() -> set[str]:
