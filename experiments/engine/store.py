@@ -189,6 +189,13 @@ class ResultsStore:
         outcome = self._divergence(training_key)
         return None if outcome is None else outcome.get("git_commit")
 
+    def outcome_commit(self, config: RunConfig) -> str | None:
+        """The commit that trained ``config``'s stored outcome: its record's (:meth:`finished`), else its NaN's
+        (:meth:`divergence_commit`); None where the store holds neither or the outcome names no commit."""
+        record = self.finished(config.key())
+        return record["provenance"]["git_commit"] if record is not None else \
+            self.divergence_commit(config.training_key())
+
     def _divergence(self, training_key: str) -> dict | None:
         path = self.divergence_path(training_key)
         if not path.exists():

@@ -166,7 +166,5 @@ def trained(config, store, device: str, profile: str, setup: str, compile_mode: 
 def _earlier_code(config, store) -> str | None:
     """The commit that trained ``config``'s stored outcome (its record, or its NaN), where that was earlier training
     code than today's (:func:`experiments.tuning.calibration.trained_by_todays_code`); else None."""
-    record = store.finished(config.key())
-    commit = record["provenance"]["git_commit"] if record is not None else \
-        store.divergence_commit(config.training_key())
+    commit = store.outcome_commit(config)
     return commit if commit and not calibration.trained_by_todays_code(commit) else None
