@@ -21,6 +21,7 @@ import sys
 import threading
 import traceback
 from dataclasses import dataclass
+from typing import Callable
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -167,6 +168,28 @@ def slots_refusal(jobs: int, per_gpu: int | None, device: str) -> str | None:
     return None
 
 
+#: The share of a device's memory that the stand-in images of the runs training on it at once may take (each run's
+#: process holds its stand-in's images there, :attr:`PlannedRun.image_bytes`); the rest is left to their models,
+#: activations, compiled graphs and CUDA contexts. A rule with room to spare, not a measurement.
+IMAGES_SHARE = 0.5
+
+
+def images_budget(device: str) -> int:
+    """The bytes of stand-in images that the runs on ``device`` may hold at once: :data:`IMAGES_SHARE` of the GPU's
+    memory (``cuda:N``), or of the machine's (``cpu``)."""
+    if device.startswith("cuda"):
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(IMAGES_SHARE * total)
+
+
+def group_image_bytes(group: list[PlannedRun]) -> int:
+    """The stand-in images a group's process holds (one copy, which its stacked runs share); 0 on real data, read from
+    its files."""
+    return max((run.image_bytes or 0 for run in group), default=0)
+
+
 def cpu_threads(workers: int) -> int:
     """The machine's usable cores split between ``workers`` processes (at least one each)."""
     return max(1, default_workers() // workers)
@@ -181,6 +204,8 @@ def local(runs: list[PlannedRun], options: TrainOptions, progress: Progress, *, 
     if per_gpu is None and len(pool.devices) > (cores := default_workers()):
         print(f"note: {len(pool.devices)} workers on {cores} cores take turns on them, which is slower than one worker "
               "a core (--jobs)", file=sys.stderr)
+    if note := pool.memory_note(runs):
+        print(note, file=sys.stderr)
     if any(not run.alone for run in runs) and (note := side_by_side_note(pool.devices, options.compile_mode, sharing)):
         print(note, file=sys.stderr)
     with pool:
@@ -198,8 +223,10 @@ class WorkerPool:
     #: seconds a call waits for a worker's message before it looks at the queue again, where other threads add groups
     POLL_S = 0.5
 
-    def __init__(self, devices: list[str], options: TrainOptions, threads: int):
+    def __init__(self, devices: list[str], options: TrainOptions, threads: int,
+                 budget: Callable[[str], int] | None = None):
         self.devices, self.options, self.threads = devices, options, threads
+        self._budget, self._budgets = budget or images_budget, {}  # each device's images budget, asked once
         self.context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
         self.workers: dict[int, tuple] = {}  # slot -> (process, connection, the _Job it trains or None)
         self._queue: list[_Job] = []  # groups waiting for a worker, the first asked first
@@ -309,12 +336,43 @@ class WorkerPool:
             raise
 
     def _fill(self) -> None:
-        """Send the queue's first groups to the free workers, in the order of their slots (a group leaves the queue
-        once sent: a failed start loses no other thread's group)."""
-        for slot in range(len(self.devices)):
-            if self._queue and (slot not in self.workers or self.workers[slot][2] is None):
+        """Send the queue's first groups to the free workers, in the order of their slots, each where its images fit
+        beside those of the groups training on that device (:meth:`_fits`); the others wait, in their order (a group
+        leaves the queue once sent: a failed start loses no other thread's group)."""
+        for slot, device in enumerate(self.devices):
+            if (self._queue and (slot not in self.workers or self.workers[slot][2] is None)
+                    and self._fits(device, self._queue[0].group)):
                 self._send(slot, self._queue[0])
                 self._queue.pop(0)
+
+    def _fits(self, device: str, group: list[PlannedRun]) -> bool:
+        """Whether ``group``'s images fit in ``device``'s :func:`images_budget` beside the images of the groups
+        training there; a group alone on its device always goes (too large, it fails with the device's own error)."""
+        held = [group_image_bytes(job.group) for slot, (_, _, job) in self.workers.items()
+                if job is not None and self.devices[slot] == device]
+        return not held or sum(held) + group_image_bytes(group) <= self.budget(device)
+
+    def budget(self, device: str) -> int:
+        """``device``'s images budget, asked of the device once."""
+        if device not in self._budgets:
+            self._budgets[device] = self._budget(device)
+        return self._budgets[device]
+
+    def memory_note(self, runs: list[PlannedRun]) -> str | None:
+        """A note where the largest stand-in of ``runs`` (trained side by side) leaves some workers of a device
+        waiting: how many of its runs train there at once; None where every worker can train one."""
+        largest = max((run for run in runs if not run.alone), key=lambda run: run.image_bytes or 0, default=None)
+        if largest is None or not largest.image_bytes:
+            return None
+        notes = []
+        for device in dict.fromkeys(self.devices):
+            workers, budget = self.devices.count(device), self.budget(device)
+            if (fit := max(1, budget // largest.image_bytes)) < workers:
+                notes.append(f"{device} ({budget / 2 ** 30:.1f} GiB) trains at most {fit} of them at once on its "
+                             f"{workers} workers")
+        return (f"note: each {largest.config.dataset} run holds {largest.image_bytes / 2 ** 30:.1f} GiB of images, "
+                f"and the runs on a device may hold {IMAGES_SHARE:.0%} of its memory: " + "; ".join(notes)
+                ) if notes else None
 
     def _owes(self, call: object) -> bool:
         """Whether a group of ``call`` is still queued or training."""

@@ -2,6 +2,7 @@
 executors give the inline records bit for bit; the store's claims let many processes share it without training a
 run twice; a killed worker's run resumes to the same result."""
 
+import dataclasses
 import io
 import json
 import os
@@ -132,6 +133,38 @@ def test_a_worker_pool_is_kept_from_one_call_to_the_next_and_a_worker_dead_betwe
         assert progress.done == 2 and not progress.failed, progress.summary()
         assert pool.workers[1][0] is started[1] and pool.workers[0][0] is not started[0]
     assert not pool.workers and not started[1].is_alive()
+
+
+def test_runs_whose_images_do_not_fit_their_device_beside_each_other_train_one_at_a_time(tmp_path):
+    """Each run's process holds its stand-in's images on its device: two workers on a device whose images budget holds
+    one run's train the runs one after the other, all of them, and the executor's note says so beforehand."""
+    class Overlap(Progress):
+        def __init__(self, runs):
+            super().__init__(runs)
+            self.now = self.most = 0
+
+        def start(self, run):
+            super().start(run)
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+        def finish(self, run):
+            self.now -= 1
+            super().finish(run)
+
+    runs = [dataclasses.replace(_planned(seed), image_bytes=100 * 2 ** 30) for seed in (1, 2)]
+    progress = Overlap(runs)
+    pool = executors.WorkerPool(["cpu", "cpu"], executors.TrainOptions(str(tmp_path), threads=1), threads=1,
+                                budget=lambda device: 150 * 2 ** 30)
+    assert pool.memory_note(runs) == ("note: each cifar100_like run holds 100.0 GiB of images, and the runs on a "
+                                      "device may hold 50% of its memory: cpu (150.0 GiB) trains at most 1 of them "
+                                      "at once on its 2 workers")
+    with pool:
+        pool.train_runs(runs, progress)
+    assert progress.done == 2 and not progress.failed and progress.most == 1
+    roomy = executors.WorkerPool(["cpu", "cpu"], executors.TrainOptions(str(tmp_path), threads=1), threads=1,
+                                 budget=lambda device: 200 * 2 ** 30)
+    assert roomy.memory_note(runs) is None and roomy._fits("cpu", runs[:1])
 
 
 def test_a_pipe_another_thread_closed_while_this_one_waited_is_looked_at_again(tmp_path, monkeypatch):
