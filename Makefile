@@ -43,12 +43,12 @@ EXECUTOR ?= $(if $(filter cpu cuda,$(DEVICE)),local)
 # alone: stacks measured slower than lone runs on an H200 (docs/reproducing.md#runs-stacked-into-one-model).
 STACK ?= 1
 JOBS ?= $(shell $(PYTHON) -c 'import os; print(min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
-PER_GPU ?= $(if $(filter cuda,$(DEVICE)),1)
+PER_GPU ?= $(if $(filter cuda%,$(DEVICE)),1)
 SLURM ?=
 TRAIN := PYTHONPATH=$(CURDIR) $(PY) -m experiments train $(PROFILE) --executor $(or $(EXECUTOR),inline) --device $(DEVICE) \
 	$(if $(filter local,$(EXECUTOR)),$(if $(PER_GPU),--per-gpu $(PER_GPU),--jobs $(JOBS))) $(if $(DATA),--data-root $(abspath $(DATA))) \
 	$(if $(WORKERS),--workers $(WORKERS)) $(if $(COMPILE),--compile $(COMPILE)) $(if $(filter-out 0,$(THREADS)),--threads $(THREADS)) \
-	$(if $(filter-out 1,$(STACK)),--stack $(STACK)) $(if $(filter slurm,$(EXECUTOR)),$(SLURM))
+	$(if $(filter-out 1,$(STACK)),--stack $(STACK)) $(if $(UNCALIBRATED),--uncalibrated) $(if $(filter slurm,$(EXECUTOR)),$(SLURM))
 NOTEBOOKS := $(basename $(notdir $(wildcard notebooks/*.ipynb)))
 EXECUTED := $(patsubst %,build/$(PROFILE)/%.ipynb,$(NOTEBOOKS))
 SOURCES := $(filter-out %/tests/%,$(wildcard topk/*.py topk/*/*.py data_prep/*.py experiments/*.py experiments/*/*.py)) $(wildcard experiments/calibrated/*.json)
@@ -110,7 +110,7 @@ kernel-resources: $(STAMP) ## Compile the Triton kernels for sm_90a (no GPU need
 plan: | $(STAMP) ## List every run of PROFILE, the notebooks that read it and what the store holds of it [STACK=s: the groups; GPUS=n: the hours on n GPUs]
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments plan $(PROFILE) $(if $(filter-out 1,$(STACK)),--stack $(STACK)) $(if $(GPUS),--gpus $(GPUS))
 
-train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default: local with DEVICE=cpu or cuda, else inline) [JOBS=n PER_GPU=m STACK=s SLURM="..."]
+train: $(STAMP) ## Train every missing run of PROFILE through EXECUTOR (default: local with DEVICE=cpu or cuda, else inline) [JOBS=n PER_GPU=m STACK=s SLURM="..." UNCALIBRATED=1]
 	$(TRAIN)
 
 forget-executor: ## Remove the executor's manifest of PROFILE (its notebooks train their own runs)
@@ -163,7 +163,7 @@ check-report: | $(STAMP) ## Fail unless every notebook of PROFILE ran and wrote 
 	PYTHONPATH=$(CURDIR) $(PY) -m experiments.publishing.report --check-screenshot build/report/screenshot.png
 
 lab: $(STAMP) ## Open the notebooks in JupyterLab
-	PYTHONPATH=$(CURDIR) $(VENV)/bin/jupyter lab notebooks
+	PYTHONPATH=$(CURDIR) $(PY) -m jupyter lab notebooks
 
 clean: ## Remove the virtual environment, executed notebooks, the report, caches and the outputs of profiles but quick (committed)
 	rm -rf $(VENV) build .pytest_cache .hypothesis

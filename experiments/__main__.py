@@ -30,7 +30,8 @@ record if the store already holds it finished. A killed run resumes from its las
 A whole profile's runs have their own commands (python -m experiments train --help):
   plan PROFILE       every run of the profile and what the store holds of it
   train PROFILE      train the missing runs through an executor: inline, local (--jobs N, --per-gpu M) or slurm
-  run-one KEY        one planned run, as a Slurm array task calls it"""
+  run-one KEY... --profile PROFILE
+                     planned runs, as a Slurm array task calls it"""
 
 EXAMPLES = """examples (experiments/example_run.json ships with the package: 4 epochs of a small CNN on a CIFAR-100
 stand-in, with the noised loss):
@@ -44,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in cli.COMMANDS:  # plan, train, run-one: a whole profile (experiments.scale)
         return cli.main(argv)
+    if argv[:1] and not argv[0].startswith("-") and not argv[0].endswith(".json") and not os.path.isfile(argv[0]):
+        print(f"error: {argv[0]!r} is neither a command ({', '.join(cli.COMMANDS)}) nor a run's JSON config: "
+              "python -m experiments --help", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="python -m experiments", description=DESCRIPTION, epilog=EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="a JSON file with the fields of experiments.engine.config.RunConfig")

@@ -52,7 +52,8 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="local: worker processes (default 1)")
     parser.add_argument("--per-gpu", type=int, help="local, instead of --jobs: that many workers on each visible GPU")
     parser.add_argument("--compile", dest="compile_mode", choices=COMPILE_MODES, help="torch.compile mode of the step")
-    slurm_request.add_options(parser, folder="STORE/slurm/calibration",
+    slurm_request.add_options(parser, folder="STORE/slurm/calibration; either way each stand-in's in a folder "
+                              "named by its setup: cifar, plantnet, imagenet_lt, imagenet",
                       sbatch_only="refused where a stand-in needs calibrating: each move of the search needs the last's "
                                   "runs, so none can be written ahead (accepted so that make's SLURM options serve "
                                   "both commands)")

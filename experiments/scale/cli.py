@@ -66,7 +66,12 @@ def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="python -m experiments", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = main.add_subparsers(dest="command", required=True)
-    listing = commands.add_parser("plan", help="list every distinct run of a profile and what the store holds of it")
+    listing = commands.add_parser("plan", help="list every distinct run of a profile and what the store holds of it",
+                                  description="List every distinct run of PROFILE, from the grids its notebooks use: "
+                                  "its key, its state in the store (finished, diverged, training, queued, partial or "
+                                  "missing), its epochs done of all, its training images and the notebooks that read "
+                                  "it; then the totals, each stand-in's images in a run's memory, and what `make "
+                                  "calibrate` has left to do first.")
     listing.add_argument("profile", choices=PROFILES)
     listing.add_argument("--store", help="results store folder (default: results/PROFILE)")
     listing.add_argument("--stack", type=int, default=1, help="also number each run's group as `train --stack` "
@@ -84,7 +89,8 @@ def parser() -> argparse.ArgumentParser:
                        help="inline (default): one run after another in this process; local: worker processes on this "
                             "machine (--jobs, --per-gpu); slurm: Slurm array tasks")
     train.add_argument("--jobs", type=int, default=1, help="local: worker processes on this machine (default 1)")
-    train.add_argument("--per-gpu", type=int, help="local: runs side by side on each visible GPU (instead of --jobs)")
+    train.add_argument("--per-gpu", type=int, help="local: runs side by side on each visible GPU, or on GPU N alone "
+                       "with --device cuda:N (instead of --jobs)")
     train.add_argument("--stack", type=int, default=1,
                        help="train runs that share their data, model and optimiser settings this many at a time, "
                             "stacked into one model (grouped layers; default 1: each run alone)")
@@ -160,8 +166,8 @@ def uncalibrated_text(profile: Profile, setups: list[str]) -> str:
             "training code, or their learning rates still to choose): a run's key holds its stand-in's difficulty and "
             "learning rate, so runs trained now would all be trained again once they are done. Calibrate first: "
             f"`make calibrate PROFILE={profile.name}` (with the same EXECUTOR, DEVICE and SLURM options), which `make "
-            "paper-figures` runs before training; or give --uncalibrated to train on the difficulty and rates they "
-            "have now anyway")
+            "paper-figures` runs before training; or give --uncalibrated (`make train UNCALIBRATED=1`) to train on "
+            "the difficulty and rates they have now anyway")
 
 
 def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> str | None:
@@ -188,6 +194,12 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     here = args.executor != "slurm" and bool(todo)  # nothing to train (a login node after Slurm's tasks): no device
     if here and (problem := executors.device_refusal(args.device)):
         return problem
+    if args.executor != "local" and (args.jobs != 1 or args.per_gpu is not None):
+        return (f"--{'per-gpu' if args.per_gpu is not None else 'jobs'} places the local executor's workers, but the "
+                f"executor is {args.executor}: add --executor local, or leave it out")
+    if args.jobs != 1 and args.per_gpu is not None:
+        return (f"--jobs {args.jobs} and --per-gpu {args.per_gpu} each place the local executor's workers: give "
+                "--jobs on a CPU or --per-gpu on GPUs, not both")
     if args.executor == "local" and todo and (problem := executors.slots_refusal(args.jobs, args.per_gpu, args.device)):
         return problem
     if args.executor == "slurm" and (problem := slurm_request.refusal(args)):
@@ -250,9 +262,15 @@ def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path, calibration
         print(f"error: {error}", file=sys.stderr)
         return 2
     if not measured:
+        batches: dict[str, set[int]] = {}
+        for run in runs:
+            if run.data_subdir is None:
+                batches.setdefault(run.config.model, set()).add(run.config.batch_size)
+        trained = ", ".join(f"{model} at batch {' or '.join(map(str, sorted(sizes)))}"
+                            for model, sizes in sorted(batches.items()))
         print(f"error: no measurement in {rates_csv} was made on a GPU with a model and batch size that this "
-              "profile's runs on stand-ins train: run `bash benchmarks/gpu_session.sh stacked reduce-overhead 2 4 8` "
-              "on the GPU", file=sys.stderr)
+              f"profile's runs on stand-ins train ({trained}): `python -m benchmarks.bench_concurrency --model MODEL "
+              "--batch-size BATCH` measures one on a GPU (on CIFAR-100-shaped images, 32 px)", file=sys.stderr)
         return 2
     current = [invocation for invocation in measured if all(made_with_todays_engine(row) for row in invocation)]
     print(f"\nestimated hours on {gpus} GPU{'s' * (gpus > 1)}, at the rates of {rates_csv.name}'s measurements made "

@@ -434,6 +434,9 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
     assert executor("DEVICE=cuda", "PER_GPU=2", "COMPILE=default") == "local --device cuda --per-gpu 2 --compile default"
     assert executor("DEVICE=cuda", "STACK=4") == "local --device cuda --per-gpu 1 --compile reduce-overhead --stack 4"
     assert executor("EXECUTOR=") is None and executor("DEVICE=cuda:1") is None  # the notebooks train their own runs
+    # GPU 1 alone, its runs on it: one at a time unless PER_GPU says more (not JOBS, one per core, on one GPU)
+    assert executor("DEVICE=cuda:1", "EXECUTOR=local") == "local --device cuda:1 --per-gpu 1 --compile reduce-overhead"
+    assert executor("UNCALIBRATED=1").endswith("--uncalibrated")
     assert executor("EXECUTOR=slurm").startswith("slurm --device cpu")
     scripts_only = subprocess.run(["make", "-n", "-B", "paper-figures", "PROFILE=smoke", f"PY={sys.executable}",
                                    "EXECUTOR=slurm", "SLURM=--time-min 60 --sbatch-only"], cwd=paths.PROJECT_ROOT,
@@ -446,6 +449,9 @@ def test_make_uses_a_given_interpreter_instead_of_creating_the_venv():
                                *settings], cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=60)
         line = next(line for line in plan.stdout.splitlines() if "-m experiments plan" in line)
         assert line.split("-m experiments ")[1].split() == command.split(), plan.stdout
+    lab = subprocess.run(["make", "-n", "lab", f"PY={sys.executable}"], cwd=paths.PROJECT_ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert f"{sys.executable} -m jupyter lab notebooks" in lab.stdout, lab.stdout
     report = paths.PROJECT_ROOT / "figures" / "quick" / "report" / "index.html"
     before = report.read_bytes()
     quick = subprocess.run(["make", "-n", "-B", "paper-figures", f"PY={sys.executable}"], cwd=paths.PROJECT_ROOT,

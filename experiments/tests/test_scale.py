@@ -799,7 +799,8 @@ def test_plan_with_gpus_estimates_the_hours_of_each_measured_setting(monkeypatch
     assert cli.main(["plan", "smoke", "--gpus", "8", *rates]) == 0
     assert ("at the rates of rates.csv's measurements made with an earlier engine (stale: the engine's code changed "
             "since):") in capsys.readouterr().out
-    for text, error in ((header + ignored[1] + "\n", "no measurement in"),
+    for text, error in ((header + ignored[1] + "\n", "stand-ins train (small_cnn at batch 32 or 64): `python -m "
+                                                     "benchmarks.bench_concurrency --model MODEL --batch-size BATCH`"),
                         ("device,model,ms_per_step\ncuda,densenet40_40,5.0\n", "is not a CSV of "
                          "benchmarks.bench_concurrency: it lacks the columns ['device_name', 'date', 'batch_size', "
                          "'compile', 'concurrency', 'aggregate_images_per_s']")):

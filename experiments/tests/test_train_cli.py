@@ -115,6 +115,13 @@ REFUSED = [
      "--account is an option of the Slurm executor: add --executor slurm, or leave it out"),
     (["train", "smoke", "--executor", "inline", "--time-min", "600"],
      "--time-min is an option of the Slurm executor: add --executor slurm, or leave it out"),
+    (["train", "smoke", "--jobs", "3"], "--jobs places the local executor's workers, but the executor is inline: add "
+                                        "--executor local, or leave it out"),
+    (["train", "smoke", "--executor", "slurm", "--per-gpu", "2", "--sbatch-only"],
+     "--per-gpu places the local executor's workers, but the executor is slurm"),
+    (["train", "smoke", "--executor", "local", "--jobs", "2", "--per-gpu", "1"],
+     "--jobs 2 and --per-gpu 1 each place the local executor's workers: give --jobs on a CPU or --per-gpu on GPUs"),
+    (["trian", "smoke"], "'trian' is neither a command (plan, train, run-one) nor a run's JSON config"),
     (["train", "smoke", "--device", "tpu"], "--device should be cpu, cuda or cuda:N, got 'tpu'"),
     (["run-one", SMOKE_KEY, "--profile", "smoke", "--device", "gpu"], "--device should be cpu, cuda or cuda:N, got 'gpu'"),
     (["{config}", "--store", "{tmp}/one", "--device", "tpu"], "--device should be cpu, cuda or cuda:N, got 'tpu'"),
