@@ -346,11 +346,15 @@ class WorkerPool:
                 self._queue.pop(0)
 
     def _fits(self, device: str, group: list[PlannedRun]) -> bool:
-        """Whether ``group``'s images fit in ``device``'s :func:`images_budget` beside the images of the groups
-        training there; a group alone on its device always goes (too large, it fails with the device's own error)."""
-        held = [group_image_bytes(job.group) for slot, (_, _, job) in self.workers.items()
-                if job is not None and self.devices[slot] == device]
-        return not held or sum(held) + group_image_bytes(group) <= self.budget(device)
+        """Whether ``group``'s images fit in :func:`images_budget` beside the images of the groups training: on
+        ``device`` those there, in the machine's memory (``cpu``) every one (a process renders its stand-in there and
+        keeps it). A group alone always goes (too large, it fails with the memory's own error)."""
+        size = group_image_bytes(group)
+        busy = [(self.devices[slot], group_image_bytes(job.group)) for slot, (_, _, job) in self.workers.items()
+                if job is not None]
+        on_device, in_machine = [held for where, held in busy if where == device], [held for _, held in busy]
+        return ((not on_device or sum(on_device) + size <= self.budget(device))
+                and (not in_machine or sum(in_machine) + size <= self.budget("cpu")))
 
     def budget(self, device: str) -> int:
         """``device``'s images budget, asked of the device once."""
@@ -364,11 +368,13 @@ class WorkerPool:
         largest = max((run for run in runs if not run.alone), key=lambda run: run.image_bytes or 0, default=None)
         if largest is None or not largest.image_bytes:
             return None
+        places = {device: (device, self.devices.count(device)) for device in self.devices}
+        places.setdefault("cpu", ("this machine", len(self.devices)))  # where GPU runs render their images
         notes = []
-        for device in dict.fromkeys(self.devices):
-            workers, budget = self.devices.count(device), self.budget(device)
+        for device, (name, workers) in places.items():
+            budget = self.budget(device)
             if (fit := max(1, budget // largest.image_bytes)) < workers:
-                notes.append(f"{device} ({budget / 2 ** 30:.1f} GiB) trains at most {fit} of them at once on its "
+                notes.append(f"{name} ({budget / 2 ** 30:.1f} GiB) trains at most {fit} of them at once on its "
                              f"{workers} workers")
         return (f"note: each {largest.config.dataset} run holds {largest.image_bytes / 2 ** 30:.1f} GiB of images, "
                 f"and the runs on a device may hold {IMAGES_SHARE:.0%} of its memory: " + "; ".join(notes)

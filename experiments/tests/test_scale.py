@@ -167,6 +167,24 @@ def test_runs_whose_images_do_not_fit_their_device_beside_each_other_train_one_a
     assert roomy.memory_note(runs) is None and roomy._fits("cpu", runs[:1])
 
 
+def test_a_gpu_run_starts_where_its_images_fit_on_its_gpu_and_in_the_machines_memory(tmp_path):
+    """GPU runs hold their images on their GPU and in the machine's memory, where they render them: a run waits for
+    room on its GPU, and for room in the machine's memory whichever GPU is free."""
+    gib = 2 ** 30
+    budgets = {"cuda:0": 150 * gib, "cuda:1": 150 * gib, "cuda:2": 150 * gib, "cpu": 250 * gib}
+    runs = [dataclasses.replace(_planned(seed), image_bytes=100 * gib) for seed in (1, 2, 3)]
+    pool = executors.WorkerPool(["cuda:0", "cuda:1", "cuda:2", "cuda:0"], executors.TrainOptions(str(tmp_path)),
+                                threads=1, budget=budgets.__getitem__)
+    assert pool.memory_note(runs) == (
+        "note: each cifar100_like run holds 100.0 GiB of images, and the runs on a device may hold 50% of its memory: "
+        "cuda:0 (150.0 GiB) trains at most 1 of them at once on its 2 workers; this machine (250.0 GiB) trains at most "
+        "2 of them at once on its 4 workers")
+    pool.workers[0] = (None, None, executors._Job(runs[:1], Progress(runs), object()))  # run 1 training on cuda:0
+    assert not pool._fits("cuda:0", runs[1:2]) and pool._fits("cuda:1", runs[1:2])
+    pool.workers[1] = (None, None, executors._Job(runs[1:2], Progress(runs), object()))  # run 2 on cuda:1
+    assert not pool._fits("cuda:2", runs[2:])  # cuda:2 is free, the machine's memory is not
+
+
 def test_a_pipe_another_thread_closed_while_this_one_waited_is_looked_at_again(tmp_path, monkeypatch):
     """Threads wait for their workers' messages outside the pool's lock: a pipe another thread closed meanwhile (its
     worker died) makes the wait raise, and the call looks again instead of failing."""
