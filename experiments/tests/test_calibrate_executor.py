@@ -87,7 +87,8 @@ def test_the_slurm_options_say_where_the_calibrations_scripts_go_and_that_sbatch
     with pytest.raises(SystemExit):
         calibrate.main(["--help"])
     shown = " ".join(capsys.readouterr().out.split())  # argparse wraps its lines
-    assert "(default: STORE/slurm/calibration)" in shown
+    assert ("(default: STORE/slurm/calibration; either way each stand-in's in a folder named by its setup: cifar, "
+            "plantnet, imagenet_lt, imagenet)") in shown
     assert "--sbatch-only refused where a stand-in needs calibrating" in shown
 
 
