@@ -43,12 +43,13 @@ EXECUTOR ?= $(if $(filter cpu cuda,$(DEVICE)),local)
 # alone: stacks measured slower than lone runs on an H200 (docs/reproducing.md#runs-stacked-into-one-model).
 STACK ?= 1
 JOBS ?= $(shell $(PYTHON) -c 'import os; print(min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
+# PER_GPU: on any CUDA device (cuda, cuda:N) one run a GPU unless given; JOBS is then not used
 PER_GPU ?= $(if $(filter cuda%,$(DEVICE)),1)
 SLURM ?=
 TRAIN := PYTHONPATH=$(CURDIR) $(PY) -m experiments train $(PROFILE) --executor $(or $(EXECUTOR),inline) --device $(DEVICE) \
 	$(if $(filter local,$(EXECUTOR)),$(if $(PER_GPU),--per-gpu $(PER_GPU),--jobs $(JOBS))) $(if $(DATA),--data-root $(abspath $(DATA))) \
 	$(if $(WORKERS),--workers $(WORKERS)) $(if $(COMPILE),--compile $(COMPILE)) $(if $(filter-out 0,$(THREADS)),--threads $(THREADS)) \
-	$(if $(filter-out 1,$(STACK)),--stack $(STACK)) $(if $(UNCALIBRATED),--uncalibrated) $(if $(filter slurm,$(EXECUTOR)),$(SLURM))
+	$(if $(filter-out 1,$(STACK)),--stack $(STACK)) $(if $(filter-out 0,$(UNCALIBRATED)),--uncalibrated) $(if $(filter slurm,$(EXECUTOR)),$(SLURM))
 NOTEBOOKS := $(basename $(notdir $(wildcard notebooks/*.ipynb)))
 EXECUTED := $(patsubst %,build/$(PROFILE)/%.ipynb,$(NOTEBOOKS))
 SOURCES := $(filter-out %/tests/%,$(wildcard topk/*.py topk/*/*.py data_prep/*.py experiments/*.py experiments/*/*.py)) $(wildcard experiments/calibrated/*.json)

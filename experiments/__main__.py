@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in cli.COMMANDS:  # plan, train, run-one: a whole profile (experiments.scale)
         return cli.main(argv)
-    if argv[:1] and not argv[0].startswith("-") and not argv[0].endswith(".json") and not os.path.isfile(argv[0]):
-        print(f"error: {argv[0]!r} is neither a command ({', '.join(cli.COMMANDS)}) nor a run's JSON config: "
-              "python -m experiments --help", file=sys.stderr)
+    if argv[:1] and not argv[0].startswith("-") and not argv[0].endswith(".json") and not os.path.exists(argv[0]):
+        print(f"error: {argv[0]!r} is neither a command ({', '.join(cli.COMMANDS)}) nor a run's JSON config (no "
+              "such file): python -m experiments --help", file=sys.stderr)
         return 2
     parser = argparse.ArgumentParser(prog="python -m experiments", description=DESCRIPTION, epilog=EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

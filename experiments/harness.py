@@ -117,12 +117,20 @@ class Context:
                              "was asked for to train it, but torch sees no CUDA device here: train the profile's runs "
                              "where there is one (make train, EXECUTOR=slurm), then run the notebooks anywhere")
         try:
-            return train_once(config, self.store, device=self.device, data_root=data_root, num_workers=self.workers,
-                              compile_mode=self.compile_mode)
-        finally:  # a NaN (FloatingPointError) is an outcome too, of the commit that trained it
+            record = train_once(config, self.store, device=self.device, data_root=data_root,
+                                num_workers=self.workers, compile_mode=self.compile_mode)
+        except FloatingPointError:  # a NaN is an outcome too, of the commit that trained it
+            self._count_commit(config)
+            raise
+        finally:
             self.runs["from_store" if cached else "trained"] += 1
-            if commit := self.store.outcome_commit(config):
-                self.run_commits.add(commit)
+        self._count_commit(config)
+        return record
+
+    def _count_commit(self, config: RunConfig) -> None:
+        """Count the commit that trained ``config``'s stored outcome among the manifest's ``run_commits``."""
+        if commit := self.store.outcome_commit(config):
+            self.run_commits.add(commit)
 
     def _root(self, cell: Cell) -> Path | None:
         if cell.setup.synthetic:

@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     options = executors.TrainOptions(str(store.root), device, compile_mode=args.compile_mode)
     pool = executors.WorkerPool.of(options, jobs=args.jobs, per_gpu=args.per_gpu) if _uses_workers(args, device) \
         else None
+    if pool and (note := pool.memory_note(_images_to_calibrate(profile).items())):
+        print(note, file=sys.stderr)
     with pool or contextlib.nullcontext():  # the local executor's workers, kept from move to move
         trainers = {setup: _trainer(args, options, profile.name, setup, pool) for setup in profile.calibrated_setups}
         return _calibrate(profile, store, device, args, trainers)
@@ -178,9 +180,13 @@ def _memory_refusal(args: argparse.Namespace, profile) -> str | None:
     memory_refusal`), which ``train``'s own check, after the calibration, would come too late for."""
     if args.executor != "slurm" or not args.mem_gb:
         return None
+    return slurm_request.memory_refusal(args.mem_gb, images_gib(_images_to_calibrate(profile).items()))
+
+
+def _images_to_calibrate(profile) -> dict[str, int]:
+    """The bytes of a run's stand-in images, by dataset, for the stand-ins left to calibrate."""
     setups = [getattr(profile, setup) for setup in fixed_point.unsettled(profile)]
-    return slurm_request.memory_refusal(args.mem_gb, images_gib((setup.dataset, stand_in_size(setup).image_bytes)
-                                                                for setup in setups))
+    return {setup.dataset: stand_in_size(setup).image_bytes for setup in setups}
 
 
 def _uses_workers(args: argparse.Namespace, device: str) -> bool:

@@ -12,6 +12,7 @@ timings are the result (:attr:`PlannedRun.alone`) train last, in this process, w
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import multiprocessing.resource_tracker
 import os
@@ -21,7 +22,7 @@ import sys
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from experiments.engine.batches import default_workers
 from experiments.engine.run_claim import train_once, train_stacked_once
 from experiments.engine.store import ResultsStore
 from experiments.scale.gpu_sharing import side_by_side_note
+from experiments.scale.memory import IMAGES_SHARE, group_image_bytes, images_budget
 from experiments.scale.plan import PlannedRun, stacks
 from experiments.scale.progress import Progress
 
@@ -168,28 +170,6 @@ def slots_refusal(jobs: int, per_gpu: int | None, device: str) -> str | None:
     return None
 
 
-#: The share of a device's memory that the stand-in images of the runs training on it at once may take (each run's
-#: process holds its stand-in's images there, :attr:`PlannedRun.image_bytes`); the rest is left to their models,
-#: activations, compiled graphs and CUDA contexts. A rule with room to spare, not a measurement.
-IMAGES_SHARE = 0.5
-
-
-def images_budget(device: str) -> int:
-    """The bytes of stand-in images that the runs on ``device`` may hold at once: :data:`IMAGES_SHARE` of the GPU's
-    memory (``cuda:N``), or of the machine's (``cpu``)."""
-    if device.startswith("cuda"):
-        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
-    else:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(IMAGES_SHARE * total)
-
-
-def group_image_bytes(group: list[PlannedRun]) -> int:
-    """The stand-in images a group's process holds (one copy, which its stacked runs share); 0 on real data, read from
-    its files."""
-    return max((run.image_bytes or 0 for run in group), default=0)
-
-
 def cpu_threads(workers: int) -> int:
     """The machine's usable cores split between ``workers`` processes (at least one each)."""
     return max(1, default_workers() // workers)
@@ -204,7 +184,8 @@ def local(runs: list[PlannedRun], options: TrainOptions, progress: Progress, *, 
     if per_gpu is None and len(pool.devices) > (cores := default_workers()):
         print(f"note: {len(pool.devices)} workers on {cores} cores take turns on them, which is slower than one worker "
               "a core (--jobs)", file=sys.stderr)
-    if note := pool.memory_note(runs):
+    if note := pool.memory_note((run.config.dataset, run.image_bytes) for run in runs
+                                if not run.alone and run.image_bytes):
         print(note, file=sys.stderr)
     if any(not run.alone for run in runs) and (note := side_by_side_note(pool.devices, options.compile_mode, sharing)):
         print(note, file=sys.stderr)
@@ -362,21 +343,22 @@ class WorkerPool:
             self._budgets[device] = self._budget(device)
         return self._budgets[device]
 
-    def memory_note(self, runs: list[PlannedRun]) -> str | None:
-        """A note where the largest stand-in of ``runs`` (trained side by side) leaves some workers of a device
-        waiting: how many of its runs train there at once; None where every worker can train one."""
-        largest = max((run for run in runs if not run.alone), key=lambda run: run.image_bytes or 0, default=None)
-        if largest is None or not largest.image_bytes:
+    def memory_note(self, image_bytes: Iterable[tuple[str, int]]) -> str | None:
+        """A note where the largest stand-in of ``image_bytes`` (dataset, a run's bytes of its images) leaves some
+        workers of a device waiting: how many of its runs train there at once; None where every worker can train
+        one."""
+        dataset, size = max(image_bytes, key=lambda item: item[1], default=(None, 0))
+        if not size:
             return None
         places = {device: (device, self.devices.count(device)) for device in self.devices}
         places.setdefault("cpu", ("this machine", len(self.devices)))  # where GPU runs render their images
         notes = []
         for device, (name, workers) in places.items():
             budget = self.budget(device)
-            if (fit := max(1, budget // largest.image_bytes)) < workers:
-                notes.append(f"{name} ({budget / 2 ** 30:.1f} GiB) trains at most {fit} of them at once on its "
-                             f"{workers} workers")
-        return (f"note: each {largest.config.dataset} run holds {largest.image_bytes / 2 ** 30:.1f} GiB of images, "
+            if (fit := max(1, budget // size)) < workers:
+                notes.append(f"{name} ({budget / 2 ** 30:.1f} GiB for images) trains at most {fit} of them at once "
+                             f"on its {workers} workers")
+        return (f"note: each {dataset} run holds {size / 2 ** 30:.1f} GiB of images, "
                 f"and the runs on a device may hold {IMAGES_SHARE:.0%} of its memory: " + "; ".join(notes)
                 ) if notes else None
 
@@ -484,6 +466,19 @@ def _worker(connection, device: str, options: TrainOptions, threads: int) -> Non
         sys.exit(INTERRUPTED)
 
 
+def _release_device_memory(device: str, runs: int) -> str:
+    """Give a group's cached device memory back to the GPU, for the pool's next groups on it
+    (:meth:`WorkerPool._fits` counts the images of the training groups alone), and say what is still reserved: a
+    finished run's leftovers (its CUDA graphs' pools, say)."""
+    try:
+        gc.collect()
+        torch.cuda.empty_cache()
+        return (f"{torch.cuda.memory_reserved(device) / 2 ** 20:.0f} MiB still reserved on {device} after {runs} "
+                f"run{'s' * (runs > 1)}")
+    except RuntimeError as error:  # a CUDA error left the device unusable: the next group on it fails and says so
+        return f"the device memory of {device} could not be released: {error}"
+
+
 def _serve(connection, device: str, options: TrainOptions, threads: int) -> None:
     """Train each group sent over ``connection``, with its output in the group's log."""
     torch.set_num_threads(threads)
@@ -501,18 +496,18 @@ def _serve(connection, device: str, options: TrainOptions, threads: int) -> None
             sys.stdout.flush(), sys.stderr.flush()
             saved = os.dup(1), os.dup(2)
             os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+            outcome = None  # stays None where Ctrl-C or SIGTERM ends the worker
             try:
                 if len(group) > 1:
                     print(f"training stacked into one model: {', '.join(run.key for run in group)}", flush=True)
                 train_group(group, options, device)
                 outcome = ("finished", None)
-                if device.startswith("cuda"):  # whether a finished run's CUDA graphs leave their memory behind
-                    print(f"{torch.cuda.memory_reserved(device) / 2 ** 20:.0f} MiB reserved on {device} after "
-                          f"{len(group)} run{'s' * (len(group) > 1)}", flush=True)
             except Exception:  # reported to the parent, which names the run and its log
                 traceback.print_exc()
                 outcome = ("failed", str(path))
             finally:
+                if outcome is not None and device.startswith("cuda"):
+                    print(_release_device_memory(device, len(group)), flush=True)
                 sys.stdout.flush(), sys.stderr.flush()
                 os.dup2(saved[0], 1), os.dup2(saved[1], 2)
                 os.close(saved[0]), os.close(saved[1])

@@ -156,15 +156,15 @@ def test_runs_whose_images_do_not_fit_their_device_beside_each_other_train_one_a
     progress = Overlap(runs)
     pool = executors.WorkerPool(["cpu", "cpu"], executors.TrainOptions(str(tmp_path), threads=1), threads=1,
                                 budget=lambda device: 150 * 2 ** 30)
-    assert pool.memory_note(runs) == ("note: each cifar100_like run holds 100.0 GiB of images, and the runs on a "
-                                      "device may hold 50% of its memory: cpu (150.0 GiB) trains at most 1 of them "
-                                      "at once on its 2 workers")
+    assert pool.memory_note([("cifar100_like", 100 * 2 ** 30), ("plantnet_like", 2 ** 30)]) == (
+        "note: each cifar100_like run holds 100.0 GiB of images, and the runs on a device may hold 50% of its memory: "
+        "cpu (150.0 GiB for images) trains at most 1 of them at once on its 2 workers")
     with pool:
         pool.train_runs(runs, progress)
     assert progress.done == 2 and not progress.failed and progress.most == 1
     roomy = executors.WorkerPool(["cpu", "cpu"], executors.TrainOptions(str(tmp_path), threads=1), threads=1,
                                  budget=lambda device: 200 * 2 ** 30)
-    assert roomy.memory_note(runs) is None and roomy._fits("cpu", runs[:1])
+    assert roomy.memory_note([("cifar100_like", 100 * 2 ** 30)]) is None and roomy.memory_note([]) is None
 
 
 def test_a_gpu_run_starts_where_its_images_fit_on_its_gpu_and_in_the_machines_memory(tmp_path):
@@ -175,10 +175,10 @@ def test_a_gpu_run_starts_where_its_images_fit_on_its_gpu_and_in_the_machines_me
     runs = [dataclasses.replace(_planned(seed), image_bytes=100 * gib) for seed in (1, 2, 3)]
     pool = executors.WorkerPool(["cuda:0", "cuda:1", "cuda:2", "cuda:0"], executors.TrainOptions(str(tmp_path)),
                                 threads=1, budget=budgets.__getitem__)
-    assert pool.memory_note(runs) == (
-        "note: each cifar100_like run holds 100.0 GiB of images, and the runs on a device may hold 50% of its memory: "
-        "cuda:0 (150.0 GiB) trains at most 1 of them at once on its 2 workers; this machine (250.0 GiB) trains at most "
-        "2 of them at once on its 4 workers")
+    assert pool.memory_note([("imagenet_like", 100 * gib)]) == (
+        "note: each imagenet_like run holds 100.0 GiB of images, and the runs on a device may hold 50% of its memory: "
+        "cuda:0 (150.0 GiB for images) trains at most 1 of them at once on its 2 workers; this machine (250.0 GiB for "
+        "images) trains at most 2 of them at once on its 4 workers")
     pool.workers[0] = (None, None, executors._Job(runs[:1], Progress(runs), object()))  # run 1 training on cuda:0
     assert not pool._fits("cuda:0", runs[1:2]) and pool._fits("cuda:1", runs[1:2])
     pool.workers[1] = (None, None, executors._Job(runs[1:2], Progress(runs), object()))  # run 2 on cuda:1
