@@ -211,6 +211,7 @@ class WorkerPool:
         self.context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
         self.workers: dict[int, tuple] = {}  # slot -> (process, connection, the _Job it trains or None)
         self._queue: list[_Job] = []  # groups waiting for a worker, the first asked first
+        self._passed: tuple[_Job | None, int] = (None, 0)  # the queue's first group, and how many went ahead of it
         self._lock = threading.Lock()  # over the workers and the queue, never held while waiting for a worker
         self._closed = False
 
@@ -317,14 +318,30 @@ class WorkerPool:
             raise
 
     def _fill(self) -> None:
-        """Send the queue's first groups to the free workers, in the order of their slots, each where its images fit
-        beside those of the groups training on that device (:meth:`_fits`); the others wait, in their order (a group
+        """Send queued groups to the free workers, in the order of their slots, each the first of the queue whose
+        images fit beside those of the groups training on that device (:meth:`_fits`, :meth:`_next_for`; a group
         leaves the queue once sent: a failed start loses no other thread's group)."""
         for slot, device in enumerate(self.devices):
-            if (self._queue and (slot not in self.workers or self.workers[slot][2] is None)
-                    and self._fits(device, self._queue[0].group)):
-                self._send(slot, self._queue[0])
-                self._queue.pop(0)
+            if (slot not in self.workers or self.workers[slot][2] is None) and (job := self._next_for(device)):
+                position = next(i for i, queued in enumerate(self._queue) if queued is job)
+                self._send(slot, job)
+                del self._queue[position]
+
+    def _next_for(self, device: str) -> _Job | None:
+        """The queue's first group that fits on ``device``: where the queue's first does not (a large stand-in waiting
+        for room), groups behind it that fit go ahead, as many as the pool has workers, then none until it goes."""
+        if not self._queue:
+            return None
+        head = self._queue[0]
+        if self._fits(device, head.group):
+            return head
+        waited, passed = self._passed
+        passed = passed if waited is head else 0
+        if passed >= len(self.devices):
+            return None
+        job = next((job for job in self._queue[1:] if self._fits(device, job.group)), None)
+        self._passed = (head, passed + (job is not None))
+        return job
 
     def _fits(self, device: str, group: list[PlannedRun]) -> bool:
         """Whether ``group``'s images fit in :func:`images_budget` beside the images of the groups training: on

@@ -185,6 +185,33 @@ def test_a_gpu_run_starts_where_its_images_fit_on_its_gpu_and_in_the_machines_me
     assert not pool._fits("cuda:2", runs[2:])  # cuda:2 is free, the machine's memory is not
 
 
+def test_groups_that_fit_go_ahead_of_one_waiting_for_room_as_many_as_the_pool_has_workers(tmp_path):
+    """A large stand-in's run waiting for room on its device holds back no run that fits there, up to as many as the
+    pool has workers; then the others wait for it, so that it cannot wait for ever."""
+    class Recording(executors.WorkerPool):
+        def _send(self, slot, job):  # no process: the slot's worker is busy with the job
+            self.workers[slot] = (None, None, job)
+            self.sent.append(job.group[0].config.seed)
+
+    gib = 2 ** 30
+    large, small = ([dataclasses.replace(_planned(seed), image_bytes=size) for seed in seeds]
+                    for seeds, size in (((1, 2), 100 * gib), ((3, 4, 5, 6), gib)))
+    pool = Recording(["cpu"] * 3, executors.TrainOptions(str(tmp_path)), threads=1, budget=lambda device: 150 * gib)
+    pool.sent, progress = [], Progress([*large, *small])
+    pool._queue = [executors._Job([run], progress, None) for run in [*large, *small]]
+    pool._fill()
+    assert pool.sent == [1, 3, 4]  # seed 2 waits for room, seeds 3 and 4 fit beside seed 1 and go ahead of it
+    pool.workers[1] = (None, None, None)  # seed 3 finished
+    pool._fill()
+    assert pool.sent == [1, 3, 4, 5]  # the third to go ahead: as many as the pool's workers
+    pool.workers[2] = (None, None, None)  # seed 4 finished
+    pool._fill()
+    assert pool.sent == [1, 3, 4, 5]  # seed 6 would fit, but seed 2 has waited long enough
+    pool.workers[0] = (None, None, None)  # seed 1 finished: room for seed 2
+    pool._fill()
+    assert pool.sent == [1, 3, 4, 5, 2, 6]
+
+
 def test_a_pipe_another_thread_closed_while_this_one_waited_is_looked_at_again(tmp_path, monkeypatch):
     """Threads wait for their workers' messages outside the pool's lock: a pipe another thread closed meanwhile (its
     worker died) makes the wait raise, and the call looks again instead of failing."""
