@@ -117,20 +117,16 @@ class Context:
                              "was asked for to train it, but torch sees no CUDA device here: train the profile's runs "
                              "where there is one (make train, EXECUTOR=slurm), then run the notebooks anywhere")
         try:
-            record = train_once(config, self.store, device=self.device, data_root=data_root,
-                                num_workers=self.workers, compile_mode=self.compile_mode)
+            record = train_once(config, self.store, device=self.device, data_root=data_root, num_workers=self.workers,
+                                compile_mode=self.compile_mode)
         except FloatingPointError:  # a NaN is an outcome too, of the commit that trained it
-            self._count_commit(config)
+            if commit := self.store.divergence_commit(config.training_key()):
+                self.run_commits.add(commit)
             raise
         finally:
             self.runs["from_store" if cached else "trained"] += 1
-        self._count_commit(config)
+        self.run_commits.add(record["provenance"]["git_commit"])
         return record
-
-    def _count_commit(self, config: RunConfig) -> None:
-        """Count the commit that trained ``config``'s stored outcome among the manifest's ``run_commits``."""
-        if commit := self.store.outcome_commit(config):
-            self.run_commits.add(commit)
 
     def _root(self, cell: Cell) -> Path | None:
         if cell.setup.synthetic:
