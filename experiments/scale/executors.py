@@ -322,26 +322,27 @@ class WorkerPool:
         images fit beside those of the groups training on that device (:meth:`_fits`, :meth:`_next_for`; a group
         leaves the queue once sent: a failed start loses no other thread's group)."""
         for slot, device in enumerate(self.devices):
-            if (slot not in self.workers or self.workers[slot][2] is None) and (job := self._next_for(device)):
-                position = next(i for i, queued in enumerate(self._queue) if queued is job)
-                self._send(slot, job)
+            if (slot not in self.workers or self.workers[slot][2] is None) and \
+                    (position := self._next_for(device)) is not None:
+                self._send(slot, self._queue[position])
                 del self._queue[position]
 
-    def _next_for(self, device: str) -> _Job | None:
-        """The queue's first group that fits on ``device``: where the queue's first does not (a large stand-in waiting
-        for room), groups behind it that fit go ahead, as many as the pool has workers, then none until it goes."""
+    def _next_for(self, device: str) -> int | None:
+        """Where the queue's first group that fits on ``device`` stands: where the queue's first does not (a large
+        stand-in waiting for room), groups behind it that fit go ahead, as many as the pool has workers, then none
+        until it goes."""
         if not self._queue:
             return None
         head = self._queue[0]
         if self._fits(device, head.group):
-            return head
+            return 0
         waited, passed = self._passed
         passed = passed if waited is head else 0
         if passed >= len(self.devices):
             return None
-        job = next((job for job in self._queue[1:] if self._fits(device, job.group)), None)
-        self._passed = (head, passed + (job is not None))
-        return job
+        position = next((i for i, job in enumerate(self._queue) if i and self._fits(device, job.group)), None)
+        self._passed = (head, passed + (position is not None))
+        return position
 
     def _fits(self, device: str, group: list[PlannedRun]) -> bool:
         """Whether ``group``'s images fit in :func:`images_budget` beside the images of the groups training: on
