@@ -40,7 +40,8 @@ from experiments.provenance import device_name, git_commit
 from experiments.scale import executors, slurm, slurm_queue, slurm_request
 from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import (Rates, calibration_first_then, completeness_then_hours, counted_text, estimate,
-                                    estimate_moves, invocations, read_measurements, runs_measured_by, setting_text)
+                                    estimate_moves, invocations, models_and_batches, read_measurements,
+                                    runs_measured_by, setting_text)
 from experiments.scale.plan import (CalibrationFirst, PlannedRun, calibrations_to_make, plan, stacks, stand_in_memory,
                                     table)
 from experiments.scale.progress import Progress, failure_reason
@@ -262,12 +263,10 @@ def _print_hours(runs: list[PlannedRun], gpus: int, rates_csv: Path, calibration
         print(f"error: {error}", file=sys.stderr)
         return 2
     if not measured:
-        batches: dict[str, set[int]] = {}
-        for run in runs:
-            if run.data_subdir is None:
-                batches.setdefault(run.config.model, set()).add(run.config.batch_size)
-        trained = ", ".join(f"{model} at batch {' or '.join(map(str, sorted(sizes)))}"
-                            for model, sizes in sorted(batches.items()))
+        batches: dict[str, list[str]] = {}
+        for model, batch in sorted(models_and_batches(runs), key=lambda trained: (trained[0], int(trained[1]))):
+            batches.setdefault(model, []).append(batch)
+        trained = ", ".join(f"{model} at batch {' or '.join(sizes)}" for model, sizes in batches.items())
         print(f"error: no measurement in {rates_csv} was made on a GPU with a model and batch size that this "
               f"profile's runs on stand-ins train ({trained}): `python -m benchmarks.bench_concurrency --model MODEL "
               "--batch-size BATCH` measures one on a GPU (on CIFAR-100-shaped images, 32 px)", file=sys.stderr)

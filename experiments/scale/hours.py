@@ -61,11 +61,16 @@ def _model_and_batch(run: PlannedRun) -> tuple[str, str] | None:
     return (run.config.model, str(run.config.batch_size)) if run.train_images is not None else None
 
 
+def models_and_batches(runs: list[PlannedRun]) -> set[tuple[str, str]]:
+    """The models and batch sizes that ``runs`` on stand-ins train (:func:`_model_and_batch`)."""
+    return {trained for run in runs if (trained := _model_and_batch(run)) is not None}
+
+
 def invocations(rows: list[dict], runs: list[PlannedRun]) -> list[list[dict]]:
     """The invocations of ``bench_concurrency`` in ``rows`` (rows sharing a date, in their order) that ran on CUDA
     with the model and batch size of some of ``runs`` on stand-ins, as ``make`` trains them: not those that let cuDNN
     time its algorithms first (``--cudnn-benchmark``), which the engine never does."""
-    trained = {_model_and_batch(run) for run in runs}
+    trained = models_and_batches(runs)
     by_date: dict[str, list[dict]] = {}
     for row in rows:
         if (row["device"] == "cuda" and (row["model"], row["batch_size"]) in trained
