@@ -12,6 +12,10 @@ import torch
 from torch.utils.data import Dataset
 
 
+#: The suffixes of the image files the folder datasets list (any case): other files in a class folder are skipped.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+
+
 class MissingDataError(FileNotFoundError):
     """A dataset file is missing or damaged; the message names it, where to get it and the command to run."""
 
@@ -69,11 +73,30 @@ class ImageFiles(Dataset):
             return self.transform(image.convert("RGB")), self.labels[index]
 
 
-def require_file(path: Path, what: str, source: str, command: str) -> Path:
-    """``path`` if it exists, else a :class:`MissingDataError` naming it, its source and the command to run."""
+def require_file(path: Path, what: str, source: str, command: str, root: Path | None = None) -> Path:
+    """``path`` if it exists, else a :class:`MissingDataError` naming it, its source and the command to run; given the
+    data ``root`` it lies under, the message also names a folder of ``root`` that holds it one level down (an archive
+    extracted into a folder of its own name)."""
     if not path.exists():
-        raise MissingDataError(f"{what} not found: {path}\n  get it from {source}\n  then run: {command}")
+        below = _one_level_down(root, path) if root is not None else None
+        hint = f"\n  found it one level down: use --root {below}" if below is not None else ""
+        raise MissingDataError(f"{what} not found: {path}{hint}\n  get it from {source}\n  then run: {command}")
     return path
+
+
+def _one_level_down(root: Path, path: Path) -> Path | None:
+    """The one folder ``root/<child>`` that holds ``path``'s place under ``root``, if exactly one does."""
+    try:
+        relative = path.relative_to(root)
+        holders = [child for child in root.iterdir() if child.is_dir() and (child / relative).exists()]
+    except (ValueError, OSError):
+        return None
+    return holders[0] if len(holders) == 1 else None
+
+
+def image_files(folder: Path) -> list[Path]:
+    """The image files (:data:`IMAGE_EXTENSIONS`) of ``folder``'s class folders, ``folder/<class>/<image>``, sorted."""
+    return [path for path in sorted(folder.glob("*/*")) if path.suffix.lower() in IMAGE_EXTENSIONS]
 
 
 def md5sum(path: Path, chunk: int = 1 << 20) -> str:
