@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._measure import interleaved_median_seconds
+from experiments.analysis.timings import engine_code
 from experiments.engine.config import RunConfig
 from experiments.engine.models import build_model
 from experiments.engine.store import write_csv
@@ -31,7 +32,7 @@ from experiments.provenance import STAMP_FIELDS, stamp
 from experiments.spec.profiles import get_profile
 from topk.losses import build_loss
 
-FIELDS = [*STAMP_FIELDS, "profile", "model", "image_size", "batch", "threads", "variant", "ms_per_step",
+FIELDS = [*STAMP_FIELDS, "engine_code", "profile", "model", "image_size", "batch", "threads", "variant", "ms_per_step",
           "ratio_to_engine", "first_loss_difference"]
 #: The variants measured against the engine's step, which is always measured first.
 VARIANTS = ("channels_last", "compiled", "1 thread")
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     steps = variants(args.variants, model, images, labels, setup.config("cross_entropy", seed=0), args.compiler, threads)
     first = {name: float(step()) for name, step in steps.items()}  # also compiles
     seconds = interleaved_median_seconds(steps, torch.device("cpu"), budget_s=args.budget_s)
-    provenance, rows = stamp("cpu"), []
+    provenance, rows = {**stamp("cpu"), "engine_code": engine_code()}, []
     for name, value in seconds.items():
         ratio, difference = round(seconds["engine"] / value, 3), abs(first[name] - first["engine"])
         rows.append({**provenance, "profile": args.profile, "model": f"{setup.model} {setup.model_options}",

@@ -18,6 +18,9 @@ ENGINE_EPOCH_CODE = ("experiments/engine/train.py", "experiments/engine/batches.
 #: profile made with other contents of these is stale (experiments.provenance.changed_since).
 TRAINING_CODE = (*ENGINE_EPOCH_CODE, "experiments/engine/config.py", "experiments/engine/stacked.py",
                  "data_prep/synthetic.py", "topk", ":(exclude)topk/tests")
+#: The library, as git pathspecs: a benchmark of its losses or kernels made with other contents of these is stale
+#: (experiments.publishing.result_rows.library_staleness).
+LIBRARY_CODE = ("topk", ":(exclude)topk/tests")
 
 # Tables of ``figures/<profile>/`` (name without suffix) that docs/stand-ins.md quotes, and the notebook writing each.
 LABEL_NOISE_FIT = "table7_label_noise_fit"  #: the label noise each selected model fitted (table4_table7_label_noise)

@@ -8,11 +8,11 @@ import functools
 from pathlib import Path
 
 from experiments.analysis import kernel_targets, timings
-from experiments.paths import BENCHMARK_RESULTS, ENGINE_EPOCH_CODE
+from experiments.paths import BENCHMARK_RESULTS
 from experiments.scale.hours import (Estimate, Rates, calibration_first_then, completeness_then_hours, counted_text,
                                     fastest, invocations, setting_text)
-from experiments.publishing.result_rows import (SMOOTH_HEADLINE, by_measurement, headline_rows, read_rows, split_by,
-                                                stamp_text)
+from experiments.publishing.result_rows import (SMOOTH_HEADLINE, by_measurement, engine_staleness, headline_rows,
+                                                library_staleness, read_rows, split_by, stamp_text)
 
 #: The CSVs of GPU measurements the ``gpu-results`` block reads.
 GPU_CSVS = ("training_step.csv", "step_profile.csv", "fig3_epoch_time.csv", "fused_kernel.csv")
@@ -24,7 +24,8 @@ def _training_steps(results: Path) -> str:
         lines = ["| step | loss | backend | K | B | ms per step | over CE (same run) |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['mode']} | {r['loss'].split(' ')[0]} | {r['backend'] or '-'} | {r['K'] or '-'} | {r['B'] or '-'} "
                   f"| {float(r['ms_per_step']):.2f} | {100 * float(r['overhead_vs_ce']):+.1f}% |" for r in rows]
-        tables.append(f"Training step, {rows[0]['model']}, batch {rows[0]['batch_size']} (`training_step.csv`; "
+        tables.append(f"{library_staleness(rows[0], 'bash benchmarks/gpu_session.sh step compiled')}"
+                      f"Training step, {rows[0]['model']}, batch {rows[0]['batch_size']} (`training_step.csv`; "
                       f"{stamp_text(rows[0])}):\n\n" + "\n".join(lines))
     return "\n\n".join(tables)
 
@@ -47,7 +48,8 @@ def _smooth_hinge_gpu(results: Path) -> str:
     ce = float(by_method["cross_entropy"]["ms"])
     parts = [f"{name} {float(by_method[name]['ms']):.2f} ms (x{float(by_method[name]['ms']) / ce:.1f})"
              for name in ("smooth_hinge_triton", "smooth_hinge_triton_compiled", "smooth_hinge") if name in by_method]
-    return (f"Smoothed hinge, batch 128, L 1,000, K 5, forward + backward against cross-entropy's {ce:.2f} ms "
+    return (f"{library_staleness(by_method['cross_entropy'], 'bash benchmarks/gpu_session.sh hinge')}"
+            f"Smoothed hinge, batch 128, L 1,000, K 5, forward + backward against cross-entropy's {ce:.2f} ms "
             f"(target <= x5 on CUDA): {', '.join(parts)} (`smooth_hinge_cuda.csv`; {stamp_text(by_method['cross_entropy'])})")
 
 
@@ -55,7 +57,8 @@ def _fused_kernel(results: Path) -> str:
     parts = []
     for rows in by_measurement([r for r in read_rows(results / "fused_kernel.csv") if r["device"] == "cuda"]):
         if lines := kernel_targets.summary(rows, "cuda"):
-            parts.append(f"Fused kernel, forward + backward of the noised hinge, eager (`fused_kernel.csv`; "
+            parts.append(f"{library_staleness(rows[0], 'bash benchmarks/gpu_session.sh kernel')}"
+                         f"Fused kernel, forward + backward of the noised hinge, eager (`fused_kernel.csv`; "
                          f"{stamp_text(rows[0])}):\n\n" + "\n".join(f"- {line}" for line in lines))
     return "\n\n".join(parts)
 
@@ -66,21 +69,9 @@ def _epochs(results: Path) -> str:
         lines = [f"- whole epoch of {int(r['images']):,} images, the training engine compiled ({r['compile']}), "
                  f"{_loss_label(r)}: {float(r['epoch_seconds']):.2f} s" for r in rows]
         parts.append(f"Fig. 3's epochs (`fig3_epoch_time.csv`; {stamp_text(rows[0])}):\n\n"
-                     + _stale_engine_warning(rows[0], "python -m benchmarks.bench_epoch_time")
+                     + engine_staleness(rows[0], "python -m benchmarks.bench_epoch_time", " on a GPU")
                      + "\n".join(lines))
     return "\n\n".join(parts)
-
-
-def _stale_engine_warning(row: dict, command: str) -> str:
-    """A warning for an engine timing made with other code than today's (:data:`ENGINE_EPOCH_CODE`, and
-    :data:`timings.STACKED_CODE` for stacked runs), or nothing."""
-    if timings.made_with_todays_engine(row):
-        return ""
-    why = ("it was made before the rows named the engine's code" if not row.get("engine_code") else
-           "the engine's epoch changed since")
-    stacking = (timings.STACKED_CODE,) * (timings.stacked_runs(row) > 1)
-    files = ", ".join(f"`{name}`" for name in (*ENGINE_EPOCH_CODE, *stacking))
-    return f"**Stale:** {why} ({files}); rerun `{command}` on a GPU.\n\n"
 
 
 def _loss_label(row: dict) -> str:
@@ -255,7 +246,7 @@ def concurrency(path: Path = BENCHMARK_RESULTS / "concurrency.csv") -> str:
     lines = []
     for rows in by_date:
         one = rows[0]
-        stale = next((_stale_engine_warning(row, "bash benchmarks/gpu_session.sh concurrency").rstrip()
+        stale = next((engine_staleness(row, "bash benchmarks/gpu_session.sh concurrency", " on a GPU").rstrip()
                       for row in rows if not timings.made_with_todays_engine(row)), "")
         ratios = _ratios(rows[1:])
         lines.append(f"- {stale + ' ' if stale else ''}{one['device_name']}, {one['model']}, batch {one['batch_size']}, "

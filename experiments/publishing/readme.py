@@ -35,7 +35,8 @@ from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, CALIBRATION_SEEDS,
 from experiments.provenance import short_commit
 from experiments.publishing.gpu_blocks import calibration_work, concurrency, gpu_hours, gpu_results, profile_time
 from experiments.publishing.result_rows import (DEFAULT_PROFILE, NOISED_HEADLINE, SMOOTH_HEADLINE, headline_rows,
-                                                read_rows, short_stamp_text, stamp_text)
+                                                library_staleness, newest_current, read_rows, short_stamp_text,
+                                                stamp_text)
 from experiments.publishing.time_blocks import (compile_time, cpu_step, executors_time, figures_time, main_job_time,
                                                 setup_time)
 
@@ -46,6 +47,10 @@ DOCS = PROJECT_ROOT / "docs"
 SPEEDUP_TARGET = 10.0
 #: The README's training-step headline (``training_step.csv``): the compiled step with the noised loss on the kernel.
 STEP_HEADLINE = {"mode": "compiled", "backend": "auto", "K": "5", "B": "10"}
+#: What measures each CSV of the library's benchmarks again.
+NOISED_COMMAND = "python -m benchmarks.bench_noised_losses --headline"
+SMOOTH_COMMAND = "python -m benchmarks.bench_smooth_hinge --headline --reference PATH"
+STEP_COMMAND = "bash benchmarks/gpu_session.sh step compiled"
 #: The longest line of evidence the README's verdict summary quotes of a claim.
 EVIDENCE_CHARACTERS = 110
 
@@ -107,20 +112,22 @@ def verdict_summary(figures: Path = FIGURES / DEFAULT_PROFILE) -> str:
 
 def performance_headline(results: Path = BENCHMARK_RESULTS) -> str:
     """Three numbers: the noised loss against ``pytopk`` on a CPU, the compiled training step's overhead over
-    cross-entropy on a GPU, the smoothed hinge against Berrada et al.'s code; each from its committed CSV."""
+    cross-entropy on a GPU (the newest measurement of today's library), the smoothed hinge against Berrada et al.'s
+    code; each from its committed CSV, marked stale where ``topk/`` changed since."""
     lines = []
     noised, _, _ = headline_rows(results / "noised_losses.csv", NOISED_HEADLINE, ())
     if {"topk", "pytopk"} <= set(noised):
         ours, theirs = float(noised["topk"]["ms"]), float(noised["pytopk"]["ms"])
-        lines.append(f"- **x{theirs / ours:.1f} faster than the published `pytopk`**: the noised loss's forward + "
+        lines.append(f"- {library_staleness(noised['topk'], NOISED_COMMAND)}"
+                     f"**x{theirs / ours:.1f} faster than the published `pytopk`**: the noised loss's forward + "
                      f"backward on a CPU, batch {NOISED_HEADLINE['batch']}, L {NOISED_HEADLINE['n_classes']}, "
                      f"K {NOISED_HEADLINE['k']}, B {NOISED_HEADLINE['n_samples']} ({ours:.2f} ms against "
                      f"{theirs:.2f}; `noised_losses.csv`, {short_stamp_text(noised['topk'])})")
     steps = [r for r in read_rows(results / "training_step.csv") if r["device"] == "cuda"
              and r["loss"].startswith("noised_balanced") and all(r[k] == v for k, v in STEP_HEADLINE.items())]
-    if steps:
-        step = steps[0]
-        lines.append(f"- **{100 * float(step['overhead_vs_ce']):+.1f}% over cross-entropy**: a {step['mode']} training "
+    if step := newest_current(steps):
+        lines.append(f"- {library_staleness(step, STEP_COMMAND)}"
+                     f"**{100 * float(step['overhead_vs_ce']):+.1f}% over cross-entropy**: a {step['mode']} training "
                      f"step of {step['model']} (batch {step['batch_size']}) with the noised loss at K {step['K']}, "
                      f"B {step['B']}: {float(step['ms_per_step']):.2f} ms a step, against cross-entropy's in the same "
                      f"run (`training_step.csv`, {short_stamp_text(step)})")
@@ -128,7 +135,8 @@ def performance_headline(results: Path = BENCHMARK_RESULTS) -> str:
     if {"smooth_hinge", "reference"} <= set(smooth):
         ours, theirs = float(smooth["smooth_hinge"]["ms"]), float(smooth["reference"]["ms"])
         error = " / ".join(f"{float(smooth[m]['grad_error_x20']):.1e}" for m in ("smooth_hinge", "reference"))
-        lines.append(f"- **x{theirs / ours:.1f} faster than Berrada et al.'s smoothed hinge**: forward + backward on a "
+        lines.append(f"- {library_staleness(smooth['smooth_hinge'], SMOOTH_COMMAND)}"
+                     f"**x{theirs / ours:.1f} faster than Berrada et al.'s smoothed hinge**: forward + backward on a "
                      f"CPU, batch {SMOOTH_HEADLINE['batch']}, L {SMOOTH_HEADLINE['n_classes']}, "
                      f"K {SMOOTH_HEADLINE['k']} ({ours:.2f} ms against {theirs:.2f}), float32 gradient error on "
                      f"scores x20, ours / theirs: {error} (`smooth_hinge.csv`, {short_stamp_text(smooth['smooth_hinge'])})")
@@ -199,7 +207,7 @@ def noised_headline(results: Path = BENCHMARK_RESULTS) -> str:
         speedup = float(by_method["pytopk"]["ms"]) / float(by_method["topk"]["ms"])
         text += (f"pytopk / topk = x{speedup:.1f} (target x{SPEEDUP_TARGET:g}: "
                  f"{'met' if speedup >= SPEEDUP_TARGET else 'not met'}). ")
-    return text + f"*{stamp_text(by_method['topk'])}.*"
+    return text + f"*{stamp_text(by_method['topk'])}.*" + _stale_after(by_method["topk"], NOISED_COMMAND)
 
 
 def smooth_headline(results: Path = BENCHMARK_RESULTS) -> str:
@@ -218,7 +226,13 @@ def smooth_headline(results: Path = BENCHMARK_RESULTS) -> str:
     if {"esp_autograd", "esp_saved_weights"} <= set(by_method):
         ratio = float(by_method["esp_autograd"]["ms"]) / float(by_method["esp_saved_weights"]["ms"])
         text += f"Autograd through the recursion / our saved-weights backward = x{ratio:.1f}. "
-    return text + f"*{stamp_text(by_method['smooth_hinge'])}.*"
+    return text + f"*{stamp_text(by_method['smooth_hinge'])}.*" + _stale_after(by_method["smooth_hinge"], SMOOTH_COMMAND)
+
+
+def _stale_after(row: dict, command: str) -> str:
+    """A table's stale mark (:func:`~experiments.publishing.result_rows.library_staleness`) after its stamp."""
+    stale = library_staleness(row, command).strip()
+    return f" {stale}" if stale else ""
 
 
 def kernel_resources(results: Path = BENCHMARK_RESULTS) -> str:

@@ -5,9 +5,12 @@ CSV, their stamps, their grouping by measurement, the rows at a headline configu
 from __future__ import annotations
 
 import csv
+import functools
 from pathlib import Path
 
-from experiments.provenance import short_commit
+from experiments.analysis import timings
+from experiments.paths import ENGINE_EPOCH_CODE, LIBRARY_CODE
+from experiments.provenance import changed_since, short_commit
 
 #: The profile whose outputs are committed and summarised.
 DEFAULT_PROFILE = "quick"
@@ -61,3 +64,40 @@ def headline_rows(path: Path, configuration: dict[str, str], order: tuple[str, .
              "| forward + backward (ms) | " + " | ".join(f"{float(by_method[m]['ms']):.2f}" for m in methods) + " |",
              "| peak extra memory (MB) | " + " | ".join(by_method[m]["peak_extra_mb"] for m in methods) + " |"]
     return by_method, methods, lines
+
+
+@functools.lru_cache(maxsize=None)
+def _library_changed_since(commit: str) -> bool:
+    return changed_since(commit, LIBRARY_CODE, uncommitted=False) is True
+
+
+def library_is_current(row: dict) -> bool:
+    """Whether a benchmark row of the library was made with today's :data:`~experiments.paths.LIBRARY_CODE` (as
+    committed; true where git cannot tell, a shallow clone or no checkout)."""
+    return not _library_changed_since(row["commit"])
+
+
+def library_staleness(row: dict, command: str) -> str:
+    """A warning to put before the numbers of a benchmark row of the library made before ``topk/`` last changed,
+    naming the ``command`` that measures them again, or nothing."""
+    if library_is_current(row):
+        return ""
+    return f"**Stale:** made at commit {short_commit(row['commit'])}, and `topk/` changed since; rerun `{command}`. "
+
+
+def newest_current(rows: list[dict]) -> dict | None:
+    """The last of ``rows`` (a CSV appends) made with today's library, else the last of them, else None."""
+    return next((row for row in reversed(rows) if library_is_current(row)), rows[-1] if rows else None)
+
+
+def engine_staleness(row: dict, command: str, where: str = "") -> str:
+    """A warning to put before an engine timing made with other code than today's (:data:`ENGINE_EPOCH_CODE`, and
+    :data:`~experiments.analysis.timings.STACKED_CODE` for stacked runs), naming the ``command`` that measures it
+    again (``where``: on what), or nothing."""
+    if timings.made_with_todays_engine(row):
+        return ""
+    why = ("it was made before the rows named the engine's code" if not row.get("engine_code") else
+           "the engine's epoch changed since")
+    stacking = (timings.STACKED_CODE,) * (timings.stacked_runs(row) > 1)
+    files = ", ".join(f"`{name}`" for name in (*ENGINE_EPOCH_CODE, *stacking))
+    return f"**Stale:** {why} ({files}); rerun `{command}`{where}.\n\n"

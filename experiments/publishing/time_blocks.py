@@ -8,9 +8,22 @@ import json
 from pathlib import Path
 
 from experiments.analysis import compare
-from experiments.paths import BENCHMARK_RESULTS, FIGURES
-from experiments.provenance import short_commit
-from experiments.publishing.result_rows import DEFAULT_PROFILE, read_rows, short_stamp_text
+from experiments.paths import BENCHMARK_RESULTS, CALIBRATED, FIGURES, PROJECT_ROOT, TRAINING_CODE
+from experiments.provenance import changed_since, short_commit
+from experiments.publishing.result_rows import DEFAULT_PROFILE, engine_staleness, read_rows, short_stamp_text
+
+#: What ``make test`` runs, as git pathspecs: a timing of it made with other contents of these is stale.
+TEST_SUITE = (":(glob)**/tests/**", "Makefile", "pyproject.toml")
+#: What the runs of a profile train with, as git pathspecs: the training's code and what tuning chose.
+TRAINED_WITH = (*TRAINING_CODE, str(CALIBRATED.relative_to(PROJECT_ROOT)))
+
+
+def _stale_since(commit: str, files: tuple[str, ...], what: str, command: str) -> str:
+    """A warning that a timing made at ``commit`` is stale, ``what`` having changed since (``files``, as committed),
+    naming the ``command`` that measures it again; nothing where they did not change or git cannot tell."""
+    if changed_since(commit, files, uncommitted=False) is not True:
+        return ""
+    return f"**Stale:** made at commit {short_commit(commit)}, and {what} changed since; rerun `{command}`. "
 
 def setup_time(path: Path = BENCHMARK_RESULTS / "setup_time.csv") -> str:
     """The two set-up commands' times on a fresh clone, with the processor they were measured on: the install, and
@@ -25,7 +38,8 @@ def setup_time(path: Path = BENCHMARK_RESULTS / "setup_time.csv") -> str:
     failed = sum(row["passed"] != "True" for row in tests)
     outcome = f", and {failed} of its runs FAILED" if failed else ""
     runs = "one run" if len(minutes) == 1 else f"{len(minutes)} runs"
-    return (f"On a fresh clone, {install['device_name']} with {install['cores']} cores: the install (`make venv`) took "
+    stale = _stale_since(tests[-1]["commit"], TEST_SUITE, "the tests", "python -m benchmarks.bench_setup_time")
+    return (f"{stale}On a fresh clone, {install['device_name']} with {install['cores']} cores: the install (`make venv`) took "
             f"{float(install['seconds']) / 60:.1f} min and `make test` {spread}{outcome} ({runs}; `{path.name}`, "
             f"commit {short_commit(tests[-1]['commit'])}).")
 
@@ -160,7 +174,9 @@ def executors_time(path: Path = BENCHMARK_RESULTS / f"executors_{DEFAULT_PROFILE
                 f"{DEFAULT_PROFILE} --jobs 2`.*")
     inline, local = rows["inline"], rows["local"]
     identical, differing = int(local["records_identical"]), int(local["records_differing"])
-    return (f"*The {DEFAULT_PROFILE} profile's {local['runs']} trainings from an empty store on {local['device_name']}, "
+    stale = _stale_since(local["commit"], TRAINED_WITH, "the training's code or calibration",
+                         f"python -m benchmarks.bench_executors {DEFAULT_PROFILE} --jobs 2")
+    return (f"{stale}*The {DEFAULT_PROFILE} profile's {local['runs']} trainings from an empty store on {local['device_name']}, "
             f"{local['cores']} cores: `inline` {float(inline['seconds']) / 60:.0f} min, `local --jobs {local['jobs']}` "
             f"{float(local['seconds']) / 60:.0f} min (x{float(local['ratio_to_inline']):.2f}); {identical} of "
             f"{identical + differing} records computed alike, bit for bit"
@@ -205,4 +221,4 @@ def cpu_step(path: Path = BENCHMARK_RESULTS / "cpu_step.csv") -> str:
                       f"x{runs * ratios['1 thread'] * ratios['channels_last']:.1f} the engine's speed: an upper "
                       f"bound, as the runs share the memory bandwidth, and the data, evaluation and notebooks' own "
                       f"time stay."]
-    return "\n".join(lines)
+    return engine_staleness(engine, "python -m benchmarks.bench_cpu_step") + "\n".join(lines)

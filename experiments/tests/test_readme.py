@@ -11,11 +11,13 @@ import sys
 import pytest
 import torch
 
+from experiments.analysis import timings
 from experiments.probes import crowding, label_noise_capacity
 from experiments.publishing import gpu_blocks, readme, result_rows, time_blocks
 from experiments.spec import grids
 from experiments.spec.profiles import GPU
 from experiments.spec.profiles import get_profile
+from experiments import paths
 from experiments.paths import FIGURES, PROJECT_ROOT
 
 #: Every ```python block of the README and of docs/*.md, with where it is.
@@ -176,6 +178,35 @@ def test_performance_headline_gives_three_numbers_each_from_its_csv_with_its_sta
     assert lines[2].startswith("- **x4.0 faster than Berrada et al.'s smoothed hinge**") and "1.0e-06 / 2.0e-02" in lines[2]
 
 
+def test_a_library_benchmark_made_before_topk_changed_is_marked_stale_and_the_newest_current_step_headlines(
+        tmp_path, monkeypatch):
+    changed = {"e" * 40: True, "f" * 40: False}  # the library changed since commit eee..., not since fff...
+    monkeypatch.setattr(result_rows, "changed_since",
+                        lambda commit, files, uncommitted: changed.get(commit) if files == paths.LIBRARY_CODE else None)
+    monkeypatch.setattr(result_rows, "_library_changed_since",  # a cache of its own, the module's left as it was
+                        result_rows.functools.lru_cache(result_rows._library_changed_since.__wrapped__))
+    stamp = {"device": "cpu", "device_name": "test-cpu", "commit": "e" * 40, "python": "3", "torch": "9.9",
+             "triton": "none", "topk": "0"}
+    _csv(tmp_path / "noised_losses.csv", [{**stamp, **readme.NOISED_HEADLINE, "method": m, "status": "ok", "ms": ms,
+                                          "peak_extra_mb": "1"} for m, ms in (("topk", "2.0"), ("pytopk", "30.0"))])
+    step = {**stamp, "device": "cuda", "device_name": "test-gpu", "model": "densenet40_40", "mode": "compiled",
+            "compiler": "", "loss": "noised_balanced B=10", "backend": "auto", "K": "5", "B": "10", "batch_size": "64",
+            "steps": "9", "ms_per_step": "6.1"}
+    _csv(tmp_path / "training_step.csv", [{**step, "overhead_vs_ce": "0.05"},
+                                         {**step, "commit": "f" * 40, "overhead_vs_ce": "0.01"},
+                                         {**step, "overhead_vs_ce": "0.09"}])  # the last row, made before the change
+    noised, step_line = readme.performance_headline(tmp_path).splitlines()
+    assert noised.startswith("- **Stale:** made at commit eeeeeeeeee, and `topk/` changed since; rerun "
+                             "`python -m benchmarks.bench_noised_losses --headline`. **x15.0 faster")
+    assert step_line.startswith("- **+1.0% over cross-entropy**") and "commit ffffffffff" in step_line
+    assert readme.noised_headline(tmp_path).endswith("commit eeeeeeeeee.* **Stale:** made at commit eeeeeeeeee, and "
+                                                     "`topk/` changed since; rerun "
+                                                     "`python -m benchmarks.bench_noised_losses --headline`.")
+    assert gpu_blocks.gpu_results(tmp_path).count("**Stale:** made at commit eeeeeeeeee") == 1  # one measurement
+    assert result_rows.newest_current([{"commit": "e" * 40, "n": 1}, {"commit": "e" * 40, "n": 2}])["n"] == 2
+    assert result_rows.newest_current([]) is None
+
+
 def test_setup_time_block_gives_the_install_and_the_range_of_the_test_runs_with_the_processor(tmp_path):
     stamp = {"device": "cpu", "device_name": "Test CPU (AVX2)", "commit": "c" * 40, "python": "3", "torch": "9.9",
              "triton": "none", "topk": "0", "cores": "2"}
@@ -188,6 +219,27 @@ def test_setup_time_block_gives_the_install_and_the_range_of_the_test_runs_with_
     assert "`make test` 4.7 to 6.0 min (2 runs; `setup.csv`, commit cccccccccc)." in text and "FAILED" not in text
     _csv(tmp_path / "setup.csv", rows[:2] + [{**rows[2], "passed": "False"}])
     assert "and 1 of its runs FAILED" in time_blocks.setup_time(tmp_path / "setup.csv")
+
+
+def test_a_timing_made_before_what_it_times_changed_is_marked_stale(tmp_path, monkeypatch):
+    changed = {}
+    monkeypatch.setattr(time_blocks, "changed_since", lambda commit, files, uncommitted: changed.get(files))
+    stamp = {"device": "cpu", "device_name": "Test CPU", "commit": "c" * 40, "python": "3", "torch": "9.9",
+             "triton": "none", "topk": "0", "cores": "2"}
+    _csv(tmp_path / "setup.csv", [{**stamp, "step": step, "command": "make", "seconds": "60", "passed": "True"}
+                                  for step in ("install", "test")])
+    _csv(tmp_path / "executors.csv", [{**stamp, "profile": "quick", "executor": executor, "jobs": "2", "runs": "9",
+                                       "train_images": "9", "seconds": "60", "images_per_s": "1", "ratio_to_inline": "1",
+                                       "records_identical": "9", "records_differing": "0"}
+                                      for executor in ("inline", "local")])
+    assert time_blocks.setup_time(tmp_path / "setup.csv").startswith("On a fresh clone")
+    assert time_blocks.executors_time(tmp_path / "executors.csv").startswith("*The quick profile's 9 trainings")
+    changed = {time_blocks.TEST_SUITE: True, time_blocks.TRAINED_WITH: True}
+    assert time_blocks.setup_time(tmp_path / "setup.csv").startswith(
+        "**Stale:** made at commit cccccccccc, and the tests changed since; rerun `python -m benchmarks.bench_setup_time`.")
+    assert time_blocks.executors_time(tmp_path / "executors.csv").startswith(
+        "**Stale:** made at commit cccccccccc, and the training's code or calibration changed since; rerun "
+        "`python -m benchmarks.bench_executors quick --jobs 2`.")
 
 
 def test_cpu_step_block_gives_each_variant_and_the_bound_of_the_gains_multiplied(tmp_path):
@@ -203,6 +255,9 @@ def test_cpu_step_block_gives_each_variant_and_the_bound_of_the_gains_multiplied
     text = time_blocks.cpu_step(tmp_path / "cpu_step.csv")
     assert "| channels_last | 2 | 8.0 | x1.25 | 0.0e+00 |" in text and "Test CPU (AVX2), torch 9.9" in text
     assert "would train at x1.6 the engine's speed" in text  # 2 x 0.625 x 1.25
+    assert text.startswith("**Stale:** it was made before the rows named the engine's code")
+    _csv(tmp_path / "cpu_step.csv", [{**row, "engine_code": timings.engine_code()} for row in rows])
+    assert time_blocks.cpu_step(tmp_path / "cpu_step.csv").startswith("| variant |")  # today's engine
     assert "No `missing.csv`" in time_blocks.cpu_step(tmp_path / "missing.csv")
 
 
@@ -452,7 +507,6 @@ TRAINING_ONLY = "(estimated: training counted; compilation, validation and testi
 
 
 def test_the_concurrency_block_gives_each_ratio_and_the_hours_at_the_fastest_setting(tmp_path, tiny_plan):
-    from experiments.analysis import timings
 
     assert "gpu_session.sh concurrency" in gpu_blocks.concurrency(tmp_path / "concurrency.csv")
     rows = _concurrency_rows("a" * 40, timings.engine_code())
@@ -481,7 +535,6 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
                                                                                       monkeypatch):
     """Invocations with other compile modes (and MPS) are compared: the fastest current one is named, a stale one is
     not."""
-    from experiments.analysis import timings
 
     graphs = [{**row, "compile": "reduce-overhead", "gpu_sharing": "mps", "date": "2026-01-02T00:00:00",
                "aggregate_images_per_s": str(4 * float(row["aggregate_images_per_s"]))}
@@ -534,7 +587,6 @@ def test_the_concurrency_block_names_the_fastest_current_setting_across_compile_
 def test_the_fastest_estimate_counts_the_most_parts_then_the_fewest_hours(tmp_path, tiny_plan):
     """An invocation that timed the validation and the warm-up is preferred to a faster one that did not; the
     estimates on one GPU and on eight are chosen apart."""
-    from experiments.analysis import timings
 
     measured = [{**row, "eval_images_per_s": "10000", "warmup_s": "40"}
                 for row in _concurrency_rows("a" * 40, timings.engine_code())[:1]]
@@ -556,7 +608,6 @@ def test_an_engine_timing_made_with_other_engine_code_is_shown_stale(tmp_path, e
 def test_runs_stacked_into_one_model_are_named_so_and_judged_by_the_stacking_code_too(tmp_path, tiny_plan):
     """A stacked row's ratio is listed apart from the side-by-side ones, its rate can make the fastest setting, and
     it is stale when the stacking's code changed though the engine's did not."""
-    from experiments.analysis import timings
 
     alone, side_by_side = ({**row, "stack": "1", "cudnn_benchmark": "False"}
                            for row in _concurrency_rows("a" * 40, timings.engine_code())[:2])
@@ -587,7 +638,6 @@ def test_runs_stacked_into_one_model_are_named_so_and_judged_by_the_stacking_cod
 
 
 def test_fig3_epochs_name_the_baseline_measured_again_last(tmp_path):
-    from experiments.analysis import timings
 
     stamp = {"device": "cuda", "device_name": "test-gpu", "commit": "c" * 40, "python": "3", "torch": "9.9",
              "triton": "3", "topk": "0", "engine_code": timings.engine_code(), "model": "densenet40_40",
