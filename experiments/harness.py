@@ -17,6 +17,7 @@ import html
 import json
 import math
 import os
+import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +47,9 @@ NOTEBOOK_IMPORTS = ("analytic", "calibration", "claims", "fixed_point", "grids",
                     "plots", "summary", "timings", "CALIBRATION_SEEDS", "CROWDED_CLASSES", "LABEL_NOISE_FIT")
 
 DEVICES = ("cpu", "cuda")
+#: A figure's stamp is wrapped at this many characters per inch of the figure's width (its 7-point text), at least
+#: :data:`STAMP_MIN_CHARACTERS`: a line no wider than the axes, which ``bbox_inches="tight"`` would widen otherwise.
+STAMP_CHARACTERS_PER_INCH, STAMP_MIN_CHARACTERS = 15, 60
 
 
 def start(notebook: str, profile: str = "smoke", *, data_root: str | None = None, device: str = "cpu",
@@ -158,7 +162,9 @@ class Context:
 
     def save_figure(self, fig: plt.Figure, name: str, *, data: str | None = None) -> None:
         """``figures/<name>.png`` and ``.pdf``, with the profile and data written under the axes."""
-        fig.text(0.01, 0.0, self.stamp(data), fontsize=7, color="0.35", ha="left", va="top")  # under the axes
+        stamp = textwrap.fill(self.stamp(data), width=max(STAMP_MIN_CHARACTERS, int(STAMP_CHARACTERS_PER_INCH *
+                                                                                    fig.get_figwidth())))
+        fig.text(0.01, 0.0, stamp, fontsize=7, color="0.35", ha="left", va="top")  # under the axes, as wide as they
         for suffix in ("png", "pdf"):
             fig.savefig(self.figures / f"{name}.{suffix}", dpi=150 if suffix == "png" else None, bbox_inches="tight",
                         metadata={"CreationDate": None} if suffix == "pdf" else None)  # no date: reruns differ by content only
