@@ -693,3 +693,16 @@ def test_the_search_seeds_block_gives_the_seeds_the_rule_takes_at_the_committed_
     assert lines[5].endswith("the largest standard deviation of a fitted number over its 4 seeds 0.25 points (upper "
                              "limit 0.43): 1 of 4 seeds")  # CE's 0.4 half-width, top-1
     assert readme.search_seeds(tmp_path / "none").startswith("*No `calibration_seeds.csv`")
+
+
+def test_the_docs_notebook_table_names_every_output_each_notebook_wrote():
+    """docs/reproducing.md's table of notebooks against the committed quick manifests' outputs (claims aside)."""
+    text = (PROJECT_ROOT / "docs" / "reproducing.md").read_text()
+    section = text.split("## The notebooks and what they write", 1)[1].split("| notebook (`notebooks/`) |", 1)[1]
+    table = section.split("\n\n", 1)[0]  # the first table of the section
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| `")]
+    listed = {row[0].strip("| `"): set(re.findall(r"`([^`]+)`", row[-1])) for row in rows}
+    manifests = {path.stem: json.loads(path.read_text()) for path in (FIGURES / "quick" / "manifests").glob("*.json")}
+    written = {notebook: {name.rsplit(".", 1)[0] for name in manifest["outputs"] if not name.startswith("claims/")}
+               for notebook, manifest in manifests.items() if "executor" not in manifest}
+    assert listed == written
