@@ -4,10 +4,12 @@ a missing or damaged download into a message saying which file and where to get 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -56,20 +58,29 @@ class TensorImages(Dataset):
 
 
 class ImageFiles(Dataset):
-    """Images read from files under ``root``: ``items`` is a sequence of (relative path, label)."""
+    """Images read from files under ``root``: ``items`` is a sequence of (relative path, label).
+
+    The paths are held in one numpy array of byte strings, not a list of Python strings: a data-loader worker forked
+    from the training process reads them without writing to each string's reference count, which would copy the
+    pages of a million-path list into every worker one by one (PyTorch issue 13246)."""
 
     def __init__(self, root: Path, items: Sequence[tuple[str, int]], transform: Callable):
-        self.root, self.items, self.transform = Path(root), list(items), transform
-        self.labels = torch.tensor([label for _, label in self.items], dtype=torch.long)
+        self.root, self.transform = Path(root), transform
+        self.paths = np.array([os.fsencode(path) for path, _ in items], dtype=bytes)
+        self.labels = torch.tensor([label for _, label in items], dtype=torch.long)
+
+    @property
+    def items(self) -> list[tuple[str, int]]:
+        """The (relative path, label) pairs, as given."""
+        return [(os.fsdecode(path), label) for path, label in zip(self.paths.tolist(), self.labels.tolist())]
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.labels)
 
     def __getitem__(self, index: int):
         from PIL import Image
 
-        path, label = self.items[index]
-        with Image.open(self.root / path) as image:
+        with Image.open(self.root / os.fsdecode(self.paths[index])) as image:
             return self.transform(image.convert("RGB")), self.labels[index]
 
 

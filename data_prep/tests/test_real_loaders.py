@@ -282,3 +282,17 @@ def test_the_plantnet_command_names_the_missing_imagenet_weights(tmp_path, capsy
 def test_unknown_dataset_lists_the_valid_ones():
     with pytest.raises(ValueError, match="the datasets are .*cifar100_like.*plantnet"):
         data_prep.load("cifar10")
+
+
+def test_image_files_hold_their_paths_in_one_byte_array_and_read_any_name(tmp_path):
+    from data_prep.common import ImageFiles
+
+    _jpeg(tmp_path / "n01" / "é ü.JPEG", (200, 0, 0))
+    _jpeg(tmp_path / "n02" / "b.jpg", (0, 200, 0))
+    files = ImageFiles(tmp_path, [("n01/é ü.JPEG", 0), ("n02/b.jpg", 1)], lambda image: image.getpixel((0, 0)))
+    assert files.paths.dtype.kind == "S" and files.paths.shape == (2,)  # no Python string per path in workers' memory
+    assert files.items == [("n01/é ü.JPEG", 0), ("n02/b.jpg", 1)] and len(files) == 2
+    (red, _, _), label = files[0]
+    assert red > 150 and label == 0 and files[1][0][1] > 150 and files[1][1] == 1  # JPEG rounds the colours
+    loader = torch.utils.data.DataLoader(files, batch_size=None, num_workers=2, collate_fn=lambda item: item)
+    assert [label.item() for _, label in loader] == [0, 1]
