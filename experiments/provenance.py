@@ -6,6 +6,7 @@ Importing this module loads nothing heavy; torch is imported when a function nee
 
 from __future__ import annotations
 
+import ast
 import platform
 import subprocess
 from pathlib import Path
@@ -45,16 +46,51 @@ def git_commit() -> str:
 
 
 def changed_since(commit: str, files: tuple[str, ...], *, uncommitted: bool = True) -> bool | None:
-    """Whether ``files`` (relative to the project's root) differ now from their contents at ``commit`` (a
-    :func:`git_commit`; its ``-dirty`` mark is ignored: what was uncommitted then is not known), uncommitted changes
-    included, or with ``uncommitted=False`` as committed (HEAD); None where git cannot tell (no checkout, or a commit
-    it does not hold)."""
+    """Whether ``files`` (git pathspecs, relative to the project's root) differ now from their contents at ``commit``
+    (a :func:`git_commit`; its ``-dirty`` mark is ignored: what was uncommitted then is not known), uncommitted
+    changes included, or with ``uncommitted=False`` as committed (HEAD); a Python file whose code is the same, only
+    its docstrings or comments changed (:func:`same_code`), does not count. None where git cannot tell (no checkout,
+    or a commit it does not hold)."""
     sha = commit.partition("-dirty")[0]
     if not sha or _git("cat-file", "-e", f"{sha}^{{commit}}") is None:
         return None
     now = () if uncommitted else ("HEAD",)
     changed = _git("diff", "--name-only", sha, *now, "--", *files)  # the files that differ; None where git failed
-    return None if changed is None else changed != ""
+    if changed is None:
+        return None
+    return any(not _same_code_since(sha, name, uncommitted) for name in changed.splitlines())
+
+
+def _same_code_since(sha: str, name: str, uncommitted: bool) -> bool:
+    """Whether the Python file ``name`` holds the same code now (or at HEAD) as at ``sha`` (:func:`same_code`)."""
+    if not name.endswith(".py"):
+        return False
+    before = _git("show", f"{sha}:{name}")
+    if uncommitted:
+        path = PROJECT_ROOT / name
+        after = path.read_text() if path.exists() else None
+    else:
+        after = _git("show", f"HEAD:{name}")
+    return before is not None and after is not None and same_code(before, after)
+
+
+def same_code(before: str, after: str) -> bool:
+    """Whether two Python sources hold the same code: the same syntax tree once each module's, class's and function's
+    docstring is set aside (comments and layout are not in the tree). False where either does not parse."""
+    try:
+        return _code(before) == _code(after)
+    except SyntaxError:
+        return False
+
+
+def _code(source: str) -> str:
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
 
 
 def short_commit(commit: str) -> str:

@@ -79,3 +79,28 @@ def test_files_changed_since_a_commit_are_told_and_an_entry_trained_before_is_st
     assert learning_rates.stale_text([Calibration(commit=today), LearningRates(commit=today)]) is None
     (tmp_path / "engine.py").write_text("3")
     assert learning_rates.stale_text([Calibration(commit=today + "-dirty")]) is None
+
+
+def test_a_change_of_docstrings_or_comments_alone_leaves_the_code_unchanged(tmp_path, monkeypatch):
+    """Staleness is about what code runs: a docstring or comment edited in a file of the training's code changes no
+    number, so it marks nothing stale; any change of code does, a string that is not a docstring included."""
+    monkeypatch.setattr(provenance, "PROJECT_ROOT", tmp_path)
+    _git(tmp_path, "init", "-q")
+    source = '"""A module."""\n\n\ndef f(x):\n    """Double."""\n    return 2 * x  # twice\n\n\nclass C:\n    "C."\n'
+    (tmp_path / "engine.py").write_text(source)
+    _git(tmp_path, "add", "engine.py")
+    _git(tmp_path, "commit", "-q", "-m", "one")
+    first = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    edited = source.replace("A module.", "The engine (Eq. 8).").replace("# twice", "# two times").replace('"C."', '"The class C."')
+    (tmp_path / "engine.py").write_text(edited.replace("    return", "\n    return"))
+    assert provenance.changed_since(first, ("engine.py",)) is False
+    _git(tmp_path, "commit", "-q", "-am", "docs")
+    assert provenance.changed_since(first, ("engine.py",), uncommitted=False) is False
+    for code in ("return 3 * x", "return 2 * x + 0", 'return 2 * x\n    "not a docstring"'):
+        (tmp_path / "engine.py").write_text(source.replace("return 2 * x", code))
+        assert provenance.changed_since(first, ("engine.py",)) is True, code
+    (tmp_path / "engine.py").write_text("def f(:\n")  # does not parse: counted as changed
+    assert provenance.changed_since(first, ("engine.py",)) is True
+    (tmp_path / "engine.py").unlink()
+    assert provenance.changed_since(first, ("engine.py",)) is True
+    assert provenance.same_code("x = 1  # one\n", "x = 1\n") and not provenance.same_code("x = 1\n", "x = 2\n")
