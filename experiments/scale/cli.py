@@ -35,7 +35,7 @@ from experiments.engine.config import RunConfig, stack_mismatch
 from experiments.engine.run_claim import live_holder
 from experiments.engine.store import ResultsStore, unusable_store
 from experiments.engine.train import COMPILE_MODES
-from experiments.paths import BENCHMARK_RESULTS, FIGURES, RESULTS
+from experiments.paths import BENCHMARK_RESULTS, BUILD, FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
 from experiments.scale import executors, slurm, slurm_queue, slurm_request
 from experiments.scale.gpu_sharing import gpu_sharing
@@ -444,7 +444,22 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     into_notebooks_store = Path(options.store).resolve() == (RESULTS / args.profile).resolve()
     if (args.figures or into_notebooks_store) and not scripts_only:
         _write_manifest(args, options, progress, len(runs) - len(todo) - len(elsewhere), time.time() - started, sharing)
+    if into_notebooks_store:
+        out_of_date(runs, progress.finished, BUILD / args.profile)
     return min(len(progress.failed), 100)
+
+
+def out_of_date(runs: list[PlannedRun], trained: set[str], executed: Path) -> list[str]:
+    """Remove the executed notebooks (``executed/<notebook>.ipynb``) that read a run of ``trained`` (keys), so that
+    ``make notebooks`` runs them again on the new records: make sees the notebooks' code, not the store. Returns the
+    notebooks removed."""
+    readers = sorted({notebook for run in runs if run.key in trained for notebook in run.notebooks})
+    removed = [notebook for notebook in readers if (executed / f"{notebook}.ipynb").exists()]
+    for notebook in removed:
+        (executed / f"{notebook}.ipynb").unlink()
+    if removed:
+        print(f"to run again on the runs trained now: {', '.join(removed)} (`make notebooks`)", file=sys.stderr)
+    return removed
 
 
 #: seconds between two looks at the runs other processes train (:func:`await_holders`)

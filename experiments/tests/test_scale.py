@@ -370,6 +370,32 @@ def test_train_writes_the_executors_manifest_beside_the_notebooks(tmp_path, monk
     assert "1 of 1 runs finished, 0 failed" in capsys.readouterr().err
 
 
+def test_train_into_the_notebooks_store_sends_the_notebooks_that_read_its_runs_back_to_make(tmp_path, monkeypatch,
+                                                                                               capsys):
+    """make reruns a notebook when its code changes, not when the store does: a run trained again (a record removed,
+    Fig. 3's timings made again on a quiet machine) leaves the notebooks that read it out of date, so ``train`` removes
+    their executed copies, and only theirs."""
+    runs = [dataclasses.replace(_planned(1), notebooks=("table2", "table3")),
+            dataclasses.replace(_planned(2), notebooks=("fig3",))]
+    monkeypatch.setattr(cli, "plan", lambda profile: runs)
+    monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(cli, "BUILD", tmp_path / "build")
+    executed = tmp_path / "build" / "smoke"
+    executed.mkdir(parents=True)
+    for notebook in ("table2", "table3", "fig3", "table4"):
+        (executed / f"{notebook}.ipynb").write_text("{}")
+    threads = torch.get_num_threads()
+    try:
+        run(runs[0].config, ResultsStore(tmp_path / "results" / "smoke"))  # finished before: its readers stay
+        assert cli.main(["train", "smoke", "--threads", "1", "--figures", str(tmp_path / "figures")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(path.stem for path in executed.glob("*.ipynb")) == ["table2", "table3", "table4"]
+    assert "to run again on the runs trained now: fig3 (`make notebooks`)" in capsys.readouterr().err
+    assert cli.out_of_date(runs, {runs[0].key}, executed) == ["table2", "table3"]
+    assert cli.out_of_date(runs, {runs[0].key}, executed) == []  # already out of date
+
+
 def test_a_run_whose_loss_becomes_nan_is_diverged_not_failed_and_is_not_trained_again(tmp_path, monkeypatch, capsys):
     """A NaN is an outcome, as the notebooks show it: ``train`` exits 0 naming the run diverged with its log, the plan
     says so, and the next ``train`` leaves it (and the notebooks read it back without training)."""
