@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"train {len(splits.train)}, val {len(splits.val)}, test {len(splits.test)}, {splits.num_classes} classes; "
           + ", ".join(f"{name} {int(mask.sum())} classes" for name, mask in groups.items()))
     if "flip_rate" in splits.info:
-        print(f"label noise p = {splits.info['noise']} within each {splits.info['noise_groups']}: realised flip rate "
+        groups = {"superclass": "superclass", "blocks_of_5": "block of 5 labels"}[splits.info["noise_groups"]]
+        print(f"label noise p = {splits.info['noise']} within each {groups}: realised flip rate "
               f"{splits.info['flip_rate']:.4f}")
     if args.name == "plantnet" and not (weights := Path(args.root) / plantnet.WEIGHTS).exists():
         print(f"note: the paper profile's ResNet-50 starts from ImageNet weights, not found: {weights}\n"

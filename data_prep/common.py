@@ -65,7 +65,7 @@ class ImageFiles(Dataset):
     pages of a million-path list into every worker one by one (PyTorch issue 13246)."""
 
     def __init__(self, root: Path, items: Sequence[tuple[str, int]], transform: Callable):
-        self.root, self.transform = Path(root), transform
+        self.root, self.transform, items = Path(root), transform, list(items)
         self.paths = np.array([os.fsencode(path) for path, _ in items], dtype=bytes)
         self.labels = torch.tensor([label for _, label in items], dtype=torch.long)
 

@@ -162,8 +162,8 @@ class Context:
 
     def save_figure(self, fig: plt.Figure, name: str, *, data: str | None = None) -> None:
         """``figures/<name>.png`` and ``.pdf``, with the profile and data written under the axes."""
-        stamp = textwrap.fill(self.stamp(data), width=max(STAMP_MIN_CHARACTERS, int(STAMP_CHARACTERS_PER_INCH *
-                                                                                    fig.get_figwidth())))
+        width = max(STAMP_MIN_CHARACTERS, int(STAMP_CHARACTERS_PER_INCH * fig.get_figwidth()))
+        stamp = textwrap.fill(self.stamp(data), width=width, break_long_words=False, break_on_hyphens=False)
         fig.text(0.01, 0.0, stamp, fontsize=7, color="0.35", ha="left", va="top")  # under the axes, as wide as they
         for suffix in ("png", "pdf"):
             fig.savefig(self.figures / f"{name}.{suffix}", dpi=150 if suffix == "png" else None, bbox_inches="tight",

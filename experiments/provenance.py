@@ -76,7 +76,8 @@ def _same_code_since(sha: str, name: str, uncommitted: bool) -> bool:
 
 def same_code(before: str, after: str) -> bool:
     """Whether two Python sources hold the same code: the same syntax tree once each module's, class's and function's
-    docstring is set aside (comments and layout are not in the tree). False where either does not parse."""
+    docstring is set aside (comments and layout are not in the tree). False where either does not parse. (Code that
+    computed with ``__doc__`` would be missed; none in this project does.)"""
     try:
         return _code(before) == _code(after)
     except SyntaxError:
@@ -91,6 +92,12 @@ def _code(source: str) -> str:
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
                 node.body = node.body[1:] or [ast.Pass()]
     return ast.dump(tree, include_attributes=False)
+
+
+def full_history() -> bool:
+    """Whether this checkout holds the whole history, which the staleness checks need to see the commits results name:
+    false in a shallow clone (``git clone --depth 1``) and outside a checkout."""
+    return _git("rev-parse", "--is-shallow-repository") == "false"
 
 
 def short_commit(commit: str) -> str:

@@ -12,8 +12,9 @@ from experiments.paths import BENCHMARK_RESULTS, CALIBRATED, FIGURES, PROJECT_RO
 from experiments.provenance import changed_since, short_commit
 from experiments.publishing.result_rows import DEFAULT_PROFILE, engine_staleness, read_rows, short_stamp_text
 
-#: What ``make test`` runs, as git pathspecs: a timing of it made with other contents of these is stale.
-TEST_SUITE = (":(glob)**/tests/**", "Makefile", "pyproject.toml")
+#: What ``make test`` runs (the Makefile's test folders), as git pathspecs: a timing of it made with other contents of
+#: these is stale.
+TEST_SUITE = ("topk/tests", "data_prep/tests", "experiments/tests", "benchmarks/tests", "Makefile", "pyproject.toml")
 #: What the runs of a profile train with, as git pathspecs: the training's code and what tuning chose.
 TRAINED_WITH = (*TRAINING_CODE, str(CALIBRATED.relative_to(PROJECT_ROOT)))
 
@@ -24,6 +25,7 @@ def _stale_since(commit: str, files: tuple[str, ...], what: str, command: str) -
     if changed_since(commit, files, uncommitted=False) is not True:
         return ""
     return f"**Stale:** made at commit {short_commit(commit)}, and {what} changed since; rerun `{command}`. "
+
 
 def setup_time(path: Path = BENCHMARK_RESULTS / "setup_time.csv") -> str:
     """The two set-up commands' times on a fresh clone, with the processor they were measured on: the install, and
@@ -198,7 +200,9 @@ def compile_time(path: Path = BENCHMARK_RESULTS / "compile_time_cpu.csv") -> str
     lines += ["", f"*{row['model']}, batch {row['batch']}, `torch.compile` mode default; {row['device_name']}, "
                   f"{row['cpu_threads']} torch threads, torch {row['torch']}, commit {short_commit(row['commit'])} "
                   f"(`{path.name}`).*"]
-    return "\n".join(lines)
+    stale = _stale_since(row["commit"], TRAINING_CODE, "the training's code (the engine, the losses)",
+                         "python -m benchmarks.bench_compile_time")
+    return stale + "\n".join(lines)
 
 
 def cpu_step(path: Path = BENCHMARK_RESULTS / "cpu_step.csv") -> str:

@@ -445,12 +445,13 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     if (args.figures or into_notebooks_store) and not scripts_only:
         _write_manifest(args, options, progress, len(runs) - len(todo) - len(elsewhere), time.time() - started, sharing)
     if into_notebooks_store:
-        out_of_date(runs, progress.finished, BUILD / args.profile)
+        out_of_date(runs, progress.finished | set(progress.diverged), BUILD / args.profile)
     return min(len(progress.failed), 100)
 
 
 def out_of_date(runs: list[PlannedRun], trained: set[str], executed: Path) -> list[str]:
-    """Remove the executed notebooks (``executed/<notebook>.ipynb``) that read a run of ``trained`` (keys), so that
+    """Remove the executed notebooks (``executed/<notebook>.ipynb``) that read a run of ``trained`` (keys: finished or
+    diverged in this call), so that
     ``make notebooks`` runs them again on the new records: make sees the notebooks' code, not the store. Returns the
     notebooks removed."""
     readers = sorted({notebook for run in runs if run.key in trained for notebook in run.notebooks})

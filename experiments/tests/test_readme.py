@@ -17,7 +17,7 @@ from experiments.publishing import gpu_blocks, readme, result_rows, time_blocks
 from experiments.spec import grids
 from experiments.spec.profiles import GPU
 from experiments.spec.profiles import get_profile
-from experiments import paths
+from experiments import paths, provenance
 from experiments.paths import FIGURES, PROJECT_ROOT
 
 #: Every ```python block of the README and of docs/*.md, with where it is.
@@ -51,6 +51,8 @@ def test_the_readme_is_a_door_with_the_two_set_up_commands():
 
 
 def test_the_committed_readme_and_docs_match_the_committed_results():
+    if not provenance.full_history():  # the blocks' stale marks ask git about the commits their rows name
+        pytest.skip("a shallow clone or no checkout: the stale marks cannot be told (git clone without --depth)")
     assert readme.stale() == {}
 
 
@@ -234,7 +236,15 @@ def test_a_timing_made_before_what_it_times_changed_is_marked_stale(tmp_path, mo
                                       for executor in ("inline", "local")])
     assert time_blocks.setup_time(tmp_path / "setup.csv").startswith("On a fresh clone")
     assert time_blocks.executors_time(tmp_path / "executors.csv").startswith("*The quick profile's 9 trainings")
-    changed = {time_blocks.TEST_SUITE: True, time_blocks.TRAINED_WITH: True}
+    compile_row = {**stamp, "cpu_threads": "2", "model": "small_cnn", "loss": "cross_entropy", "options": "{}",
+                   "batch": "64", "backend": "inductor", "first_step_s": "20", "second_step_s": "0.01",
+                   "short_batch_step_s": "19"}
+    _csv(tmp_path / "compile.csv", [compile_row])
+    assert time_blocks.compile_time(tmp_path / "compile.csv").startswith("| loss |")
+    changed = {time_blocks.TEST_SUITE: True, time_blocks.TRAINED_WITH: True, paths.TRAINING_CODE: True}
+    assert time_blocks.compile_time(tmp_path / "compile.csv").startswith(
+        "**Stale:** made at commit cccccccccc, and the training's code (the engine, the losses) changed since; rerun "
+        "`python -m benchmarks.bench_compile_time`.")
     assert time_blocks.setup_time(tmp_path / "setup.csv").startswith(
         "**Stale:** made at commit cccccccccc, and the tests changed since; rerun `python -m benchmarks.bench_setup_time`.")
     assert time_blocks.executors_time(tmp_path / "executors.csv").startswith(
@@ -706,3 +716,10 @@ def test_the_docs_notebook_table_names_every_output_each_notebook_wrote():
     written = {notebook: {name.rsplit(".", 1)[0] for name in manifest["outputs"] if not name.startswith("claims/")}
                for notebook, manifest in manifests.items() if "executor" not in manifest}
     assert listed == written
+
+
+def test_the_test_suite_whose_time_goes_stale_is_the_one_make_test_runs():
+    recipe = (PROJECT_ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    folders = [word for word in recipe.split() if word.endswith("/tests")]
+    assert folders and tuple(folders) == time_blocks.TEST_SUITE[:len(folders)]
+    assert set(time_blocks.TEST_SUITE[len(folders):]) == {"Makefile", "pyproject.toml"}

@@ -375,14 +375,19 @@ def test_train_into_the_notebooks_store_sends_the_notebooks_that_read_its_runs_b
     """make reruns a notebook when its code changes, not when the store does: a run trained again (a record removed,
     Fig. 3's timings made again on a quiet machine) leaves the notebooks that read it out of date, so ``train`` removes
     their executed copies, and only theirs."""
+    from experiments.engine import train
+    from experiments.tests.test_stacked_runs import _nan_for
+
     runs = [dataclasses.replace(_planned(1), notebooks=("table2", "table3")),
-            dataclasses.replace(_planned(2), notebooks=("fig3",))]
+            dataclasses.replace(_planned(2), notebooks=("fig3",)),
+            dataclasses.replace(_planned(3, loss="smooth_hinge", loss_options={"k": 5, "tau": 1.0}), notebooks=("fig5",))]
     monkeypatch.setattr(cli, "plan", lambda profile: runs)
     monkeypatch.setattr(cli, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(cli, "BUILD", tmp_path / "build")
+    monkeypatch.setattr(train, "build_loss", _nan_for("smooth_hinge"))  # the third run diverges: an outcome shown
     executed = tmp_path / "build" / "smoke"
     executed.mkdir(parents=True)
-    for notebook in ("table2", "table3", "fig3", "table4"):
+    for notebook in ("table2", "table3", "fig3", "fig5", "table4"):
         (executed / f"{notebook}.ipynb").write_text("{}")
     threads = torch.get_num_threads()
     try:
@@ -391,7 +396,7 @@ def test_train_into_the_notebooks_store_sends_the_notebooks_that_read_its_runs_b
     finally:
         torch.set_num_threads(threads)
     assert sorted(path.stem for path in executed.glob("*.ipynb")) == ["table2", "table3", "table4"]
-    assert "to run again on the runs trained now: fig3 (`make notebooks`)" in capsys.readouterr().err
+    assert "to run again on the runs trained now: fig3, fig5 (`make notebooks`)" in capsys.readouterr().err
     assert cli.out_of_date(runs, {runs[0].key}, executed) == ["table2", "table3"]
     assert cli.out_of_date(runs, {runs[0].key}, executed) == []  # already out of date
 
