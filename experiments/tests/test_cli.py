@@ -47,7 +47,8 @@ BAD = [
     ({"dataset_options": {**TINY["dataset_options"], "pixel_noise": -1.0}}, "'pixel_noise' should be a finite "
      "number >= 0, got -1.0"),
     ({"dataset": "cifar100", "dataset_options": {"noise": 0.2, "noise_sed": 1}}, r"unknown option \['noise_sed'\] of "
-     r"the dataset 'cifar100'; its options are \['augment', 'expected_md5', 'expected_sizes', 'noise', 'noise_seed'\]"),
+     r"the dataset 'cifar100'; its options are \['augment', 'expected_md5', 'expected_sizes', 'noise', 'noise_groups',"
+     r" 'noise_seed'\]"),
     ({"dataset_options": [1, 2]}, "'dataset_options' should be a mapping"),
     ({"model_options": {"widht": 8}}, r"unknown model_options \['widht'\] of the model 'small_cnn'; its options are "
      r"\['cosine_scale', 'width'\]"),
