@@ -16,11 +16,11 @@ ENGINE_EPOCH_CODE = ("experiments/engine/train.py", "experiments/engine/batches.
 #: What a training's numbers come from, as git pathspecs: the engine's epoch, the run's config, runs stacked into one
 #: model, the stand-ins' images and the library's losses (not its tests). A calibration or a committed run of a
 #: profile made with other contents of these is stale (experiments.provenance.changed_since).
-TRAINING_CODE = (*ENGINE_EPOCH_CODE, "experiments/engine/config.py", "experiments/engine/stacked.py",
-                 "data_prep/synthetic.py", "topk", ":(exclude)topk/tests")
 #: The library, as git pathspecs: a benchmark of its losses or kernels made with other contents of these is stale
 #: (experiments.publishing.result_rows.library_staleness).
 LIBRARY_CODE = ("topk", ":(exclude)topk/tests")
+TRAINING_CODE = (*ENGINE_EPOCH_CODE, "experiments/engine/config.py", "experiments/engine/stacked.py",
+                 "data_prep/synthetic.py", *LIBRARY_CODE)
 
 # Tables of ``figures/<profile>/`` (name without suffix) that docs/stand-ins.md quotes, and the notebook writing each.
 LABEL_NOISE_FIT = "table7_label_noise_fit"  #: the label noise each selected model fitted (table4_table7_label_noise)

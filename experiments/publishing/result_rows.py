@@ -80,9 +80,13 @@ def library_is_current(row: dict) -> bool:
 def library_staleness(row: dict, command: str) -> str:
     """A warning to put before the numbers of a benchmark row of the library made before ``topk/`` last changed,
     naming the ``command`` that measures them again, or nothing."""
-    if library_is_current(row):
-        return ""
-    return f"**Stale:** made at commit {short_commit(row['commit'])}, and `topk/` changed since; rerun `{command}`. "
+    return "" if library_is_current(row) else stale_text(row["commit"], "`topk/`", command)
+
+
+def stale_text(commit: str, what: str, command: str) -> str:
+    """The warning before a result made at ``commit`` when ``what`` changed since, naming the ``command`` that
+    measures it again."""
+    return f"**Stale:** made at commit {short_commit(commit)}, and {what} changed since; rerun `{command}`. "
 
 
 def newest_current(rows: list[dict]) -> dict | None:

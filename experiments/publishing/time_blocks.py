@@ -10,7 +10,8 @@ from pathlib import Path
 from experiments.analysis import compare
 from experiments.paths import BENCHMARK_RESULTS, CALIBRATED, FIGURES, PROJECT_ROOT, TRAINING_CODE
 from experiments.provenance import changed_since, short_commit
-from experiments.publishing.result_rows import DEFAULT_PROFILE, engine_staleness, read_rows, short_stamp_text
+from experiments.publishing.result_rows import (DEFAULT_PROFILE, engine_staleness, read_rows, short_stamp_text,
+                                                stale_text)
 
 #: What ``make test`` runs (the Makefile's test folders), as git pathspecs: a timing of it made with other contents of
 #: these is stale.
@@ -22,9 +23,7 @@ TRAINED_WITH = (*TRAINING_CODE, str(CALIBRATED.relative_to(PROJECT_ROOT)))
 def _stale_since(commit: str, files: tuple[str, ...], what: str, command: str) -> str:
     """A warning that a timing made at ``commit`` is stale, ``what`` having changed since (``files``, as committed),
     naming the ``command`` that measures it again; nothing where they did not change or git cannot tell."""
-    if changed_since(commit, files, uncommitted=False) is not True:
-        return ""
-    return f"**Stale:** made at commit {short_commit(commit)}, and {what} changed since; rerun `{command}`. "
+    return stale_text(commit, what, command) if changed_since(commit, files, uncommitted=False) is True else ""
 
 
 def setup_time(path: Path = BENCHMARK_RESULTS / "setup_time.csv") -> str:
