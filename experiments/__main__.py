@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 
 try:  # torch's import takes seconds: Ctrl-C then ends the command as it would later, with no traceback
@@ -111,12 +110,4 @@ def _progress_kept(store: ResultsStore, config: RunConfig) -> str:
 
 
 if __name__ == "__main__":
-    # Ctrl-C, SIGTERM (kill, a scheduler) and SIGHUP (a closed terminal or ssh session) stop a command alike: what
-    # finished is kept, the message says so, and no traceback. Here, not at import: spawned workers import this module.
-    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(stop, executors.interrupt_quietly)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # before a command's own handling began (planning, say): nothing was trained
-        print("\ninterrupted: nothing was trained", file=sys.stderr)
-        sys.exit(130)
+    executors.run_as_command(main)

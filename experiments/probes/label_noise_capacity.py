@@ -22,7 +22,6 @@ versions; the ``label-noise-capacity`` block of ``docs/stand-ins.md`` is generat
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from experiments.engine.store import write_csv
 from experiments.engine.train import run
 from experiments.paths import BENCHMARK_RESULTS
 from experiments.provenance import RECORD_STAMP_FIELDS, record_stamp
+from experiments.scale import executors
 from experiments.spec import grids, paper
 from experiments.spec.profiles import Profile
 from experiments.tuning import profile_steps
@@ -171,4 +171,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    executors.run_as_command(main, "every finished run and every epoch's checkpoint is kept in the store; the same "
+                                   "command resumes")

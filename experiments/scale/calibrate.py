@@ -233,8 +233,4 @@ def executor_ahead(store: ResultsStore, trainer: Trainer, *, live: bool = True):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # before the calibration's own handling began: nothing was trained
-        print("\ninterrupted: nothing was trained", file=sys.stderr)
-        sys.exit(130)
+    executors.run_as_command(main)

@@ -472,16 +472,51 @@ def interrupt_quietly(signum: int, frame) -> None:
     raise KeyboardInterrupt
 
 
+#: The signals that stop a command alike: Ctrl-C, SIGTERM (kill, a scheduler) and SIGHUP (a closed terminal or ssh).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_as_command(main: Callable[[], int], interrupted: str = "nothing was trained") -> None:
+    """Run a command's ``main`` and exit with its status; a stop signal (:data:`STOP_SIGNALS`) ends it quietly, with
+    status 130 (a shell's after Ctrl-C). A command that trains says itself what an interrupt kept; one stopped before
+    that handling began prints ``interrupted``. Installed here, not at import: spawned workers import the modules."""
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, interrupt_quietly)
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {interrupted}", file=sys.stderr)
+        status = INTERRUPTED
+    sys.exit(status)
+
+
 def _worker(connection, device: str, options: TrainOptions, threads: int) -> None:
     """A worker process: trains each group it is sent, until it is sent None (:func:`_serve`). Ctrl-C reaches the
-    whole process group: the worker then ends quietly with :data:`INTERRUPTED`, and the parent says what is kept."""
+    whole process group: the worker then ends quietly with :data:`INTERRUPTED`, and the parent says what is kept. A
+    parent that dies without ending its workers (``kill -9``) stops them the same way (:func:`_stop_with_the_parent`)."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of its start, held blocked (WorkerPool._start): dropped
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
         signal.signal(signal.SIGINT, interrupt_quietly)
+        _stop_with_the_parent()
         _serve(connection, device, options, threads)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, EOFError):  # EOFError: the parent's end of the pipe closed while the worker waited
         sys.exit(INTERRUPTED)
+
+
+def _stop_with_the_parent() -> None:
+    """Send this worker Ctrl-C's signal when its parent dies, from a thread that waits for that: a worker left behind
+    would train on for nobody, beside the next command's workers, with its run claimed in the store. Its checkpoint of
+    the last epoch is kept, as at Ctrl-C."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def wait_for_the_parent() -> None:
+        wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=wait_for_the_parent, name="topk-parent-watch", daemon=True).start()
 
 
 def _release_device_memory(device: str, runs: int) -> str:

@@ -691,6 +691,59 @@ def test_sigterm_to_a_local_train_alone_stops_it_with_its_workers_as_ctrl_c_does
     assert _processes_marked(mark) == [], "workers outlived the command"
 
 
+def test_workers_stop_when_their_parent_is_killed_and_keep_their_checkpoints(tmp_path):
+    """``kill -9`` of the command (no handler runs, so it ends no worker): each worker sees its parent gone and stops
+    as at Ctrl-C, within seconds, instead of training on for nobody with its run claimed."""
+    store, mark = tmp_path / "store", f"topk-test-{os.getpid()}-{time.time_ns()}"
+    command = [sys.executable, "-m", "experiments", "train", "smoke", "--executor", "local", "--jobs", "2",
+               "--store", str(store)]
+    train = subprocess.Popen(command, cwd=ROOT, env={**_env(), "TOPK_TEST_MARK": mark}, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    deadline = time.time() + 300
+    while not any((store / "checkpoints").glob("*")) and time.time() < deadline and train.poll() is None:
+        time.sleep(0.05)
+    assert train.poll() is None, "the command ended before a checkpoint was written"
+    train.send_signal(signal.SIGKILL)
+    train.wait(timeout=60)
+    deadline = time.time() + 60
+    while (left := _processes_marked(mark)) and time.time() < deadline:
+        time.sleep(0.2)
+    for pid in left:  # not to leave them training past the test
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], "workers outlived their killed parent"
+    assert any((store / "checkpoints").glob("*"))
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_command_stopped_before_it_trains_says_so_without_a_traceback(stop):
+    code = ("import time\n"
+            "from experiments.scale.executors import run_as_command\n"
+            "def main():\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(120)\n"
+            "    return 0\n"
+            "run_as_command(main)\n")
+    command = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert command.stdout.readline() == "ready\n"
+    command.send_signal(stop)
+    _, errors = command.communicate(timeout=60)
+    assert command.returncode == 130 and errors == "\ninterrupted: nothing was trained\n", errors
+
+
+def test_every_command_that_trains_stops_quietly_on_every_stop_signal():
+    """Each module run as a command that trains (it imports the engine's training) enters through
+    :func:`executors.run_as_command`, so that SIGTERM and SIGHUP stop it as Ctrl-C does (``make calibrate`` killed by a
+    scheduler left its workers training, before)."""
+    training = [path for path in (ROOT / "experiments").rglob("*.py") if "tests" not in path.parts
+                and 'if __name__ == "__main__":' in (text := path.read_text())
+                and ("experiments.engine.train import" in text or "experiments.scale import" in text)]
+    assert {path.name for path in training} >= {"__main__.py", "calibrate.py", "crowding.py", "label_noise_capacity.py"}
+    for path in training:
+        main_block = path.read_text().split('if __name__ == "__main__":')[1]
+        assert "run_as_command(main" in main_block, path
+
+
 def _processes_marked(mark: str) -> list[int]:
     """The live processes whose environment holds ``mark`` (this test's own command and the workers it started)."""
     marked = []
