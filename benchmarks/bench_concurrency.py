@@ -62,7 +62,7 @@ from experiments.engine.batches import order_seed
 from experiments.engine.stacked import StackedLosses, StackedModels, side_by_side_batches
 from experiments.engine.train import COMPILE_MODES, compile_step, evaluate, evaluate_stacked, train_epoch
 from experiments.provenance import STAMP_FIELDS, stamp
-from experiments.scale.executors import cpu_threads
+from experiments.scale.executors import cpu_threads, run_as_command
 from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import Rates, counted_text, fastest, read_measurements, runs_measured_by, setting_text
 from experiments.scale.plan import plan
@@ -397,4 +397,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_as_command(main)

@@ -24,6 +24,7 @@ from pathlib import Path
 from experiments.engine.store import ResultsStore, computed, write_csv
 from experiments.paths import BENCHMARK_RESULTS, PROJECT_ROOT
 from experiments.provenance import STAMP_FIELDS, stamp
+from experiments.scale import executors
 from experiments.scale.plan import plan
 from experiments.spec.profiles import get_profile
 
@@ -83,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    executors.run_as_command(main)

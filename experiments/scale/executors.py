@@ -20,6 +20,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -386,16 +387,20 @@ class WorkerPool:
             job is not None and job.call is call for _, _, job in self.workers.values())
 
     def close(self) -> None:
-        """End every worker: asked to, then, after 5 s, terminated; the queued groups are dropped."""
+        """End every worker: each asked to, then those alive 5 s later (busy ones that Ctrl-C did not reach: SIGTERM to
+        the command alone) terminated, all against one deadline; each run's last epoch's checkpoint is kept and the
+        queued groups are dropped."""
         with self._lock:
             self._closed = True
             self._queue.clear()
-            for process, connection, _ in self.workers.values():
+            for _, connection, _ in self.workers.values():
                 try:
                     connection.send(None)
                 except OSError:
                     pass
-                process.join(timeout=5)
+            deadline = time.monotonic() + 5
+            for process, _, _ in self.workers.values():
+                process.join(timeout=max(0.0, deadline - time.monotonic()))
                 if process.is_alive():
                     process.terminate()
             self.workers.clear()
@@ -476,12 +481,15 @@ def interrupt_quietly(signum: int, frame) -> None:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def run_as_command(main: Callable[[], int], interrupted: str = "nothing was trained") -> None:
+def run_as_command(main: Callable[[], int | None],
+                   interrupted: str = "every finished run is kept; the same command resumes") -> None:
     """Run a command's ``main`` and exit with its status; a stop signal (:data:`STOP_SIGNALS`) ends it quietly, with
-    status 130 (a shell's after Ctrl-C). A command that trains says itself what an interrupt kept; one stopped before
-    that handling began prints ``interrupted``. Installed here, not at import: spawned workers import the modules."""
+    status 130 (a shell's after Ctrl-C). A command that trains says itself what an interrupt kept; one stopped outside
+    that handling prints ``interrupted``. A signal ignored at the start (SIGHUP under ``nohup``) stays ignored, and so
+    in the workers. Installed here, not at import: spawned workers import the modules."""
     for stop in STOP_SIGNALS:
-        signal.signal(stop, interrupt_quietly)
+        if signal.getsignal(stop) is not signal.SIG_IGN:
+            signal.signal(stop, interrupt_quietly)
     try:
         status = main()
     except KeyboardInterrupt:
@@ -500,7 +508,13 @@ def _worker(connection, device: str, options: TrainOptions, threads: int) -> Non
         signal.signal(signal.SIGINT, interrupt_quietly)
         _stop_with_the_parent()
         _serve(connection, device, options, threads)
-    except (KeyboardInterrupt, EOFError):  # EOFError: the parent's end of the pipe closed while the worker waited
+    except KeyboardInterrupt:
+        sys.exit(INTERRUPTED)
+    except (EOFError, OSError):  # the pipe closed or reset under a receive or a send: the parent died meanwhile
+        if multiprocessing.parent_process().is_alive():
+            raise
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the watch's signal, on its way: nobody is left to tell
+        sys.unraisablehook = lambda unraisable: None
         sys.exit(INTERRUPTED)
 
 

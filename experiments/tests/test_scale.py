@@ -2,10 +2,12 @@
 executors give the inline records bit for bit; the store's claims let many processes share it without training a
 run twice; a killed worker's run resumes to the same result."""
 
+import contextlib
 import dataclasses
 import io
 import json
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -697,48 +699,72 @@ def test_workers_stop_when_their_parent_is_killed_and_keep_their_checkpoints(tmp
     store, mark = tmp_path / "store", f"topk-test-{os.getpid()}-{time.time_ns()}"
     command = [sys.executable, "-m", "experiments", "train", "smoke", "--executor", "local", "--jobs", "2",
                "--store", str(store)]
-    train = subprocess.Popen(command, cwd=ROOT, env={**_env(), "TOPK_TEST_MARK": mark}, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
-    deadline = time.time() + 300
-    while not any((store / "checkpoints").glob("*")) and time.time() < deadline and train.poll() is None:
-        time.sleep(0.05)
-    assert train.poll() is None, "the command ended before a checkpoint was written"
-    train.send_signal(signal.SIGKILL)
-    train.wait(timeout=60)
-    deadline = time.time() + 60
-    while (left := _processes_marked(mark)) and time.time() < deadline:
-        time.sleep(0.2)
-    for pid in left:  # not to leave them training past the test
-        os.kill(pid, signal.SIGKILL)
-    assert left == [], "workers outlived their killed parent"
-    assert any((store / "checkpoints").glob("*"))
+    with (tmp_path / "stderr").open("w") as errors:
+        train = subprocess.Popen(command, cwd=ROOT, env={**_env(), "TOPK_TEST_MARK": mark}, stderr=errors,
+                                 start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not any((store / "checkpoints").glob("*.pt")) and time.time() < deadline and train.poll() is None:
+            time.sleep(0.05)
+        assert train.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+        train.send_signal(signal.SIGKILL)
+        train.wait(timeout=60)
+        deadline = time.time() + 60
+        while _processes_marked(mark) and time.time() < deadline:
+            time.sleep(0.2)
+        assert _processes_marked(mark) == [], "workers outlived their killed parent"
+    finally:  # not to leave them training past the test, whatever failed
+        for pid in _processes_marked(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    results = ResultsStore(store)
+    checkpointed = [path.stem for path in (store / "checkpoints").glob("*.pt")]
+    assert any(results.load_checkpoint(key) is not None and results.finished(key) is None for key in checkpointed), \
+        "no run stopped mid-training kept its checkpoint"
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_command_stopped_before_it_trains_says_so_without_a_traceback(stop):
-    code = ("import time\n"
-            "from experiments.scale.executors import run_as_command\n"
+@pytest.mark.parametrize("stop, ignored", [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGINT, False),
+                                          (signal.SIGHUP, True)])
+def test_a_command_stopped_outside_its_training_says_so_without_a_traceback(stop, ignored):
+    """Each stop signal ends a command quietly with status 130; one ignored at its start (SIGHUP under ``nohup``) stays
+    ignored, and the command goes on."""
+    code = ("import signal, sys, time\n"
+            "from experiments.scale.executors import STOP_SIGNALS, run_as_command\n"
+            "for stop in STOP_SIGNALS:  # as a shell starts it, whatever the test runner's own dispositions\n"
+            "    signal.signal(stop, signal.SIG_IGN if stop in IGNORED else signal.SIG_DFL)\n"
             "def main():\n"
             "    print('ready', flush=True)\n"
-            "    time.sleep(120)\n"
+            "    time.sleep(3)\n"
+            "    print('went on', flush=True)\n"
             "    return 0\n"
-            "run_as_command(main)\n")
+            "run_as_command(main)\n").replace("IGNORED", f"({int(stop)},)" if ignored else "()")
     command = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    assert command.stdout.readline() == "ready\n"
-    command.send_signal(stop)
-    _, errors = command.communicate(timeout=60)
-    assert command.returncode == 130 and errors == "\ninterrupted: nothing was trained\n", errors
+    try:
+        assert select.select([command.stdout], [], [], 120)[0] and command.stdout.readline() == "ready\n"
+        command.send_signal(stop)
+        output, errors = command.communicate(timeout=60)
+    finally:
+        command.kill()
+    if ignored:
+        assert command.returncode == 0 and output == "went on\n", errors
+    else:
+        assert command.returncode == 130, errors
+        assert errors.endswith("\ninterrupted: every finished run is kept; the same command resumes\n"), errors
+        assert "Traceback" not in errors and output == "", errors
 
 
 def test_every_command_that_trains_stops_quietly_on_every_stop_signal():
-    """Each module run as a command that trains (it imports the engine's training) enters through
-    :func:`executors.run_as_command`, so that SIGTERM and SIGHUP stop it as Ctrl-C does (``make calibrate`` killed by a
-    scheduler left its workers training, before)."""
-    training = [path for path in (ROOT / "experiments").rglob("*.py") if "tests" not in path.parts
-                and 'if __name__ == "__main__":' in (text := path.read_text())
-                and ("experiments.engine.train import" in text or "experiments.scale import" in text)]
-    assert {path.name for path in training} >= {"__main__.py", "calibrate.py", "crowding.py", "label_noise_capacity.py"}
+    """Each module run as a command that trains runs into a store or in other processes (it calls ``run``, the
+    executors, or ``experiments train``) enters through :func:`executors.run_as_command`, so that SIGTERM and SIGHUP
+    stop it as Ctrl-C does (``make calibrate`` killed by a scheduler left its workers training, before). Benchmarks
+    that time steps in their own process keep nothing, and a signal's default action ends them whole."""
+    training = [path for folder in ("experiments", "benchmarks") for path in (ROOT / folder).rglob("*.py")
+                if "tests" not in path.parts and 'if __name__ == "__main__":' in (text := path.read_text())
+                and any(sign in text for sign in ("from experiments.engine.train import run\n", "experiments.scale import",
+                                                  "experiments.scale.executors import", '"experiments", "train"'))]
+    assert {path.name for path in training} >= {"__main__.py", "calibrate.py", "crowding.py", "label_noise_capacity.py",
+                                                 "bench_executors.py", "bench_calibration.py"}
     for path in training:
         main_block = path.read_text().split('if __name__ == "__main__":')[1]
         assert "run_as_command(main" in main_block, path
