@@ -12,6 +12,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+# Training code (data_prep/splits.py), imported from here too by the engine, whose files' bytes fingerprint its
+# timings (experiments.analysis.timings.engine_code).
+from data_prep.splits import TensorImages
+
+__all__ = ["IMAGE_EXTENSIONS", "MissingDataError", "ImageFiles", "TensorImages", "require_file", "image_files", "md5sum",
+           "check_count"]
+
 
 #: The suffixes of the image files the folder datasets list (any case): other files in a class folder are skipped.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")

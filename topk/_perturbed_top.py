@@ -48,7 +48,8 @@ def perturbed_top(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top
     """
     accumulate = torch.promote_types(scores.dtype, torch.float32)
     # s + eps z rounded twice (product, then sum), as the fused kernel rounds it
-    value, positions = _mean_top((noise.to(accumulate) * epsilon).add_(scores), k, sum_top, accumulate)
+    scaled = noise * epsilon if noise.dtype == accumulate else noise.to(accumulate).mul_(epsilon)  # one temporary
+    value, positions = _mean_top(scaled.add_(scores), k, sum_top, accumulate)
     return _minus_true_scores(value, scores, labels), positions
 
 

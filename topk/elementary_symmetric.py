@@ -32,7 +32,7 @@ def log_elementary_symmetric_pair(x: torch.Tensor, k: int, *, backend: str = "to
     x = check_scores(x, "x")
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"'x' should be float32 or float64, got dtype {x.dtype}")
-    k = check_int(k, "k", 1, x.shape[-1], " (the length of the last dimension)")
+    k = check_int(k, "k", 1, x.shape[-1], " (n, the length of the last dimension)")
     if check_choice(backend, "backend", ("torch", "triton")) == "triton":
         choose_backend(backend, x, k + 1, 1.0)  # refuses a device the kernel cannot run on, or k + 1 above MAX_K
         rows = x.reshape(-1, x.shape[-1])  # [..., n] -> [rows, n]

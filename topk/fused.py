@@ -130,8 +130,8 @@ def perturbed_kth_largest(
     """The ``k``-th largest of ``s + epsilon Z_b`` and its position, for each row of ``s`` and each sample ``b``.
 
     Args:
-        s: scores of shape ``(rows, L)``, on CUDA (or on a CPU under ``TRITON_INTERPRET=1``, float32 or float64
-            there: the interpreter computes bfloat16 on its raw bits).
+        s: scores of shape ``(rows, L)``, on CUDA (or on a CPU under ``TRITON_INTERPRET=1``, any floating dtype but
+            bfloat16 there: the interpreter computes bfloat16 on its raw bits).
         k: ``1 <= k <= min(L, MAX_K)``.
         epsilon: the noise scale, ``>= 0`` (0: the hard K-th largest).
         n_samples: ``B >= 1``.
@@ -158,7 +158,7 @@ def perturbed_kth_largest(
     else:
         check_noise(noise, n_samples, s)
     if n_chunks is not None:
-        check_int(n_chunks, "n_chunks", 1)
+        n_chunks = check_int(n_chunks, "n_chunks", 1)
     check_bool(prune, "prune")
     choose_backend("triton", s, k, epsilon)  # refuses a device, dtype or interpreter the kernel cannot run on
     return launch_kth_largest(s, k, epsilon, n_samples, seed, noise, n_chunks, prune)
@@ -175,7 +175,8 @@ def _check_seed(seed: object, s: torch.Tensor) -> None:
 def launch_kth_largest(s: torch.Tensor, k: int, epsilon: float, n_samples: int, seed: torch.Tensor | None,
                        noise: torch.Tensor | None, n_chunks: int | None,
                        prune: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`perturbed_kth_largest` on arguments already checked (the losses' operators check them once)."""
+    """:func:`perturbed_kth_largest` on arguments already checked, checking none (the operators' computation calls it:
+    the losses check their arguments once, at the public call)."""
     n_rows, n_classes = s.shape
     if s.stride(-1) != 1:
         s = s.contiguous()

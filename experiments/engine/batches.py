@@ -1,6 +1,6 @@
 """The batches the training loop and the evaluation iterate over, already on the device.
 
-- In-memory datasets (:class:`data_prep.splits.TensorImages`: CIFAR-100 and the synthetic stand-ins) are moved to the
+- In-memory datasets (:class:`data_prep.common.TensorImages`: CIFAR-100 and the synthetic stand-ins) are moved to the
   device once, as uint8, and each batch is gathered, augmented and normalised there by the dataset's transform (its
   ``batch`` method, :mod:`data_prep.transforms`): no worker process, no host-to-device copy per batch. On a CPU the
   same code runs on CPU tensors.
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from data_prep.splits import TensorImages
+from data_prep.common import TensorImages
 
 
 def default_workers() -> int:

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 import data_prep
-from data_prep.splits import TensorImages
+from data_prep.common import TensorImages
 from experiments.engine.batches import InMemoryBatches, batches, order_seed
 from experiments.engine.config import SELECTION, RunConfig, selection_metrics, stack_mismatch
 from experiments.engine.models import build_model, parameter_count
