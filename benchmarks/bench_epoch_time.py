@@ -32,7 +32,7 @@ import torch
 
 from benchmarks._fig3_setup import add_setup_arguments, checked_device, paper_model_and_optimiser, points
 from benchmarks._measure import append_csv_row
-from data_prep.common import TensorImages
+from data_prep.splits import TensorImages
 from data_prep.transforms import augment_and_normalise, normalise
 from experiments.engine.batches import InMemoryBatches, order_seed
 from experiments.spec.profiles import PAPER

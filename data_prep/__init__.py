@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from data_prep import cifar100, imagenet, plantnet, synthetic
-from data_prep.common import MissingDataError, Splits
+from data_prep.common import MissingDataError
+from data_prep.splits import Splits
 
 __all__ = ["load", "check_options", "REAL", "SYNTHETIC", "DATASETS", "Splits", "MissingDataError"]
 

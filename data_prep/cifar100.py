@@ -20,7 +20,9 @@ import numpy as np
 import numpy._core.multiarray as np_multiarray
 import torch
 
-from data_prep.common import MissingDataError, Splits, TensorImages, check_count, class_counts, md5sum, require_file
+from data_prep.common import MissingDataError, check_count, md5sum, require_file
+from data_prep.label_noise import label_noise_within_groups
+from data_prep.splits import Splits, TensorImages, class_counts
 from data_prep.transforms import augment_and_normalise, normalise
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
@@ -92,22 +94,6 @@ def _read(folder: Path, part: str, expected: int | None, root: Path, expected_md
     return images, fine, coarse
 
 
-def superclass_label_noise(fine: torch.Tensor, coarse: torch.Tensor, p: float, seed: int) -> torch.Tensor:
-    """Fine labels where each one, with probability ``p``, is redrawn uniformly among the fine classes of its superclass."""
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"the label-noise probability should be in [0, 1], got {p}")
-    n_coarse = int(coarse.max()) + 1
-    members = [torch.unique(fine[coarse == c]) for c in range(n_coarse)]  # the fine classes of each superclass
-    generator = torch.Generator().manual_seed(seed)
-    redraw = torch.rand(len(fine), generator=generator) < p
-    choice = torch.rand(len(fine), generator=generator)
-    noisy = fine.clone()
-    for c, classes in enumerate(members):
-        rows = redraw & (coarse == c)
-        noisy[rows] = classes[(choice[rows] * len(classes)).long().clamp_max(len(classes) - 1)]
-    return noisy
-
-
 def load(root: Path, noise: float = 0.0, noise_seed: int = 0, noise_groups: str = "superclass", augment: bool = True,
          expected_sizes: dict | None = SIZES, expected_md5: dict | None = FILE_MD5) -> Splits:
     """The prepared CIFAR-100 under ``root``: 45,000 train (noisy when ``noise > 0``, redrawn within the
@@ -126,7 +112,7 @@ def load(root: Path, noise: float = 0.0, noise_seed: int = 0, noise_groups: str 
     order = torch.randperm(len(fine), generator=torch.Generator().manual_seed(SPLIT_SEED))
     train_rows, val_rows = order[val_size:], order[:val_size]
     groups = NOISE_GROUPS[noise_groups](fine[train_rows], coarse[train_rows])
-    train_labels = superclass_label_noise(fine[train_rows], groups, noise, noise_seed)
+    train_labels = label_noise_within_groups(fine[train_rows], groups, noise, noise_seed)
     flip_rate = (train_labels != fine[train_rows]).float().mean().item()
     num_classes = int(fine.max()) + 1
     train_transform = augment_and_normalise(32) if augment else normalise()

@@ -1,17 +1,23 @@
-"""What every dataset module shares: the splits container, two dataset classes, and the checks that turn
-a missing or damaged download into a message saying which file and where to get it."""
+"""What the real datasets' modules share: images read from files, and the checks that turn a missing or damaged
+download into a message saying which file and where to get it."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+# Training code (data_prep/splits.py), imported from here too by the engine, whose files' bytes fingerprint its
+# timings (experiments.analysis.timings.engine_code).
+from data_prep.splits import TensorImages
+
+__all__ = ["IMAGE_EXTENSIONS", "MissingDataError", "ImageFiles", "TensorImages", "require_file", "image_files", "md5sum",
+           "check_count"]
 
 
 #: The suffixes of the image files the folder datasets list (any case): other files in a class folder are skipped.
@@ -20,41 +26,6 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
 class MissingDataError(FileNotFoundError):
     """A dataset file is missing or damaged; the message names it, where to get it and the command to run."""
-
-
-@dataclass
-class Splits:
-    """A dataset ready for training: train/val/test datasets and what the metrics need about the classes."""
-
-    name: str
-    train: Dataset
-    val: Dataset
-    test: Dataset
-    num_classes: int
-    class_counts: torch.Tensor  #: training images per class, for margins and few/medium/many-shot groups
-    synthetic: bool  #: True for a synthetic stand-in, False for the real data
-    description: str  #: one line for figures and reports: which data, which size
-    #: dataset-specific facts, e.g. the realised label-flip rate and, under label noise, the true training labels
-    #: (``clean_train_labels``)
-    info: dict = field(default_factory=dict)
-
-
-class TensorImages(Dataset):
-    """Images held in memory as a uint8 tensor [N, C, H, W] with int64 labels; ``transform`` maps a uint8 image
-    to the float tensor the model sees."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Callable[[torch.Tensor], torch.Tensor]):
-        if images.dtype != torch.uint8 or images.dim() != 4:
-            raise ValueError(f"images should be uint8 [N, C, H, W], got {images.dtype} {tuple(images.shape)}")
-        if labels.shape != (images.shape[0],):
-            raise ValueError(f"labels should have shape ({images.shape[0]},), got {tuple(labels.shape)}")
-        self.images, self.labels, self.transform = images, labels.long(), transform
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int):
-        return self.transform(self.images[index]), self.labels[index]
 
 
 class ImageFiles(Dataset):
@@ -123,7 +94,3 @@ def check_count(what: str, found: int, expected: int | None, command: str) -> No
     if expected is not None and found != expected:
         raise MissingDataError(f"{what}: found {found}, the published dataset has {expected}; "
                                f"the download is incomplete or not the right one.\n  run: {command}")
-
-
-def class_counts(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    return torch.bincount(labels, minlength=num_classes)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from data_prep.common import (MissingDataError, ImageFiles, Splits, check_count, class_counts, image_files,
-                              require_file)
+from data_prep.common import MissingDataError, ImageFiles, check_count, image_files, require_file
+from data_prep.splits import Splits, class_counts
 from data_prep.transforms import IMAGENET_MEAN, IMAGENET_STD, imagenet_eval, imagenet_train
 
 IMAGENET_SOURCE = "https://image-net.org/download (ILSVRC2012 train and val, val sorted into class folders)"

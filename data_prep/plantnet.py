@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from data_prep.common import (MissingDataError, ImageFiles, Splits, check_count, class_counts, image_files,
-                              require_file)
+from data_prep.common import MissingDataError, ImageFiles, check_count, image_files, require_file
+from data_prep.splits import Splits, class_counts
 from data_prep.transforms import IMAGENET_MEAN, IMAGENET_STD, imagenet_eval
 
 SOURCE = "https://zenodo.org/records/5645731 (plantnet_300K.zip, extract it)"

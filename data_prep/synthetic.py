@@ -40,8 +40,8 @@ from collections.abc import Callable
 
 import torch
 
-from data_prep.cifar100 import superclass_label_noise
-from data_prep.common import Splits, TensorImages, class_counts
+from data_prep.label_noise import label_noise_within_groups
+from data_prep.splits import Splits, TensorImages, class_counts
 from data_prep.transforms import augment_and_normalise, normalise
 from topk.metrics import SHOT_GROUP_BOUNDS
 
@@ -252,7 +252,7 @@ def cifar100_like(per_class_train: int = 450, per_class_val: int = 50, per_class
                           difficulty_of(CIFAR_DIFFICULTY, difficulty), augment)
     if noise > 0:
         clean = splits.train.labels
-        noisy = superclass_label_noise(clean, superclass[clean], noise, noise_seed)
+        noisy = label_noise_within_groups(clean, superclass[clean], noise, noise_seed)
         splits.train.labels = noisy
         splits.class_counts = class_counts(noisy, n_classes)
         flip_rate = (noisy != clean).float().mean().item()

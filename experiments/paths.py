@@ -13,14 +13,15 @@ BENCHMARK_RESULTS = PROJECT_ROOT / "benchmarks" / "results"  #: CSVs of the benc
 #: stale (experiments.analysis.timings).
 ENGINE_EPOCH_CODE = ("experiments/engine/train.py", "experiments/engine/batches.py", "experiments/engine/models.py",
                      "data_prep/transforms.py")
-#: What a training's numbers come from, as git pathspecs: the engine's epoch, the run's config, runs stacked into one
-#: model, the stand-ins' images and the library's losses (not its tests). A calibration or a committed run of a
-#: profile made with other contents of these is stale (experiments.provenance.changed_since).
 #: The library, as git pathspecs: a benchmark of its losses or kernels made with other contents of these is stale
 #: (experiments.publishing.result_rows.library_staleness).
 LIBRARY_CODE = ("topk", ":(exclude)topk/tests")
+#: What a training's numbers come from, as git pathspecs: the engine's epoch, the run's config, runs stacked into one
+#: model, the stand-ins' images, the splits and label noise a training reads, and the library's losses (not its
+#: tests). A calibration or a committed run of a profile made with other contents of these is stale
+#: (experiments.provenance.changed_since). The real datasets' readers are not here: no committed result read them.
 TRAINING_CODE = (*ENGINE_EPOCH_CODE, "experiments/engine/config.py", "experiments/engine/stacked.py",
-                 "data_prep/synthetic.py", *LIBRARY_CODE)
+                 "data_prep/synthetic.py", "data_prep/splits.py", "data_prep/label_noise.py", *LIBRARY_CODE)
 
 # Tables of ``figures/<profile>/`` (name without suffix) that docs/stand-ins.md quotes, and the notebook writing each.
 LABEL_NOISE_FIT = "table7_label_noise_fit"  #: the label noise each selected model fitted (table4_table7_label_noise)

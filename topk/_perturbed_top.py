@@ -43,11 +43,13 @@ def perturbed_top(scores: Tensor, noise: Tensor, k: int, epsilon: float, sum_top
 
     ``scores``: ``(..., L)``; ``noise``: ``(B, ..., L)`` in the scores' dtype. Returns the value, shape ``(...)``
     (minus ``s_y`` with ``labels``), and the selected positions, int64 of shape ``(B, ..., r)`` with ``r = k``
-    (``sum_top``) or 1. A row holding a NaN gets a NaN value (``torch.topk`` ranks NaN first).
+    (``sum_top``) or 1. A row holding a NaN gets a NaN value (``torch.topk`` ranks NaN first). Half-precision scores
+    are perturbed in float32, as both kernels perturb them, so that the three paths are one estimator.
     """
     accumulate = torch.promote_types(scores.dtype, torch.float32)
     # s + eps z rounded twice (product, then sum), as the fused kernel rounds it
-    value, positions = _mean_top((noise * epsilon).add_(scores), k, sum_top, accumulate)
+    scaled = noise * epsilon if noise.dtype == accumulate else noise.to(accumulate).mul_(epsilon)  # one temporary
+    value, positions = _mean_top(scaled.add_(scores), k, sum_top, accumulate)
     return _minus_true_scores(value, scores, labels), positions
 
 
@@ -76,7 +78,7 @@ def fused_perturbed_top(scores: Tensor, seed: Optional[Tensor], noise: Optional[
     rows = scores.reshape(-1, scores.shape[-1])  # [..., L] -> [rows, L]
     if noise is not None:
         noise = noise.reshape(n_samples, *rows.shape)  # [B, ..., L] -> [B, rows, L]
-    values, positions = fused.perturbed_kth_largest(rows, k, epsilon, n_samples, seed=seed, noise=noise)
+    values, positions = fused.launch_kth_largest(rows, k, epsilon, n_samples, seed, noise, None, True)
     value = (values.sum(0) / n_samples).reshape(scores.shape[:-1])  # [B, rows] -> [...]
     return _minus_true_scores(value, scores, labels), positions.reshape(n_samples, *scores.shape[:-1], 1)
 

@@ -90,6 +90,13 @@ def _unwrapped(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def check_bool(value: object, name: str) -> bool:
+    """``True`` or ``False`` itself: a string such as ``"False"`` is truthy, so it is refused rather than read."""
+    if not isinstance(value, bool):
+        raise TypeError(f"'{name}' should be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
 def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"'{name}' should be one of {choices}, got {value!r}")
@@ -166,6 +173,7 @@ HYPERPARAMETERS = {
     "margins": check_margin_values,
     "reduction": lambda value: check_choice(value, "reduction", REDUCTIONS),
     "backend": lambda value: check_choice(value, "backend", BACKENDS),
+    "hard_switch": lambda value: check_bool(value, "hard_switch"),
 }
 
 
@@ -196,27 +204,32 @@ def choose_backend(backend: object, s: torch.Tensor, rank: int, epsilon: float,
     selected perturbed score (``k`` of the operator, ``k + 1`` of the noised hinge), or the ``k + 1`` coefficients of
     the smoothed hinge (``epsilon``: its ``tau``).
 
-    ``"auto"`` means Triton for CUDA scores with ``epsilon > 0`` and ``rank <= topk.fused.MAX_K`` when it is
-    installed, outside the sizes ``torch_faster`` where PyTorch was measured faster, and PyTorch otherwise.
-    ``"triton"`` is refused, with the reason, where the kernel cannot run: without the package, on CPU scores (unless
-    ``TRITON_INTERPRET=1`` runs it in Triton's interpreter), or above ``MAX_K``.
+    ``s``: the scores as the kernel reads them. ``"auto"`` means Triton for CUDA scores with ``epsilon > 0`` and
+    ``rank <= topk.fused.MAX_K`` when it is installed, outside the sizes ``torch_faster`` where PyTorch was measured
+    faster, and PyTorch otherwise. ``"triton"`` is refused, with the reason, where the kernel cannot run: without the
+    package, on CPU scores (unless ``TRITON_INTERPRET=1`` runs it in Triton's interpreter, bfloat16 excepted), or
+    above ``MAX_K``.
     """
-    from topk import fused  # at first use: it imports torch._dynamo, hence Triton, which `import topk` must not
+    from topk import _triton_support as triton  # at first use: it imports torch._dynamo, which `import topk` must not
 
     check_hyperparameter("backend", backend)
     if backend == "auto":
-        kernel = s.is_cuda and epsilon > 0 and rank <= fused.MAX_K and not _in_corner(s, rank, torch_faster)
-        return "triton" if kernel and fused.available() else "torch"
+        kernel = s.is_cuda and epsilon > 0 and rank <= triton.MAX_K and not _in_corner(s, rank, torch_faster)
+        return "triton" if kernel and triton.available() else "torch"
     if backend == "torch":
         return backend
-    if not fused.available():
+    if not triton.available():
         raise ValueError("backend='triton' needs the triton package (pip install triton), which is not installed")
     if not s.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"backend='triton' needs CUDA scores, got scores on {s.device} "
                          "(set TRITON_INTERPRET=1 to run the kernel in Triton's interpreter)")
-    if not s.is_cuda and (problem := fused.interpreter_problem()):
+    if not s.is_cuda and (problem := triton.interpreter_problem()):
         raise RuntimeError(problem)
-    if rank > fused.MAX_K:
-        raise ValueError(f"backend='triton' handles at most rank {fused.MAX_K}, got rank {rank} "
+    if not s.is_cuda and s.dtype == torch.bfloat16:
+        raise TypeError("backend='triton' cannot take bfloat16 scores in Triton's interpreter, which computes on "
+                        "bfloat16's raw bits (wrong gradients, no error: triton-lang/triton#4972): give float16 or "
+                        "float32 scores, or run on CUDA")
+    if rank > triton.MAX_K:
+        raise ValueError(f"backend='triton' handles at most rank {triton.MAX_K}, got rank {rank} "
                          "(k + 1 for the hinge losses)")
     return backend

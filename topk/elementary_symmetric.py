@@ -13,6 +13,7 @@ import torch
 
 from topk import _ops
 from topk._esp_tree import BACKWARDS, absent_log, log_elementary_symmetric, log_pair
+from topk._validation import check_choice, check_int, check_scores, choose_backend
 
 __all__ = ["log_elementary_symmetric", "log_elementary_symmetric_pair", "absent_log", "BACKWARDS"]
 
@@ -28,7 +29,12 @@ def log_elementary_symmetric_pair(x: torch.Tensor, k: int, *, backend: str = "to
     >>> log_elementary_symmetric_pair(torch.zeros(4), 2).exp()  # C(4, 1), C(4, 2)
     tensor([4., 6.])
     """
-    if backend == "triton":
+    x = check_scores(x, "x")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"'x' should be float32 or float64, got dtype {x.dtype}")
+    k = check_int(k, "k", 1, x.shape[-1], " (n, the length of the last dimension)")
+    if check_choice(backend, "backend", ("torch", "triton")) == "triton":
+        choose_backend(backend, x, k + 1, 1.0)  # refuses a device the kernel cannot run on, or k + 1 above MAX_K
         rows = x.reshape(-1, x.shape[-1])  # [..., n] -> [rows, n]
         return _ops.call(_ops.log_esp_pair, rows, k)[0].reshape(*x.shape[:-1], 2)
     return log_pair(x, k)

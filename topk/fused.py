@@ -27,19 +27,18 @@ call), as their tests do without a GPU.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
 from dataclasses import dataclass
 
 import torch
 
 from topk._bounded_noise import PRUNE_SLACK, Z_MAX
+from topk._triton_support import MAX_K, available
+from topk._validation import check_bool, check_int, check_noise, check_real, check_scores, choose_backend
 
 __all__ = ["available", "perturbed_kth_largest", "kth_gradient", "MAX_K", "Z_MAX"]
 
 
-#: The largest K handled by the kernel; the buffer of the K largest values lives in registers.
-MAX_K = 128
 #: Perturbed values in one tile of one program (samples x classes, four quarters of classes), a power of two, and
 #: the warps of a program: 16 values per thread, which fit in MAX_REGISTERS registers without spilling
 #: (``python -m benchmarks.kernel_resources`` checks the compiled kernels).
@@ -53,32 +52,6 @@ MAX_BLOCK_SAMPLES = 8
 BUFFER_ELEMENTS = 512
 #: Chunks are not made shorter than this many classes: below it the merge would cost more than it saves.
 MIN_CHUNK = 2048
-
-
-#: Whether Triton is installed, found without importing it (a module constant: Dynamo reads it when it traces a loss,
-#: where it would warn about a cached function on every compile).
-_INSTALLED = importlib.util.find_spec("triton") is not None
-
-
-def available() -> bool:
-    """Whether Triton is installed (it ships with the Linux x86-64 wheels of PyTorch)."""
-    return _INSTALLED
-
-
-@torch.compiler.assume_constant_result  # called, not traced, when Dynamo meets it
-def interpreter_problem() -> str | None:
-    """Why Triton's interpreter cannot run the kernels here, or None. Triton 3.6's interpreter hands a kernel's scalar
-    arguments over as one-element arrays and converts them back with ``int()``, which NumPy 2.4 refuses (``TypeError:
-    only 0-dimensional arrays can be converted to Python scalars``); Triton 3.8's does not."""
-    import numpy
-    import triton
-
-    version = lambda text: tuple(int(part) for part in text.split(".")[:2])  # noqa: E731
-    if version(triton.__version__) <= (3, 6) and version(numpy.__version__) >= (2, 4):
-        return (f"Triton {triton.__version__}'s interpreter cannot run the kernels with NumPy {numpy.__version__} "
-                "(it converts one-element arrays to scalars, which NumPy 2.4 refuses): install numpy<2.4, or a newer "
-                "Triton")
-    return None
 
 
 @functools.cache
@@ -157,13 +130,15 @@ def perturbed_kth_largest(
     """The ``k``-th largest of ``s + epsilon Z_b`` and its position, for each row of ``s`` and each sample ``b``.
 
     Args:
-        s: scores of shape ``(rows, L)`` with a unit stride on the class dimension.
+        s: scores of shape ``(rows, L)``, on CUDA (or on a CPU under ``TRITON_INTERPRET=1``, any floating dtype but
+            bfloat16 there: the interpreter computes bfloat16 on its raw bits).
         k: ``1 <= k <= min(L, MAX_K)``.
-        epsilon: the noise scale, ``> 0``.
+        epsilon: the noise scale, ``>= 0`` (0: the hard K-th largest).
         n_samples: ``B >= 1``.
         seed: a one-element int64 tensor on ``s``'s device, the Philox seed of the in-kernel noise.
-        noise: instead of ``seed``, the standard normal draws themselves, shape ``(n_samples, rows, L)``.
-        n_chunks: how many programs share one row (default: from :func:`launch_plan`).
+        noise: instead of ``seed``, the standard normal draws themselves, shape ``(n_samples, rows, L)``, in ``s``'s
+            dtype.
+        n_chunks: how many programs share one row, ``>= 1`` (default: from :func:`launch_plan`).
         prune: skip the tiles that cannot reach the top (exact; in-kernel noise only, see the module's docstring).
 
     Returns:
@@ -172,9 +147,37 @@ def perturbed_kth_largest(
     """
     if (seed is None) == (noise is None):
         raise ValueError("give exactly one of 'seed' (in-kernel noise) and 'noise' (explicit draws)")
+    s = check_scores(s)
+    if s.dim() != 2:
+        raise ValueError(f"'s' should have shape (rows, L), got shape {tuple(s.shape)}")
+    k = check_int(k, "k", 1, min(s.shape[-1], MAX_K), " for the fused kernel")
+    epsilon = check_real(epsilon, "epsilon", low=0.0)
+    n_samples = check_int(n_samples, "n_samples", 1)
+    if seed is not None:
+        _check_seed(seed, s)
+    else:
+        check_noise(noise, n_samples, s)
+    if n_chunks is not None:
+        n_chunks = check_int(n_chunks, "n_chunks", 1)
+    check_bool(prune, "prune")
+    choose_backend("triton", s, k, epsilon)  # refuses a device, dtype or interpreter the kernel cannot run on
+    return launch_kth_largest(s, k, epsilon, n_samples, seed, noise, n_chunks, prune)
+
+
+def _check_seed(seed: object, s: torch.Tensor) -> None:
+    if not isinstance(seed, torch.Tensor) or seed.dtype != torch.int64 or seed.numel() != 1:
+        got = f"dtype {seed.dtype}, {seed.numel()} elements" if isinstance(seed, torch.Tensor) else type(seed).__name__
+        raise TypeError(f"'seed' should be a one-element int64 tensor, got {got}")
+    if seed.device != s.device:
+        raise ValueError(f"'seed' is on {seed.device} but the scores are on {s.device}")
+
+
+def launch_kth_largest(s: torch.Tensor, k: int, epsilon: float, n_samples: int, seed: torch.Tensor | None,
+                       noise: torch.Tensor | None, n_chunks: int | None,
+                       prune: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`perturbed_kth_largest` on arguments already checked, checking none (the operators' computation calls it:
+    the losses check their arguments once, at the public call)."""
     n_rows, n_classes = s.shape
-    if not 1 <= k <= min(n_classes, MAX_K):
-        raise ValueError(f"'k' should be in [1, {min(n_classes, MAX_K)}] for the fused kernel, got {k}")
     if s.stride(-1) != 1:
         s = s.contiguous()
     accumulate = torch.float64 if s.dtype == torch.float64 else torch.float32

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import DataLoader, DistributedSampler
 
-from data_prep.common import ImageFiles, TensorImages
+from data_prep.common import ImageFiles
+from data_prep.splits import TensorImages
 from data_prep.transforms import augment_and_normalise, imagenet_train, normalise
 from experiments.engine.batches import FileBatches, InMemoryBatches, batches, epoch_order
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from data_prep.common import MissingDataError, TensorImages
+from data_prep.common import MissingDataError
+from data_prep.splits import TensorImages
 from data_prep.transforms import augment_and_normalise
 from experiments.__main__ import main as experiments_main
 from experiments.engine import config as config_module

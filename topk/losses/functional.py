@@ -193,8 +193,9 @@ def smooth_hinge(
     k = check_int(k, "k", 1, s.shape[-1] - 1, " (k + 1 must not exceed the number of classes)")
     tau = check_hyperparameter("tau", tau)
     alpha = check_hyperparameter("alpha", alpha)
-    backend = choose_backend(backend, s, k + 1, tau)
+    hard_switch = check_hyperparameter("hard_switch", hard_switch)
     scores = s.to(torch.promote_types(s.dtype, torch.float32))
+    backend = choose_backend(backend, scores, k + 1, tau)
     if k > 1 and backend == "triton":  # the whole loss of each row in three launches, its gradient in one more
         rows = scores.reshape(-1, scores.shape[-1])  # [..., L] -> [rows, L]
         loss = _ops.call(_ops.smooth_hinge_rows, rows, y.reshape(-1), k, tau, alpha)[0].reshape(scores.shape[:-1])

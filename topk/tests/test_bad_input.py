@@ -5,6 +5,7 @@ import torch
 
 import topk
 from topk import losses
+from topk.elementary_symmetric import log_elementary_symmetric_pair
 
 s = torch.randn(4, 6)
 y = torch.tensor([0, 1, 2, 5])
@@ -52,6 +53,15 @@ CASES = [
     (lambda: losses.smooth_hinge(s, torch.tensor([0, 1, 2, 7]), 2, 1.0), ValueError,
      r"'y' should hold class indices in \[0, 5\], got 7"),
     (lambda: losses.SmoothHinge(k=2, tau=-1.0), ValueError, "'tau' should be > 0.0, got -1.0"),
+    (lambda: losses.smooth_hinge(s, y, 2, 1.0, hard_switch="False"), TypeError,
+     "'hard_switch' should be True or False, got 'False'"),
+    (lambda: losses.SmoothHinge(k=2, tau=1.0, hard_switch=0), TypeError, "'hard_switch' should be True or False, got 0"),
+    (lambda: log_elementary_symmetric_pair(s, 0), ValueError, r"'k' should be in \[1, 6\].*got 0"),
+    (lambda: log_elementary_symmetric_pair(s, 7), ValueError, r"'k' should be in \[1, 6\].*got 7"),
+    (lambda: log_elementary_symmetric_pair(s, 2, backend="cuda"), ValueError,
+     r"'backend' should be one of \('torch', 'triton'\), got 'cuda'"),
+    (lambda: log_elementary_symmetric_pair(torch.arange(6), 2), TypeError, "'x' should be a floating-point tensor"),
+    (lambda: log_elementary_symmetric_pair(s.half(), 2), TypeError, "'x' should be float32 or float64"),
     (lambda: losses.NoisedHinge(k=0, epsilon=0.1, n_samples=3), ValueError, "'k' should be >= 1, got 0"),
     (lambda: losses.NoisedHinge(k=5, epsilon=-1, n_samples=3), ValueError, "'epsilon' should be >= 0.0"),
     # margins and counts that make no sense where they are made or given

@@ -7,6 +7,7 @@ the same Philox generator); with one, on CUDA.
 
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import topk
-from topk import _perturbed_top, fused, losses
+from topk import _perturbed_top, _triton_support, fused, losses
 from topk._validation import NOISED_TORCH_FASTER, choose_backend
 from topk.tests.optional import require
 from topk.tests.reference import kth_largest_cdf
@@ -139,6 +140,8 @@ def test_fused_operator_gradient_rows_sum_to_one(kernel_device):
 def test_fused_loss_in_low_precision_agrees_with_float64(kernel_device, dtype):
     """Half precision scores: the kernel perturbs and selects in float32, so it stays within the scores' rounding
     of the float64 loss computed from the same (rounded) scores and noise."""
+    if dtype == torch.bfloat16 and kernel_device.type == "cpu":
+        pytest.skip("refused under Triton's interpreter: test_bfloat16_is_refused_by_the_interpreter")
     generator = torch.Generator().manual_seed(4)
     s = torch.randn(32, 60, generator=generator).to(dtype)
     noise = torch.randn(4, 32, 60, generator=generator).to(dtype)
@@ -149,6 +152,39 @@ def test_fused_loss_in_low_precision_agrees_with_float64(kernel_device, dtype):
     assert fast.dtype == dtype
     tolerance = 4 * torch.finfo(dtype).eps * (exact.abs() + 1)
     assert bool(((fast.double().cpu() - exact).abs() <= tolerance).all())
+
+
+def test_half_precision_is_perturbed_in_float32_on_both_paths_alike(kernel_device):
+    """The PyTorch path perturbs float16 scores in float32 as the kernel does: one estimator, the same loss and
+    gradient bit for bit on the same draws (bfloat16 is refused by the interpreter, so float16 here). Scores near 100,
+    where float16's spacing (1/16) is wider than the noise: perturbed in float16 they would tie and round."""
+    generator = torch.Generator().manual_seed(7)
+    s = (100 + 0.03 * torch.randn(16, 80, generator=generator)).half().to(kernel_device)
+    noise = torch.randn(5, 16, 80, generator=generator).half().to(kernel_device)
+    y = torch.randint(0, 80, (16,), generator=generator).to(kernel_device)
+    results = []
+    for backend in ("torch", "triton"):
+        scores = s.clone().requires_grad_()
+        loss = losses.noised_hinge(scores, y, 3, 0.05, 5, noise=noise, backend=backend, reduction="sum")
+        loss.backward()
+        results.append((loss, scores.grad))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_bfloat16_is_refused_by_the_interpreter(kernel_device, monkeypatch):
+    """Triton's interpreter computes bfloat16 on its raw bits, so its gradients would come back wrong: refused."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if _triton_support.interpreter_problem():
+        pytest.skip(_triton_support.interpreter_problem())
+    s, y = torch.randn(4, 10).bfloat16(), torch.zeros(4, dtype=torch.long)
+    for call in (lambda: losses.noised_hinge(s, y, 2, 0.5, 3, backend="triton"),
+                 lambda: topk.smooth_top_k(s, 2, 0.5, 3, backend="triton"),
+                 lambda: fused.perturbed_kth_largest(s, 2, 0.5, 3, seed=torch.zeros(1, dtype=torch.long))):
+        with pytest.raises(TypeError, match="cannot take bfloat16 scores in Triton's interpreter"):
+            call()
+    if kernel_device.type == "cpu":  # where the kernels are already compiled for CUDA, the interpreter cannot launch
+        # the smoothed hinge hands its kernel float32 scores, which the interpreter computes right
+        assert losses.smooth_hinge(s, y, 2, 0.5, backend="triton").dtype == torch.bfloat16
 
 
 def test_fused_loss_with_epsilon_zero_is_the_calibrated_hinge(kernel_device):
@@ -310,16 +346,43 @@ def test_auto_backend_keeps_pytorch_where_it_was_measured_faster(kernel_device):
     (lambda s, y: losses.noised_hinge(s, y, fused.MAX_K, 0.5, 3, backend="triton"), "handles at most rank 128, got rank 129"),
     (lambda s, y: topk.smooth_top_k(s, 2, 0.5, 3, backend="gpu"), "'backend' should be one of"),
     (lambda s, y: fused.perturbed_kth_largest(s, 2, 0.5, 3), "exactly one of 'seed'"),
-    (lambda s, y: fused.perturbed_kth_largest(s, 300, 0.5, 3, seed=torch.zeros(1, dtype=torch.long, device=s.device)),
-     "'k' should be"),
+    (lambda s, y: fused.perturbed_kth_largest(s, 300, 0.5, 3, seed=_seed(s)), "'k' should be"),
+    (lambda s, y: fused.perturbed_kth_largest(s[None], 2, 0.5, 3, seed=_seed(s)), r"shape (rows, L), got shape (1, 4, 200)"),
+    (lambda s, y: fused.perturbed_kth_largest(s, 2, -0.5, 3, seed=_seed(s)), "'epsilon' should be >= 0.0, got -0.5"),
+    (lambda s, y: fused.perturbed_kth_largest(s, 2, float("nan"), 3, seed=_seed(s)), "'epsilon' should be finite"),
+    (lambda s, y: fused.perturbed_kth_largest(s, 2, 0.5, 0, seed=_seed(s)), "'n_samples' should be >= 1, got 0"),
+    (lambda s, y: fused.perturbed_kth_largest(s, 2, 0.5, 3, noise=torch.randn(2, 4, 200, device=s.device)),
+     r"'noise' should have shape (n_samples, *s.shape) = (3, 4, 200), got (2, 4, 200)"),
+    (lambda s, y: fused.perturbed_kth_largest(s, 2, 0.5, 3, noise=torch.randn(4, 200, 3, device=s.device)),
+     r"= (3, 4, 200), got (4, 200, 3)"),  # pytopk's layout (rows, L, B)
+    (lambda s, y: fused.perturbed_kth_largest(s, 2, 0.5, 3, seed=_seed(s), n_chunks=0), "'n_chunks' should be >= 1"),
 ])
 def test_bad_fused_arguments_are_refused(kernel_device, call, message):
     """On the device the kernel runs on (CUDA, or the CPU under the interpreter), so that each case reaches its own
     check rather than the device check."""
     s = torch.randn(4, 200, device=kernel_device)
     y = torch.randint(0, 200, (4,), device=kernel_device)
-    with pytest.raises(ValueError, match=message.replace("+", r"\+")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         call(s, y)
+
+
+def _seed(s: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.long, device=s.device)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda s: fused.perturbed_kth_largest(s.long(), 2, 0.5, 3, seed=_seed(s)), "'s' should be a floating-point"),
+    (lambda s: fused.perturbed_kth_largest(s, 2, 0.5, 3, seed=_seed(s).int()), "'seed' should be a one-element int64"),
+    (lambda s: fused.perturbed_kth_largest(s, 2, 0.5, 3, seed=7), "'seed' should be a one-element int64 tensor, got int"),
+    (lambda s: fused.perturbed_kth_largest(s, 2, 0.5, 3, seed=_seed(s), prune="no"), "'prune' should be True or False"),
+    (lambda s: fused.perturbed_kth_largest(s, 2.0, 0.5, 3, seed=_seed(s)), "'k' should be an integer, got 2.0"),
+    (lambda s: fused.perturbed_kth_largest(s, 2, 0.5, 3, noise=torch.randn(3, 4, 200, dtype=torch.float64,
+                                                                           device=s.device)),
+     "'noise' should have the scores' dtype torch.float32, got torch.float64"),
+])
+def test_fused_arguments_of_the_wrong_kind_are_refused(kernel_device, call, message):
+    with pytest.raises(TypeError, match=message):
+        call(torch.randn(4, 200, device=kernel_device))
 
 
 def test_triton_backend_on_cpu_without_the_interpreter_is_refused(monkeypatch):
@@ -346,7 +409,7 @@ def test_the_interpreter_is_refused_with_the_numpy_it_cannot_run_with(monkeypatc
                                                ".*numpy<2.4"):
             losses.noised_hinge(s, y, 2, 0.5, 3, backend="triton")
     else:
-        assert fused.interpreter_problem() is None
+        assert _triton_support.interpreter_problem() is None
 
 
 @pytest.mark.slow

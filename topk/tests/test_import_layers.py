@@ -26,6 +26,7 @@ FLOORS = {
     "topk._esp_kernel": DEVICE,
     "topk._cpu_kernel": DEVICE,
     "topk._bounded_noise": DEVICE,
+    "topk._triton_support": DEVICE,  # what the kernels need of the machine: Triton, its interpreter, the largest K
     # the kernels' launchers, and the computations in PyTorch operations the operators run or differentiate
     "topk.fused": LAUNCHERS,
     "topk._esp_launch": LAUNCHERS,
@@ -33,12 +34,13 @@ FLOORS = {
     "topk._labels": LAUNCHERS,
     "topk._perturbed_top": LAUNCHERS,
     "topk._smooth_hinge_tree": LAUNCHERS,
+    # the argument checks, shared by the public functions and the fused kernel's public launcher
+    "topk._validation": LAUNCHERS,
     # the custom operators: fake implementations, autograd, batching rules, eager calls
     "topk._batching": REGISTRATION,
     "topk._ops": REGISTRATION,
-    # what users import, and the argument checks of the public functions
+    # what users import
     "topk": PUBLIC,
-    "topk._validation": PUBLIC,
     "topk.operators": PUBLIC,
     "topk.elementary_symmetric": PUBLIC,
     "topk.layers": PUBLIC,
@@ -51,9 +53,9 @@ FLOORS = {
 
 #: The modules a function may import on first use rather than at the top: those that import Triton, an optional
 #: dependency that reads ``TRITON_INTERPRET`` when it is imported, so that ``import topk`` must not import it: the
-#: kernels' sources, and :mod:`topk.fused` (its ``torch.compiler.assume_constant_result`` imports ``torch._dynamo``,
-#: which imports Triton).
-LAZY = {"topk._fused_kernel", "topk._esp_kernel", "topk.fused"}
+#: kernels' sources, :mod:`topk._triton_support` (its ``torch.compiler.assume_constant_result`` imports
+#: ``torch._dynamo``, which imports Triton) and :mod:`topk.fused`, which imports it.
+LAZY = {"topk._fused_kernel", "topk._esp_kernel", "topk._triton_support", "topk.fused"}
 
 
 def import_graph() -> dict[str, list[tuple[str, bool]]]:
@@ -111,6 +113,9 @@ def test_a_function_imports_only_what_imports_triton():
 
 @pytest.mark.parametrize("module", sorted(LAZY))
 def test_what_imports_triton_is_imported_only_inside_functions(module):
-    """So that ``import topk`` works without Triton and leaves ``TRITON_INTERPRET`` to be read at first use."""
-    at_top = [name for name, imports in import_graph().items() if (module, False) in imports]
+    """So that ``import topk`` works without Triton and leaves ``TRITON_INTERPRET`` to be read at first use. One
+    exception: :mod:`topk.fused`, itself imported only inside functions, imports what it re-exports of
+    :mod:`topk._triton_support` at the top."""
+    at_top = [name for name, imports in import_graph().items() if (module, False) in imports
+              and (name, module) != ("topk.fused", "topk._triton_support")]
     assert not at_top, f"{module} imported at the top of {at_top}"
