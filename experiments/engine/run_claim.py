@@ -5,8 +5,11 @@ filesystem) never train one run twice at once.
 restart if any, start time). It is created with ``O_CREAT | O_EXCL``, which is atomic on a local disk and on NFS v3+;
 the holder touches it every :data:`HEARTBEAT` seconds. A claim is stale when its process is gone, seen from the same
 host and PID namespace (a container's pids mean nothing outside it; a pid reused by another process, started at
-another time, is gone too), else when its heartbeat is older than :data:`STALE_AFTER`; a stale claim is moved aside by
-one atomic rename, so of two processes taking it over only one succeeds. The claim is per training (:meth:`experiments.engine.config.RunConfig.training_key`): the
+another time, is gone too), else when its heartbeat is older than :data:`STALE_AFTER`. A stale claim is moved aside by
+one atomic rename, and put back if what was moved is not the claim judged stale (a competitor's new one), so of two
+processes taking it over one wins. A holder whose claim was taken over all the same (paused past :data:`STALE_AFTER`)
+writes nothing more: its store refuses the next checkpoint or record with :class:`ClaimLost`, and it waits for the new
+holder instead. The claim is per training (:meth:`experiments.engine.config.RunConfig.training_key`): the
 siblings that differ only in their selection metric are one training.
 
 A compiled training (``compile_mode``) keeps its compilations in the user's cache folder
@@ -19,17 +22,24 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from experiments.engine.compile_cache import share_compilations
+from experiments.engine.store import ResultsStore
 from experiments.engine.train import run, run_stacked
 from experiments.provenance import git_commit
 
 HEARTBEAT = 30.0  #: seconds between two touches of a held claim
 STALE_AFTER = 300.0  #: a claim from another host whose heartbeat is older than this is taken over
+
+
+class ClaimLost(RuntimeError):
+    """This process's claim on a training now names another holder (or none): another process judged it stale and took
+    the run over, so this one must write nothing more of it."""
 
 
 def claim_path(root: Path, training_key: str) -> Path:
@@ -100,8 +110,8 @@ def is_stale(path: Path, claim: dict, *, stale_after: float = STALE_AFTER) -> bo
         return True
     seen_here = claim.get("host") == socket.gethostname() and claim.get("pid_namespace") == _pid_namespace()
     if seen_here and isinstance(claim.get("pid"), int):  # its process tells, whatever its heartbeat (Ctrl-Z, say)
-        started = claim.get("pid_start")
-        return not _alive(claim["pid"]) or (started is not None and _process_start(claim["pid"]) != started)
+        started, now = claim.get("pid_start"), _process_start(claim["pid"])  # now: None where /proc hides it
+        return not _alive(claim["pid"]) or (started is not None and now is not None and now != started)
     try:
         return time.time() - path.stat().st_mtime > stale_after
     except FileNotFoundError:
@@ -136,16 +146,8 @@ def try_claim(root: Path, training_key: str, *, stale_after: float = STALE_AFTER
         try:
             descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            claim = read_claim(path)
-            if claim is None:
-                continue
-            if not is_stale(path, claim, stale_after=stale_after):
+            if not _move_aside_if_stale(path, stale_after):
                 return False
-            try:  # one rename wins; the loser finds the file gone and tries to create it again
-                path.replace(path.with_name(f".{path.name}.stale.{os.getpid()}"))
-            except FileNotFoundError:
-                continue
-            path.with_name(f".{path.name}.stale.{os.getpid()}").unlink(missing_ok=True)
             continue
         with os.fdopen(descriptor, "w") as handle:
             json.dump(holder(), handle)
@@ -153,12 +155,83 @@ def try_claim(root: Path, training_key: str, *, stale_after: float = STALE_AFTER
     return False
 
 
+def _move_aside_if_stale(path: Path, stale_after: float) -> bool:
+    """Move the claim at ``path`` out of the way if it is stale (True: gone, try to create one), else False (a live
+    holder's). Between the look and the rename a competitor may have moved that stale claim aside and made its own:
+    the file moved is then not the one judged (another inode, time or content), and it is put back."""
+    try:
+        seen = path.stat()
+    except FileNotFoundError:
+        return True
+    claim = read_claim(path)
+    if claim is None:
+        return True
+    if not is_stale(path, claim, stale_after=stale_after):
+        return False
+    aside = path.with_name(f".{path.name}.stale.{os.getpid()}")
+    try:
+        path.replace(aside)
+    except FileNotFoundError:  # a competitor moved it first
+        return True
+    try:
+        moved = aside.stat()
+        judged = (moved.st_ino, moved.st_mtime_ns) == (seen.st_ino, seen.st_mtime_ns) and read_claim(aside) == claim
+        if not judged:
+            try:
+                os.link(aside, path)  # put back; FileExistsError: a third process's claim stands there now
+            except FileExistsError:
+                pass
+        return judged
+    finally:
+        aside.unlink(missing_ok=True)
+
+
+def _is_mine(claim: dict | None) -> bool:
+    """Whether ``claim`` names this very process (host, PID namespace, pid and its start)."""
+    mine = holder()
+    return bool(claim) and all(claim.get(field) == mine[field] for field in ("host", "pid_namespace", "pid", "pid_start"))
+
+
+def _taken_over(claim: dict | None) -> bool:
+    """Whether a claim this process made is no longer its own: gone, or naming another holder (an empty one, read
+    while a shared filesystem failed a moment, is not judged)."""
+    return claim is None or (claim != {} and not _is_mine(claim))
+
+
 def release(root: Path, training_key: str) -> None:
     """Give the claim back, if this process holds it."""
     path = claim_path(root, training_key)
-    claim = read_claim(path)
-    if claim and claim.get("host") == socket.gethostname() and claim.get("pid") == os.getpid():
+    if _is_mine(read_claim(path)):
         path.unlink(missing_ok=True)
+
+
+class ClaimedStore:
+    """``store`` (a :class:`ResultsStore`, every method handed on) that writes a training's checkpoints and records
+    only while this process still holds the claims on ``trainings`` (training keys): else :class:`ClaimLost`, so that
+    a holder taken over writes nothing more."""
+
+    def __init__(self, store: ResultsStore, trainings: list[str]):
+        self.store, self.trainings = store, trainings
+
+    def __getattr__(self, name: str):
+        if name == "store":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.store, name)
+
+    def _check_held(self) -> None:
+        for training in self.trainings:
+            if _taken_over(claim := read_claim(claim_path(self.store.root, training))):
+                raise ClaimLost(f"the claim on training {training} was taken over by "
+                                f"{claim.get('host') if claim else 'no one'} (pid {claim.get('pid') if claim else '-'}): "
+                                "this process stops training it and waits for that holder's record")
+
+    def save_checkpoint(self, key: str, state: dict) -> None:
+        self._check_held()
+        self.store.save_checkpoint(key, state)
+
+    def save_record(self, key: str, record: dict) -> None:
+        self._check_held()
+        self.store.save_record(key, record)
 
 
 @contextmanager
@@ -169,6 +242,8 @@ def held(root: Path, training_key: str, *, heartbeat: float = HEARTBEAT):
 
     def beat() -> None:
         while not stop.wait(heartbeat):
+            if _taken_over(read_claim(path)):  # never keep another's claim fresh
+                return
             try:
                 os.utime(path)
             except FileNotFoundError:
@@ -203,10 +278,13 @@ def train_once(config, store, *, wait: bool = True, poll: float = 2.0, **options
         if try_claim(store.root, key):
             with held(store.root, key):
                 try:
-                    return run(config, store, **options)
+                    return run(config, ClaimedStore(store, [key]), **options)
                 except FloatingPointError as error:
                     store.save_divergence(key, str(error), git_commit())
                     raise
+                except ClaimLost as lost:  # its new holder's record is waited for, as any live holder's
+                    print(f"note: run {config.key()}: {lost}", file=sys.stderr, flush=True)
+            continue
         if not wait:
             return None
         time.sleep(poll)
@@ -232,9 +310,11 @@ def train_stacked_once(configs, store, *, wait: bool = True, poll: float = 2.0, 
                 mine.append(config)
         if mine:
             try:
-                run_stacked(mine, store, **options)
+                run_stacked(mine, ClaimedStore(store, [config.training_key() for config in mine]), **options)
             except FloatingPointError:  # which runs is for each to find alone, below
                 pass
+            except ClaimLost as lost:  # the runs still held here go on alone, below; the others are waited for
+                print(f"note: a stack of {len(mine)} runs: {lost}", file=sys.stderr, flush=True)
     options.pop("stop_after_epochs", None)  # the runs left to others are waited for, not trained a part of
     records, diverged = [], []
     for config in configs:

@@ -40,6 +40,10 @@ class DamagedFileError(ValueError):
     """A store file that reads but is not what its name says: the reason, for :class:`DamagedStoreWarning`."""
 
 
+class UnreadableStoreFile(PermissionError):
+    """A store file this user may not read: whole for all anyone knows, so it is neither set aside nor trained again."""
+
+
 #: The fields of every run record and their JSON types (``label_noise_fit`` only on noisy labels).
 RECORD_FIELDS = {"key": str, "config": dict, "history": list, "selected_epoch": int, "test": dict, "data": dict,
                  "provenance": dict}
@@ -69,7 +73,13 @@ def write_csv(rows: list[dict], fields: list[str], path: Path) -> None:
 
 def _set_aside(path: Path, error: Exception, consequence: str) -> None:
     """``path`` renamed to the first free ``<name>.damaged[.N]`` (an earlier damaged copy is never overwritten), and a
-    :class:`DamagedStoreWarning` saying why and what happens next; nothing where ``path`` is gone meanwhile."""
+    :class:`DamagedStoreWarning` saying why and what happens next; nothing where ``path`` is gone meanwhile. A file
+    refused for its permissions is not damaged: :class:`UnreadableStoreFile` says so and leaves it."""
+    if isinstance(error, PermissionError):
+        raise UnreadableStoreFile(f"{path} cannot be read by this user ({error.strerror}): left as it is. Its writer "
+                                  "made it private (a umask of 077); in a store shared by a group, give it to the group "
+                                  f"(chmod -R g+rwX {path.parent.parent}) and have its writers use umask 002 "
+                                  "(docs/reproducing.md#sharing-a-store)") from None
     damaged = next(candidate for n in itertools.count(1)
                    if not (candidate := path.with_name(path.name + ".damaged" + (f".{n}" if n > 1 else ""))).exists())
     why = _reason(error)

@@ -11,7 +11,8 @@
         --gpus-per-task 1 --time-min 600
     python -m experiments run-one KEY [KEY ...] --profile PROFILE   # planned runs, stacked if several (an array task)
 
-``train`` exits with the number of failed runs (0 when every run finished); each failed run is named with its log.
+``train`` exits with the number of failed runs (0 when every run finished), each named with its log; with 2 when the
+command is refused before training, 1 when Slurm refuses or stops answering, each with its ``error:`` line.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from data_prep.common import MissingDataError
 from experiments.analysis.timings import made_with_todays_engine, sharing_text
 from experiments.engine.config import RunConfig, stack_mismatch
 from experiments.engine.run_claim import live_holder
-from experiments.engine.store import ResultsStore, unusable_store
+from experiments.engine.store import ResultsStore, UnreadableStoreFile, unusable_store
 from experiments.engine.train import COMPILE_MODES
 from experiments.paths import BENCHMARK_RESULTS, BUILD, FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
@@ -79,8 +80,8 @@ def parser() -> argparse.ArgumentParser:
                          "would stack them from this store")
     listing.add_argument("--gpus", type=int, help="also estimate the hours on this many GPUs at each setting "
                          "benchmarks.bench_concurrency measured on CUDA in --rates (today's engine's, else earlier ones)")
-    listing.add_argument("--rates", type=Path, default=BENCHMARK_RESULTS / "concurrency.csv",
-                         help="the measured rates (default: benchmarks/results/concurrency.csv)")
+    listing.add_argument("--rates", type=Path, help="with --gpus: the measured rates (default: "
+                         "benchmarks/results/concurrency.csv)")
     train = commands.add_parser("train", help="train every missing run of a profile through an executor",
                                 description="Train every run of PROFILE that the store does not hold finished (a "
                                 "partial one resumes from its checkpoint), through an executor. Exits with the number "
@@ -117,7 +118,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    try:
+        return _command(parser().parse_args(argv))
+    except UnreadableStoreFile as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _command(args: argparse.Namespace) -> int:
     profile = get_profile(args.profile)
     store = args.store or str(RESULTS / profile.name)
     runs = plan(profile)
@@ -142,10 +150,10 @@ def main(argv: list[str]) -> int:
             print(calibration_line(*calibrations))
         if beyond_search := [setup for setup in fixed_point.unsettled(profile) if setup not in fewest]:
             print(steps_left_line(profile, beyond_search))
-        return _print_hours(runs, args.gpus, args.rates, calibrations) if args.gpus is not None else 0
+        return _print_hours(runs, args.gpus, args.rates or BENCHMARK_RESULTS / "concurrency.csv", calibrations) if args.gpus is not None else 0
     data_root = str(Path(args.data_root).resolve()) if args.data_root else None  # Slurm's tasks start elsewhere
     options = executors.TrainOptions(store, args.device, data_root, args.workers, args.compile_mode, args.threads,
-                                     stack)
+                                     stack, leave_held=args.command == "train" and args.executor != "slurm")
     try:
         if args.command == "run-one":
             return _run_one(runs, args.keys, options, args.configs)
@@ -178,6 +186,8 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
     if getattr(args, "stack", 1) < 1:
         return f"--stack should be a positive number of runs stacked into one model, got {args.stack}"
     if args.command == "plan":
+        if args.rates is not None and args.gpus is None:
+            return f"--rates {args.rates} gives the rates of the hours on GPUs: add --gpus N"
         return (f"--gpus should be a positive number of GPUs, got {args.gpus}"
                 if args.gpus is not None and args.gpus < 1 else None)
     if problem := executors.device_refusal(args.device, trains_here=False):  # its form
@@ -435,10 +445,12 @@ def _train(runs: list[PlannedRun], args: argparse.Namespace, options: executors.
     with progress.watching(), holders_followed(followed, store, progress) as left_by_holders:
         if todo:
             train(todo)
-        if orphans := left_by_holders():
+        orphans = left_by_holders() + await_holders(progress.left_to_others(todo), store, progress)
+        while orphans:  # claimed by other processes, at the start or while this call trained, and left by them
             print(f"{len(orphans)} of the runs other processes trained were left without an outcome (their holders "
                   "stopped): training them here", file=sys.stderr)
             train(orphans)
+            orphans = await_holders(progress.left_to_others(orphans), store, progress)
     if not scripts_only:
         print(progress.summary(), file=sys.stderr)
     into_notebooks_store = Path(options.store).resolve() == (RESULTS / args.profile).resolve()

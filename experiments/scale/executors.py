@@ -49,19 +49,37 @@ class TrainOptions:
     compile_mode: str | None = None
     threads: int = 0  #: torch CPU threads of the process (0: torch's default)
     stack: int = 1  #: runs stacked into one model (:func:`experiments.scale.plan.stacks`)
+    #: leave a run whose claim another live process took meanwhile (another ``train`` on a shared store) to it,
+    #: reported as :meth:`Progress.elsewhere` for the caller to follow, instead of waiting for it
+    leave_held: bool = False
 
 
-def train_group(group: list[PlannedRun], options: TrainOptions, device: str | None = None) -> list[dict]:
+def train_group(group: list[PlannedRun], options: TrainOptions, device: str | None = None) -> list[dict | None]:
     """The records of ``group``, trained (or read back) with ``options``: one run alone, two or more stacked into one
-    model; waits for another process that holds a run's claim."""
+    model; waits for another process that holds a run's claim, or with ``options.leave_held`` gives None for it."""
     if options.threads:
         torch.set_num_threads(options.threads)
     training = {"device": device or options.device, "data_root": group[0].data_root(options.data_root),
                 "num_workers": options.workers, "compile_mode": options.compile_mode}
-    store = ResultsStore(options.store)
+    store, wait = ResultsStore(options.store), not options.leave_held
     if len(group) == 1:
-        return [train_once(group[0].config, store, **training)]
-    return train_stacked_once([run.config for run in group], store, **training)
+        return [train_once(group[0].config, store, wait=wait, **training)]
+    return train_stacked_once([run.config for run in group], store, wait=wait, **training)
+
+
+def _ended(group: list[PlannedRun], held: list[str], progress: Progress) -> None:
+    """Report a group that trained: each run finished, but those whose keys are in ``held`` (another process took
+    their claims, :attr:`TrainOptions.leave_held`), which are left to it."""
+    for run in group:
+        if run.key in held:
+            progress.elsewhere(run)
+        else:
+            progress.finish(run)
+
+
+def _held(group: list[PlannedRun], records: list[dict | None]) -> list[str]:
+    """The keys of ``group``'s runs left to another process (no record: :func:`train_group`)."""
+    return [run.key for run, record in zip(group, records) if record is None]
 
 
 def groups(runs: list[PlannedRun], options: TrainOptions) -> list[list[PlannedRun]]:
@@ -93,13 +111,12 @@ def inline(runs: list[PlannedRun], options: TrainOptions, progress: Progress) ->
         for run in group:
             progress.start(run)
         try:
-            train_group(group, options)
+            records = train_group(group, options)
         except Exception as error:  # one failed group must not stop the others: it is logged and named
             _report(group, options, progress,
                     _append_to_log(options, group, "".join(traceback.format_exception(error))))
         else:
-            for run in group:
-                progress.finish(run)
+            _ended(group, _held(group, records), progress)
 
 
 def _report(group: list[PlannedRun], options: TrainOptions, progress: Progress, log: str) -> None:
@@ -403,6 +420,8 @@ class WorkerPool:
                 process.join(timeout=max(0.0, deadline - time.monotonic()))
                 if process.is_alive():
                     process.terminate()
+            for process, _, _ in self.workers.values():  # reaped, so that none is seen alive once closed
+                process.join(timeout=5)
             self.workers.clear()
 
     def _collect(self, busy: dict[int, tuple], ready: list) -> None:
@@ -418,8 +437,7 @@ class WorkerPool:
                 self.workers[slot] = (process, connection, None)
                 outcome, detail = received
                 if outcome == "finished":
-                    for run in job.group:
-                        job.progress.finish(run)
+                    _ended(job.group, detail, job.progress)
                 else:
                     _report(job.group, self.options, job.progress, detail)
             elif connection in ready or (process.sentinel in ready and not process.is_alive()):
@@ -567,8 +585,7 @@ def _serve(connection, device: str, options: TrainOptions, threads: int) -> None
             try:
                 if len(group) > 1:
                     print(f"training stacked into one model: {', '.join(run.key for run in group)}", flush=True)
-                train_group(group, options, device)
-                outcome = ("finished", None)
+                outcome = ("finished", _held(group, train_group(group, options, device)))
             except Exception:  # reported to the parent, which names the run and its log
                 traceback.print_exc()
                 outcome = ("failed", str(path))

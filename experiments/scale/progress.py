@@ -74,6 +74,9 @@ class Progress:
 
     def start(self, run: PlannedRun) -> None:
         with self.lock:
+            if run.key in self.others:  # left by another process: this call trains the epochs its checkpoint lacks
+                self.others.discard(run.key)
+                self.kept[run.key] = self._checkpointed(run)
             self.running[run.key] = time.monotonic()
             if self.first_start is None:
                 self.first_start = self.running[run.key]
@@ -87,6 +90,13 @@ class Progress:
             self.others.add(run.key)
             self.running[run.key] = time.monotonic()
             self._show()
+
+    def left_to_others(self, runs: list[PlannedRun]) -> list[PlannedRun]:
+        """The runs of ``runs`` that another process trains (:meth:`elsewhere`) and whose outcome is not reported
+        yet."""
+        with self.lock:
+            ended = {*self.finished, *self.failed, *self.diverged}
+            return [run for run in runs if run.key in self.others and run.key not in ended]
 
     def finish(self, run: PlannedRun) -> None:
         with self.lock:

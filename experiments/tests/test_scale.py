@@ -490,6 +490,67 @@ def test_a_claim_is_kept_by_a_live_holder_and_taken_over_from_a_dead_or_silent_o
         run_claim.release(tmp_path, key)
 
 
+def test_a_stale_claim_a_competitor_took_over_between_the_look_and_the_rename_is_put_back_not_taken(tmp_path,
+                                                                                                     monkeypatch):
+    """Two processes judge one dead holder's claim stale; the quicker moves it aside and makes its own; the slower's
+    rename then moves that new claim, not the one it judged: it puts it back and leaves the run to its holder."""
+    key = "0123456789abcdef"
+    path = run_claim.claim_path(tmp_path, key)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"host": "node-a", "pid": 1}')
+    old = time.time() - run_claim.STALE_AFTER - 1
+    os.utime(path, (old, old))
+    competitor = {"host": "node-b", "pid": 2, "since": time.time()}
+    real_is_stale = run_claim.is_stale
+
+    def judged_then_overtaken(*args, **kwargs):
+        stale = real_is_stale(*args, **kwargs)
+        path.unlink()  # the competitor, between this process's look and its rename
+        path.write_text(json.dumps(competitor))
+        return stale
+
+    monkeypatch.setattr(run_claim, "is_stale", judged_then_overtaken)
+    assert run_claim.try_claim(tmp_path, key) is False
+    assert run_claim.read_claim(path) == competitor
+    assert sorted(entry.name for entry in path.parent.iterdir()) == [path.name]  # nothing left aside
+
+
+def test_a_holder_whose_claim_was_taken_over_writes_nothing_more_and_waits_for_the_new_holder(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """A holder paused past the claim's staleness (a suspended job) finds, when it goes on, that another host took
+    the run over: its next checkpoint is refused, it writes nothing of the run, and it waits for that holder's record
+    (here: returns None at once, ``wait=False``); its heartbeat never keeps the new holder's claim fresh."""
+    config, store = RunConfig(**TINY), ResultsStore(tmp_path)
+    path = run_claim.claim_path(tmp_path, config.training_key())
+    new_holder = {"host": "node-b", "pid": 2, "since": time.time()}
+    real_run = run_claim.run
+
+    def taken_over_while_paused(*args, **kwargs):
+        path.write_text(json.dumps(new_holder))
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(run_claim, "run", taken_over_while_paused)
+    assert run_claim.train_once(config, store, wait=False) is None
+    assert "was taken over by node-b (pid 2)" in capsys.readouterr().err
+    assert run_claim.read_claim(path) == new_holder  # not released: it is not this process's
+    assert not store.checkpoint_path(config.key()).exists() and store.finished(config.key()) is None
+    old = time.time() - 100
+    os.utime(path, (old, old))
+    with run_claim.held(tmp_path, config.training_key(), heartbeat=0.01):
+        time.sleep(0.2)
+    assert path.stat().st_mtime == pytest.approx(old)
+
+
+def test_a_live_holder_whose_start_proc_hides_is_not_judged_gone(tmp_path, monkeypatch):
+    """Where /proc is mounted with hidepid (many clusters' login nodes), another user's process start cannot be read:
+    its claim stands while the process lives, rather than being judged a reused pid."""
+    key = "0123456789abcdef"
+    assert run_claim.try_claim(tmp_path, key)
+    monkeypatch.setattr(run_claim, "_stat_after_name", lambda pid: None)
+    assert run_claim.live_holder(tmp_path, key)["pid"] == os.getpid()
+    assert not run_claim.try_claim(tmp_path, key)
+
+
 RACER = """
 import sys
 from experiments.engine import run_claim

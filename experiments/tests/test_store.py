@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from experiments.engine.config import RunConfig
-from experiments.engine.store import DamagedStoreWarning, ResultsStore, computed
+from experiments.engine.store import DamagedStoreWarning, ResultsStore, UnreadableStoreFile, computed
 from experiments.engine.models import build_model
 from experiments.engine.train import _fits, run
 from experiments.tests.conftest import deterministic_algorithms
@@ -167,6 +167,35 @@ def test_a_record_that_is_a_folder_or_not_text_is_set_aside(tmp_path, whole):
     with pytest.warns(DamagedStoreWarning, match=f"UnicodeDecodeError.*kept as {path.name}.damaged.2"):
         assert store.records() == []
     assert path.with_name(path.name + ".damaged").is_dir()  # the first damaged file is kept too
+
+
+def test_a_record_or_checkpoint_this_user_may_not_read_is_left_whole_and_named_not_set_aside(killed, whole,
+                                                                                            monkeypatch):
+    """In a group's store, a file a writer made private (umask 077) is refused by the system to the others: it is not
+    damaged, so it is neither renamed aside nor its run trained again; the error names it and the mend. (The tests run
+    as root, which no permission stops: the system's refusal is made at the read.)"""
+    config, store = killed
+    record = store.record_path(config.replace(seed=2).key())
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({**whole, "key": record.stem, "config": config.replace(seed=2).to_dict()}))
+    checkpoint = store.checkpoint_path(config.key())
+    private = {record, checkpoint}
+    real_read_text, real_load = Path.read_text, torch.load
+
+    def refused(path):
+        if Path(path) in private:
+            raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(Path, "read_text", lambda path, *a, **k: refused(path) or real_read_text(path, *a, **k))
+    monkeypatch.setattr(torch, "load", lambda path, *a, **k: refused(path) or real_load(path, *a, **k))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DamagedStoreWarning)
+        with pytest.raises(UnreadableStoreFile, match=f"{record} cannot be read by this user .Permission denied.: "
+                           r"left as it is.*chmod -R g\+rwX"):
+            store.records()
+        with pytest.raises(UnreadableStoreFile, match=f"{checkpoint} cannot be read by this user"):
+            run(config, store)
+    assert record.exists() and checkpoint.exists() and not list(store.root.rglob("*.damaged*"))
 
 
 def test_a_cut_checkpoint_resumes_from_the_previous_one_to_the_same_result(killed, whole):

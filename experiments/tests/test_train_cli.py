@@ -52,6 +52,7 @@ REFUSED = [
     (["run-one", SMOKE_KEY, "--profile", "smoke", "--threads", "-2"], "--threads should be 0 (the default) or a "),
     (["train", "smoke", "--stack", "0"], "--stack should be a positive number of runs stacked into one model, got 0"),
     (["plan", "smoke", "--gpus", "0"], "--gpus should be a positive number of GPUs, got 0"),
+    (["plan", "smoke", "--rates", "rates.csv"], "--rates rates.csv gives the rates of the hours on GPUs: add --gpus N"),
     (["train", "smoke", "--executor", "slurm", "--gpus-per-task", "1", "--sbatch-only"],
      "--gpus-per-task 1 with --device cpu: the tasks would hold GPUs and train on the CPU; add --device cuda"),
     (["train", "smoke", "--executor", "slurm", "--device", "cuda", "--sbatch-only"],
@@ -410,6 +411,66 @@ def test_train_waits_for_the_runs_other_processes_train_and_trains_those_they_le
     assert "1 of the runs other processes trained were left without an outcome" in err
     assert "3 of 3 runs finished, 0 failed" in err and trainer.returncode == 0
     assert all(ResultsStore(store).finished(run.key) is not None for run in runs)
+
+
+HOLDS_UNTIL = """
+import sys, time
+from pathlib import Path
+from experiments.engine import run_claim
+run_claim.try_claim(sys.argv[1], sys.argv[2])
+deadline = time.time() + 120
+while not Path(sys.argv[3]).exists() and time.time() < deadline:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("executor", ["inline", "local"])
+def test_a_run_another_process_claims_while_train_runs_is_left_to_it_not_waited_for(tmp_path, monkeypatch, capsys,
+                                                                                   executor):
+    """Two `train` commands on one store (two nodes, say) go through the same plan: a run the other claimed after this
+    one started is passed over, not waited for, so that its worker trains the next run; it is followed, and trained
+    here once its holder leaves it. The holder below keeps its claim until the run after it is finished: a worker
+    waiting for it would finish that run only when the holder gives up, after two minutes."""
+    import subprocess
+
+    from experiments.engine.config import RunConfig
+    from experiments.engine.store import ResultsStore
+    from experiments.scale.plan import PlannedRun
+    from experiments.tests.test_experiments import TINY
+
+    runs = [PlannedRun.outside_plan(RunConfig(**{**TINY, "seed": seed})) for seed in (1, 2)]
+    store = ResultsStore(tmp_path / "store")
+    monkeypatch.setattr(cli, "plan", lambda profile: runs)
+    monkeypatch.setattr(cli, "HOLDERS_POLL_S", 0.2)
+    holders = []
+    real = getattr(cli.executors, executor)
+
+    def claimed_by_another_process_as_training_begins(part, *args, **kwargs):
+        if not holders:
+            holders.append(subprocess.Popen([sys.executable, "-c", HOLDS_UNTIL, str(store.root),
+                                             runs[0].config.training_key(), str(store.record_path(runs[1].key))],
+                                            cwd=PROJECT_ROOT))
+            from experiments.engine import run_claim
+            deadline = time.time() + 120
+            while run_claim.live_holder(store.root, runs[0].config.training_key()) is None:
+                assert time.time() < deadline and holders[0].poll() is None
+                time.sleep(0.05)
+        return real(part, *args, **kwargs)
+
+    monkeypatch.setattr(cli.executors, executor, claimed_by_another_process_as_training_begins)
+    threads = torch.get_num_threads()
+    began = time.monotonic()
+    try:
+        assert main(["train", "smoke", "--store", str(store.root), "--threads", "1", "--executor", executor]) == 0
+    finally:
+        torch.set_num_threads(threads)
+        holders[0].wait(timeout=150)
+    err = capsys.readouterr().err
+    written = sorted(runs, key=lambda run: store.record_path(run.key).stat().st_mtime_ns)
+    assert written == [runs[1], runs[0]] and time.monotonic() - began < 100
+    assert "1 of the runs other processes trained were left without an outcome" in err
+    assert "2 of 2 runs finished, 0 failed" in err
+    assert all(store.finished(run.key) is not None for run in runs)
 
 
 def test_the_runs_other_processes_train_are_followed_again_where_their_thread_failed_and_stop_with_the_block(
