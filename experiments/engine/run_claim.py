@@ -103,16 +103,19 @@ def read_claim(path: Path) -> dict | None:
 
 def is_stale(path: Path, claim: dict, *, stale_after: float = STALE_AFTER) -> bool:
     """True when the claim's process cannot be training any more: this very Slurm task before Slurm requeued it (the
-    same job id, fewer restarts), gone as seen from this host and PID namespace, or, seen from elsewhere, silent for
-    longer than ``stale_after``."""
+    same job id, fewer restarts), gone as seen from this host and PID namespace, or, seen from elsewhere (or where
+    ``/proc`` hides the process's start: ``hidepid``), silent for longer than ``stale_after``."""
     job = os.environ.get("SLURM_JOB_ID")
     if job and claim.get("slurm_job") == job and claim.get("slurm_restart", -1) < _slurm_restart():
         return True
     seen_here = claim.get("host") == socket.gethostname() and claim.get("pid_namespace") == _pid_namespace()
     if seen_here and isinstance(claim.get("pid"), int):  # its process tells, whatever its heartbeat (Ctrl-Z, say)
-        started, now = claim.get("pid_start"), _process_start(claim["pid"])  # now: None where /proc hides it
-        return not _alive(claim["pid"]) or (started is not None and now is not None and now != started)
-    try:
+        if not _alive(claim["pid"]):
+            return True
+        started, now = claim.get("pid_start"), _process_start(claim["pid"])
+        if started is None or now is not None:
+            return started is not None and now != started
+    try:  # its heartbeat tells
         return time.time() - path.stat().st_mtime > stale_after
     except FileNotFoundError:
         return True
@@ -181,6 +184,9 @@ def _move_aside_if_stale(path: Path, stale_after: float) -> bool:
                 os.link(aside, path)  # put back; FileExistsError: a third process's claim stands there now
             except FileExistsError:
                 pass
+            except OSError:  # no hard links on this filesystem (some CIFS or FUSE mounts): put back by a rename
+                if not path.exists():
+                    aside.replace(path)
         return judged
     finally:
         aside.unlink(missing_ok=True)
@@ -189,13 +195,20 @@ def _move_aside_if_stale(path: Path, stale_after: float) -> bool:
 def _is_mine(claim: dict | None) -> bool:
     """Whether ``claim`` names this very process (host, PID namespace, pid and its start)."""
     mine = holder()
-    return bool(claim) and all(claim.get(field) == mine[field] for field in ("host", "pid_namespace", "pid", "pid_start"))
+    return bool(claim) and all(claim.get(field) == mine[field]
+                               for field in ("host", "pid_namespace", "pid", "pid_start"))
 
 
-def _taken_over(claim: dict | None) -> bool:
-    """Whether a claim this process made is no longer its own: gone, or naming another holder (an empty one, read
-    while a shared filesystem failed a moment, is not judged)."""
-    return claim is None or (claim != {} and not _is_mine(claim))
+def _taken_over(path: Path) -> dict | None:
+    """The claim at ``path``, which this process made, where it is no longer its own: another holder's, or ``{}`` when
+    it is gone (looked at twice, a moment apart: a competitor puts a claim it moved by mistake back at once); None while
+    it is this process's (or unreadable a moment on a shared filesystem: not judged)."""
+    for look in range(2):
+        if (claim := read_claim(path)) is not None:
+            return claim if claim and not _is_mine(claim) else None
+        if not look:
+            time.sleep(0.2)
+    return {}
 
 
 def release(root: Path, training_key: str) -> None:
@@ -220,10 +233,10 @@ class ClaimedStore:
 
     def _check_held(self) -> None:
         for training in self.trainings:
-            if _taken_over(claim := read_claim(claim_path(self.store.root, training))):
-                raise ClaimLost(f"the claim on training {training} was taken over by "
-                                f"{claim.get('host') if claim else 'no one'} (pid {claim.get('pid') if claim else '-'}): "
-                                "this process stops training it and waits for that holder's record")
+            if (claim := _taken_over(claim_path(self.store.root, training))) is not None:
+                by = f"{claim.get('host')} (pid {claim.get('pid')})" if claim else "no one (its claim is gone)"
+                raise ClaimLost(f"the claim on training {training} was taken over by {by}: this process stops "
+                                "training it and waits for that holder's record")
 
     def save_checkpoint(self, key: str, state: dict) -> None:
         self._check_held()
@@ -232,6 +245,10 @@ class ClaimedStore:
     def save_record(self, key: str, record: dict) -> None:
         self._check_held()
         self.store.save_record(key, record)
+
+    def save_divergence(self, training_key: str, message: str, commit: str) -> None:
+        self._check_held()
+        self.store.save_divergence(training_key, message, commit)
 
 
 @contextmanager
@@ -242,7 +259,7 @@ def held(root: Path, training_key: str, *, heartbeat: float = HEARTBEAT):
 
     def beat() -> None:
         while not stop.wait(heartbeat):
-            if _taken_over(read_claim(path)):  # never keep another's claim fresh
+            if _taken_over(path) is not None:  # never keep another's claim fresh
                 return
             try:
                 os.utime(path)
@@ -276,13 +293,15 @@ def train_once(config, store, *, wait: bool = True, poll: float = 2.0, **options
         if (message := store.divergence(key)) is not None:
             raise FloatingPointError(message)
         if try_claim(store.root, key):
+            claimed = ClaimedStore(store, [key])
             with held(store.root, key):
                 try:
-                    return run(config, ClaimedStore(store, [key]), **options)
-                except FloatingPointError as error:
-                    store.save_divergence(key, str(error), git_commit())
-                    raise
-                except ClaimLost as lost:  # its new holder's record is waited for, as any live holder's
+                    try:
+                        return run(config, claimed, **options)
+                    except FloatingPointError as error:
+                        claimed.save_divergence(key, str(error), git_commit())
+                        raise
+                except ClaimLost as lost:  # its new holder's outcome is waited for, as any live holder's
                     print(f"note: run {config.key()}: {lost}", file=sys.stderr, flush=True)
             continue
         if not wait:

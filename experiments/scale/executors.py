@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from experiments.engine.batches import default_workers
-from experiments.engine.run_claim import train_once, train_stacked_once
+from experiments.engine.run_claim import live_holder, train_once, train_stacked_once
 from experiments.engine.store import ResultsStore
 from experiments.scale.gpu_sharing import side_by_side_note
 from experiments.scale.memory import IMAGES_SHARE, group_image_bytes, images_budget
@@ -121,11 +121,15 @@ def inline(runs: list[PlannedRun], options: TrainOptions, progress: Progress) ->
 
 def _report(group: list[PlannedRun], options: TrainOptions, progress: Progress, log: str) -> None:
     """After a group failed: its runs that finished all the same (a stack at another epoch) as finished, those whose
-    loss became NaN (kept in the store) as diverged, the others as failed, each with the group's log."""
+    loss became NaN (kept in the store) as diverged, those another process trains (a stack's run it left to them,
+    :attr:`TrainOptions.leave_held`) as elsewhere, the others as failed, each with the group's log."""
     store = ResultsStore(options.store)
     for run in group:
         try:
             reported = progress.report_stored(run, store, log)
+            if not reported and options.leave_held and live_holder(store.root, run.config.training_key()):
+                progress.elsewhere(run)
+                reported = True
         except OSError:  # the store unreadable: the run is not known to have ended well
             reported = False
         if not reported:

@@ -73,10 +73,12 @@ class Progress:
         return run.train_images * self.store.epochs_kept(run.key) // run.config.epochs
 
     def start(self, run: PlannedRun) -> None:
+        left = self._checkpointed(run) if run.key in self.others else None  # read unlocked, as observe() reads
         with self.lock:
-            if run.key in self.others:  # left by another process: this call trains the epochs its checkpoint lacks
+            if left is not None:  # left by another process: this call trains the epochs its checkpoint lacks
                 self.others.discard(run.key)
-                self.kept[run.key] = self._checkpointed(run)
+                self.kept[run.key] = left
+                self.trained.pop(run.key, None)
             self.running[run.key] = time.monotonic()
             if self.first_start is None:
                 self.first_start = self.running[run.key]

@@ -30,8 +30,8 @@ from experiments.paths import PROJECT_ROOT
 from experiments.scale.executors import TrainOptions, device_refusal, groups, train_group
 from experiments.scale.plan import PlannedRun
 from experiments.scale.progress import Progress
-from experiments.scale.slurm_queue import (LEDGER, UNANSWERED, InQueue, array_ids, job_name, queued, queued_tasks,
-                                          record, still_in_queue, task_log)
+from experiments.scale.slurm_queue import (LEDGER, STALLED, UNANSWERED, InQueue, array_ids, job_name, queued,
+                                          queued_tasks, record, still_in_queue, task_log)
 from experiments.scale.slurm_request import (WARNING_S, SlurmOptions, array_sbatch_options, gres_of, gres_shares,
                                             has_submitit, sharing_note)
 
@@ -305,6 +305,15 @@ def _scancel_hint(profile: str, arrays: tuple[str, ...] = ("runs", "alone")) -> 
     return " and ".join(f"`scancel --user $(id -un) --name {job_name(profile, array)}`" for array in arrays)
 
 
+def _stalled_text(job_id: str, state: str, run: PlannedRun) -> str:
+    """What the follower says, once, of a task Slurm holds or suspended (``scontrol hold``, a node's failure, a
+    preemption by suspension): it waits for it, and how to go on."""
+    said = state.lower().replace("_", " ")
+    return (f"note: Slurm task {job_id} (run {run.key}) is {said}: followed until it trains (`scontrol release "
+            f"{job_id}` or `scontrol resume {job_id}`); or `scancel {job_id}` and the same command again, which "
+            "submits its run anew")
+
+
 #: Seconds without an answer from ``squeue`` after which the follower stops (the tasks go on; a new ``train`` follows
 #: them through the ledger).
 SILENT_QUEUE_S = 1800.0
@@ -317,7 +326,7 @@ def follow(tasks: list[tuple[PlannedRun, str, str]], options: TrainOptions, prog
     :data:`SILENT_QUEUE_S` seconds without an answer from the queue."""
     store, waiting = ResultsStore(options.store), {run.key: (run, job_id, log) for run, job_id, log in tasks}
     followed_arrays = array_ids(job_id for _, job_id, _ in tasks)
-    last_answer = time.monotonic()
+    last_answer, stalled = time.monotonic(), set()  # stalled: the tasks said to be held or suspended
     while waiting:
         if (states := queued(followed_arrays)) is None:
             if time.monotonic() - last_answer > SILENT_QUEUE_S:
@@ -332,6 +341,9 @@ def follow(tasks: list[tuple[PlannedRun, str, str]], options: TrainOptions, prog
                 if job_id in states:
                     if states[job_id] == "RUNNING" and run.key not in progress.running:
                         progress.start(run)
+                    elif states[job_id] in STALLED and job_id not in stalled:
+                        stalled.add(job_id)
+                        print(_stalled_text(job_id, states[job_id], run), file=sys.stderr, flush=True)
                     continue
                 progress.fail(run, log)
             del waiting[key]

@@ -109,6 +109,9 @@ def _squeue(arguments: list[str]) -> str | None:
 #: The states of a task ``still_in_queue`` follows: waiting to run, or running. A held task (``scontrol hold``, or
 #: requeued and held) or a suspended one is not followed: a new ``train`` submits its runs again.
 FOLLOWED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED")
+#: The states of a task that waits on someone's action, not on the queue: held (by ``scontrol hold``, or requeued and
+#: held after a failed launch), suspended or stopped. A follower that meets one says so (it waits for it).
+STALLED = ("HELD", "REQUEUE_HOLD", "SPECIAL_EXIT", "SUSPENDED", "STOPPED")
 
 
 @dataclass(frozen=True)

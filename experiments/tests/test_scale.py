@@ -541,14 +541,18 @@ def test_a_holder_whose_claim_was_taken_over_writes_nothing_more_and_waits_for_t
     assert path.stat().st_mtime == pytest.approx(old)
 
 
-def test_a_live_holder_whose_start_proc_hides_is_not_judged_gone(tmp_path, monkeypatch):
+def test_a_live_holder_whose_start_proc_hides_is_judged_by_its_heartbeat_not_as_a_reused_pid(tmp_path, monkeypatch):
     """Where /proc is mounted with hidepid (many clusters' login nodes), another user's process start cannot be read:
-    its claim stands while the process lives, rather than being judged a reused pid."""
+    its claim stands while its heartbeat does, rather than being judged a reused pid at once."""
     key = "0123456789abcdef"
+    path = run_claim.claim_path(tmp_path, key)
     assert run_claim.try_claim(tmp_path, key)
     monkeypatch.setattr(run_claim, "_stat_after_name", lambda pid: None)
     assert run_claim.live_holder(tmp_path, key)["pid"] == os.getpid()
     assert not run_claim.try_claim(tmp_path, key)
+    old = time.time() - run_claim.STALE_AFTER - 1
+    os.utime(path, (old, old))
+    assert run_claim.live_holder(tmp_path, key) is None
 
 
 RACER = """
@@ -1060,6 +1064,25 @@ def test_the_slurm_follower_stops_with_the_way_back_when_squeue_stays_silent(tmp
     with pytest.raises(SystemExit, match="squeue has not answered .* run it again to follow them"):
         slurm.follow([(run, "12_0", "12_0.err")], executors.TrainOptions(str(tmp_path)), progress, poll=0.01)
     assert not progress.failed  # not reported failed: its task may still run
+
+
+def test_the_slurm_follower_says_once_that_a_task_is_held_and_follows_it_to_its_end(tmp_path, monkeypatch, capsys):
+    """A followed task that Slurm holds (a failed launch requeued held, ``scontrol hold``) or suspends waits on
+    someone: the follower says so once, with the ways on, and goes on following it (here it leaves the queue without
+    its record: failed)."""
+    from experiments.scale import slurm
+
+    run = PlannedRun(RunConfig(**TINY), ("test",), None, 0)
+    answers = iter([{"12_0": "PENDING"}, {"12_0": "REQUEUE_HOLD"}, {"12_0": "REQUEUE_HOLD"}, {"12_0": "RUNNING"}, {}])
+    monkeypatch.setattr(slurm, "queued", lambda job_ids: next(answers))
+    progress = Progress([run])
+    slurm.follow([(run, "12_0", str(tmp_path / "12_0.err"))], executors.TrainOptions(str(tmp_path)), progress,
+                 poll=0.01)
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: Slurm task")]
+    assert notes == [f"note: Slurm task 12_0 (run {run.key}) is requeue hold: followed until it trains (`scontrol "
+                     "release 12_0` or `scontrol resume 12_0`); or `scancel 12_0` and the same command again, which "
+                     "submits its run anew"]
+    assert list(progress.failed) == [run.key]
 
 
 def test_a_damaged_record_is_no_finished_run_for_any_reporter(tmp_path):

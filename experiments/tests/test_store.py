@@ -170,7 +170,7 @@ def test_a_record_that_is_a_folder_or_not_text_is_set_aside(tmp_path, whole):
 
 
 def test_a_record_or_checkpoint_this_user_may_not_read_is_left_whole_and_named_not_set_aside(killed, whole,
-                                                                                            monkeypatch):
+                                                                                            monkeypatch, capsys):
     """In a group's store, a file a writer made private (umask 077) is refused by the system to the others: it is not
     damaged, so it is neither renamed aside nor its run trained again; the error names it and the mend. (The tests run
     as root, which no permission stops: the system's refusal is made at the read.)"""
@@ -195,6 +195,15 @@ def test_a_record_or_checkpoint_this_user_may_not_read_is_left_whole_and_named_n
             store.records()
         with pytest.raises(UnreadableStoreFile, match=f"{checkpoint} cannot be read by this user"):
             run(config, store)
+        from experiments.scale import cli
+        from experiments.scale.plan import PlannedRun
+
+        monkeypatch.setattr(cli, "plan", lambda profile: [PlannedRun.outside_plan(config.replace(seed=2))])
+        assert cli.main(["plan", "smoke", "--store", str(store.root)]) == 2  # one line, no traceback
+        assert capsys.readouterr().err == f"error: {record} cannot be read by this user (Permission denied): left " \
+            "as it is. Its writer made it private (a umask of 077); in a store shared by a group, give it to the " \
+            f"group (chmod -R g+rwX {store.root}) and have its writers use umask 002 " \
+            "(docs/reproducing.md#sharing-a-store)\n"
     assert record.exists() and checkpoint.exists() and not list(store.root.rglob("*.damaged*"))
 
 
