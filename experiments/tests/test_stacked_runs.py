@@ -3,6 +3,7 @@ runs trained alone up to rounding, each run's checkpoints in a lone run's form, 
 same records, runs at other epochs trained as other stacks, a diverging run named while the others keep their epoch,
 a run held by another process left to it, and what cannot be stacked refused."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,42 @@ def test_a_run_another_process_holds_is_left_to_it_and_the_rest_trains(tmp_path,
     first, second = run_claim.train_stacked_once(RUNS, store, wait=False)
     assert second is None and store.finished(RUNS[1].key()) is None
     assert first["key"] == RUNS[0].key() and "stacked_with" not in first["provenance"]  # trained alone
+
+
+def test_a_stack_whose_run_another_host_takes_over_stops_and_its_own_runs_go_on_alone(tmp_path, monkeypatch):
+    """A stack paused past its claims' staleness: another host took one run over meanwhile. The stack writes no
+    checkpoint of either run; the run still held here trains alone to its record, the other is left to its holder."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    store, other = ResultsStore(tmp_path), {"host": "node-b", "pid": 2}
+    real_run_stacked = run_claim.run_stacked
+
+    def taken_over_while_paused(configs, *args, **kwargs):
+        run_claim.claim_path(tmp_path, RUNS[1].training_key()).write_text(json.dumps(other))
+        return real_run_stacked(configs, *args, **kwargs)
+
+    monkeypatch.setattr(run_claim, "run_stacked", taken_over_while_paused)
+    first, second = run_claim.train_stacked_once(RUNS, store, wait=False)
+    assert second is None and not store.checkpoint_path(RUNS[1].key()).exists()
+    assert first["key"] == RUNS[0].key() and "stacked_with" not in first["provenance"]  # trained alone
+    assert run_claim.read_claim(run_claim.claim_path(tmp_path, RUNS[1].training_key())) == other
+
+
+def test_a_failed_stack_leaves_the_run_another_process_holds_to_it_not_failed(tmp_path, monkeypatch):
+    """``train``'s executors pass over a run another process claimed (``leave_held``): where the stack's own run
+    diverges, the other is reported running elsewhere, to be followed, not failed."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    planned = [PlannedRun(config, ("test",), None, 0) for config in RUNS]
+    assert run_claim.try_claim(tmp_path, RUNS[1].training_key())  # held by this live process, as by another
+    monkeypatch.setattr(train, "build_loss", _nan_for("cross_entropy"))
+    progress = Progress(planned)
+    threads = torch.get_num_threads()
+    try:
+        executors.inline(planned, executors.TrainOptions(str(tmp_path), threads=1, stack=2, leave_held=True), progress)
+    finally:
+        torch.set_num_threads(threads)
+        run_claim.release(tmp_path, RUNS[1].training_key())
+    assert list(progress.diverged) == [RUNS[0].key()] and not progress.failed
+    assert progress.left_to_others(planned) == planned[1:]
 
 
 def test_a_failed_group_counts_the_runs_it_finished_as_finished(tmp_path, monkeypatch):
