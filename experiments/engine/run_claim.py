@@ -8,8 +8,8 @@ host and PID namespace (a container's pids mean nothing outside it; a pid reused
 another time, is gone too), else when its heartbeat is older than :data:`STALE_AFTER`. A stale claim is moved aside by
 one atomic rename, and put back if what was moved is not the claim judged stale (a competitor's new one), so of two
 processes taking it over one wins. A holder whose claim was taken over all the same (paused past :data:`STALE_AFTER`)
-writes nothing more: its store refuses the next checkpoint or record with :class:`ClaimLost`, and it waits for the new
-holder instead. The claim is per training (:meth:`experiments.engine.config.RunConfig.training_key`): the
+stops at its next write: its store (:class:`ClaimedStore`) refuses the checkpoint, record or divergence with
+:class:`ClaimLost`, and it waits for the new holder instead. The claim is per training (:meth:`experiments.engine.config.RunConfig.training_key`): the
 siblings that differ only in their selection metric are one training.
 
 A compiled training (``compile_mode``) keeps its compilations in the user's cache folder
