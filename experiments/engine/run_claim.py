@@ -112,10 +112,11 @@ def is_stale(path: Path, claim: dict, *, stale_after: float = STALE_AFTER) -> bo
     if seen_here and isinstance(claim.get("pid"), int):  # its process tells, whatever its heartbeat (Ctrl-Z, say)
         if not _alive(claim["pid"]):
             return True
-        started, now = claim.get("pid_start"), _process_start(claim["pid"])
-        if started is None or now is not None:
-            return started is not None and now != started
-    try:  # its heartbeat tells
+        if (started := claim.get("pid_start")) is None:  # nothing to tell a reused pid by
+            return False
+        if (now := _process_start(claim["pid"])) is not None:
+            return now != started
+    try:  # its heartbeat tells (from elsewhere, or where /proc hides the process's start)
         return time.time() - path.stat().st_mtime > stale_after
     except FileNotFoundError:
         return True

@@ -150,7 +150,9 @@ def _command(args: argparse.Namespace) -> int:
             print(calibration_line(*calibrations))
         if beyond_search := [setup for setup in fixed_point.unsettled(profile) if setup not in fewest]:
             print(steps_left_line(profile, beyond_search))
-        return _print_hours(runs, args.gpus, args.rates or BENCHMARK_RESULTS / "concurrency.csv", calibrations) if args.gpus is not None else 0
+        if args.gpus is None:
+            return 0
+        return _print_hours(runs, args.gpus, args.rates or BENCHMARK_RESULTS / "concurrency.csv", calibrations)
     data_root = str(Path(args.data_root).resolve()) if args.data_root else None  # Slurm's tasks start elsewhere
     options = executors.TrainOptions(store, args.device, data_root, args.workers, args.compile_mode, args.threads,
                                      stack, leave_held=args.command == "train" and args.executor != "slurm")
