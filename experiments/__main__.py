@@ -12,10 +12,9 @@ try:  # torch's import takes seconds: Ctrl-C then ends the command as it would l
     import torch
     import torch.distributed as dist
 
-    from data_prep.common import MissingDataError
     from experiments.engine.compile_cache import share_compilations
     from experiments.engine.config import RunConfig
-    from experiments.engine.store import ResultsStore, UnreadableStoreFile, unusable_store
+    from experiments.engine.store import ResultsStore, unusable_store
     from experiments.engine.train import COMPILE_MODES, run
     from experiments.scale import cli, executors
 except KeyboardInterrupt:
@@ -67,11 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, TypeError) as error:
         print(f"error: bad config {args.config}: {error}", file=sys.stderr)
         return 2
-    try:
-        finished = not unusable_store(args.store) and ResultsStore(args.store).finished(config.key()) is not None
-    except UnreadableStoreFile as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    finished = not unusable_store(args.store) and ResultsStore(args.store).finished(config.key()) is not None
     if problem := unusable_store(args.store) or executors.device_refusal(args.device, trains_here=not finished):
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -88,9 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         record = run(config, store, device=device, data_root=args.data_root, num_workers=args.workers,
                      compile_mode=args.compile, progress=args.progress)
-    except (MissingDataError, UnreadableStoreFile) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         interrupted = True
         print(f"interrupted: {_progress_kept(store, config)}; the same command resumes it", file=sys.stderr)

@@ -25,13 +25,12 @@ from pathlib import Path
 from experiments.analysis.summary import mean_interval
 from experiments.engine.config import RunConfig
 from experiments.engine.store import write_csv
-from experiments.engine.train import run
 from experiments.paths import BENCHMARK_RESULTS
+from experiments.probes import command as probe_command
 from experiments.provenance import RECORD_STAMP_FIELDS, record_stamp
 from experiments.scale import executors
 from experiments.spec import grids
 from experiments.spec.profiles import Profile
-from experiments.tuning import profile_steps
 
 
 @dataclass(frozen=True)
@@ -138,11 +137,11 @@ def markdown(rows: list[dict], probes=PROBES) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    command = profile_steps.parse_command("python -m experiments.probes.crowding", __doc__.split("\n\n")[0], argv)
-    if command is None:
+    if (command := probe_command.parse("python -m experiments.probes.crowding", __doc__.split("\n\n")[0],
+                                       argv)) is None:
         return 2
-    profile, store, device, _ = command
-    rows = measure(profile, lambda config: run(config, store, device=device))
+    profile, train = command
+    rows = measure(profile, train)
     write_csv(rows, FIELDS, path_for(profile.name))
     print(markdown(rows))
     return 0

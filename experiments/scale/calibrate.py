@@ -28,7 +28,7 @@ try:  # torch's import takes seconds: Ctrl-C then ends the command as it would l
     import torch
 
     from experiments.engine.cuda_graph_threads import give_this_thread_cuda_graph_trees
-    from experiments.engine.store import ResultsStore, UnreadableStoreFile
+    from experiments.engine.store import ResultsStore
     from experiments.analysis.workload import stand_in_size
     from experiments.engine.train import COMPILE_MODES
     from experiments.scale import executors, slurm, slurm_request
@@ -84,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         print(note, file=sys.stderr)
     with pool or contextlib.nullcontext():  # the local executor's workers, kept from move to move
         trainers = {setup: _trainer(args, options, profile.name, setup, pool) for setup in profile.calibrated_setups}
-        try:
-            return _calibrate(profile, store, device, args, trainers)
-        except UnreadableStoreFile as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
+        return _calibrate(profile, store, device, args, trainers)
 
 
 def _calibrate(profile, store, device: str, args: argparse.Namespace, trainers: dict[str, Trainer | None]) -> int:

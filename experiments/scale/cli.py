@@ -30,11 +30,10 @@ from pathlib import Path
 import torch
 
 import data_prep
-from data_prep.common import MissingDataError
 from experiments.analysis.timings import made_with_todays_engine, sharing_text
 from experiments.engine.config import RunConfig, stack_mismatch
 from experiments.engine.run_claim import live_holder
-from experiments.engine.store import ResultsStore, UnreadableStoreFile, unusable_store
+from experiments.engine.store import ResultsStore, unusable_store
 from experiments.engine.train import COMPILE_MODES
 from experiments.paths import BENCHMARK_RESULTS, BUILD, FIGURES, RESULTS
 from experiments.provenance import device_name, git_commit
@@ -118,14 +117,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        return _command(parser().parse_args(argv))
-    except UnreadableStoreFile as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-
-
-def _command(args: argparse.Namespace) -> int:
+    """The command's exit status; data not found or a store file this user may not read is raised, for
+    :func:`executors.run_as_command` to say (:data:`executors.USER_ERRORS`)."""
+    args = parser().parse_args(argv)
     profile = get_profile(args.profile)
     store = args.store or str(RESULTS / profile.name)
     runs = plan(profile)
@@ -160,9 +154,6 @@ def _command(args: argparse.Namespace) -> int:
         if args.command == "run-one":
             return _run_one(runs, args.keys, options, args.configs)
         return _train(runs, args, options)
-    except MissingDataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         queued = slurm.still_queued_text(profile.name) if getattr(args, "executor", None) == "slurm" else ""
         print(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {store}; the same command "

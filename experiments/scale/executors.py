@@ -29,9 +29,10 @@ from pathlib import Path
 
 import torch
 
+from data_prep.common import MissingDataError
 from experiments.engine.batches import default_workers
 from experiments.engine.run_claim import live_holder, train_once, train_stacked_once
-from experiments.engine.store import ResultsStore
+from experiments.engine.store import ResultsStore, UnreadableStoreFile
 from experiments.scale.gpu_sharing import side_by_side_note
 from experiments.scale.memory import IMAGES_SHARE, group_image_bytes, images_budget
 from experiments.scale.plan import PlannedRun, stacks
@@ -503,21 +504,35 @@ def interrupt_quietly(signum: int, frame) -> None:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def run_as_command(main: Callable[[], int | None],
-                   interrupted: str = "every finished run is kept; the same command resumes") -> None:
-    """Run a command's ``main`` and exit with its status; a stop signal (:data:`STOP_SIGNALS`) ends it quietly, with
-    status 130 (a shell's after Ctrl-C). A command that trains says itself what an interrupt kept; one stopped outside
-    that handling prints ``interrupted``. A signal ignored at the start (SIGHUP under ``nohup``) stays ignored, and so
-    in the workers. Installed here, not at import: spawned workers import the modules."""
+#: What the user mends, not the code: data not where it was said to be, a store file this user may not read. A
+#: command ends on one of them with its message and :data:`USER_ERROR`, not a traceback.
+USER_ERRORS = (MissingDataError, UnreadableStoreFile)
+USER_ERROR = 2  #: argparse's status for a bad command line
+KEPT = "every finished run is kept; the same command resumes"  #: what an interrupted command says by default
+
+
+def run_as_command(main: Callable[[], int | None], interrupted: str = KEPT) -> None:
+    """Run a command's ``main`` and exit with its status (:func:`command_status`). Installs the stop signals'
+    handler (:data:`STOP_SIGNALS`): a signal ignored at the start (SIGHUP under ``nohup``) stays ignored, and so in the
+    workers. Installed here, not at import: spawned workers import the modules."""
     for stop in STOP_SIGNALS:
         if signal.getsignal(stop) is not signal.SIG_IGN:
             signal.signal(stop, interrupt_quietly)
+    sys.exit(command_status(main, interrupted))
+
+
+def command_status(main: Callable[[], int | None], interrupted: str = KEPT) -> int | None:
+    """``main``'s exit status; a stop signal ends it quietly with status 130 (a shell's after Ctrl-C), one of
+    :data:`USER_ERRORS` with its message and :data:`USER_ERROR`. A command that trains says itself what an
+    interrupt kept; one stopped outside that handling prints ``interrupted``."""
     try:
-        status = main()
+        return main()
     except KeyboardInterrupt:
         print(f"\ninterrupted: {interrupted}", file=sys.stderr)
-        status = INTERRUPTED
-    sys.exit(status)
+        return INTERRUPTED
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return USER_ERROR
 
 
 def _worker(connection, device: str, options: TrainOptions, threads: int) -> None:

@@ -25,6 +25,7 @@ from experiments.engine.batches import InMemoryBatches
 from experiments.engine.store import ResultsStore
 from experiments.engine.train import flipped_label_fit, reseed_process, run, train_epoch
 from experiments.harness import flatten
+from experiments.scale import executors
 from topk.losses import build_loss, noised_hinge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -406,8 +407,10 @@ def test_a_missing_real_dataset_names_the_data_prep_command(tmp_path, capsys):
         run(config, ResultsStore(tmp_path))
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config.to_dict()))
-    assert experiments_main([str(path), "--store", str(tmp_path), "--data-root", str(tmp_path / "none")]) == 1
-    assert "python -m data_prep cifar100 --root" in capsys.readouterr().err
+    command = lambda: experiments_main([str(path), "--store", str(tmp_path), "--data-root", str(tmp_path / "none")])  # noqa: E731
+    assert executors.command_status(command) == 2  # as the command line ends: one line, no traceback
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and "python -m data_prep cifar100 --root" in error and "Traceback" not in error
 
 
 def test_an_interrupted_command_says_what_it_kept_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):

@@ -195,11 +195,12 @@ def test_a_record_or_checkpoint_this_user_may_not_read_is_left_whole_and_named_n
             store.records()
         with pytest.raises(UnreadableStoreFile, match=f"{checkpoint} cannot be read by this user"):
             run(config, store)
-        from experiments.scale import cli
+        from experiments.scale import cli, executors
         from experiments.scale.plan import PlannedRun
 
         monkeypatch.setattr(cli, "plan", lambda profile: [PlannedRun.outside_plan(config.replace(seed=2))])
-        assert cli.main(["plan", "smoke", "--store", str(store.root)]) == 2  # one line, no traceback
+        command = lambda: cli.main(["plan", "smoke", "--store", str(store.root)])  # noqa: E731
+        assert executors.command_status(command) == 2  # one line, no traceback
         assert capsys.readouterr().err == f"error: {record} cannot be read by this user (Permission denied): left " \
             "as it is. Its writer made it private (a umask of 077); in a store shared by a group, give it to the " \
             f"group (chmod -R g+rwX {store.root}) and have its writers use umask 002 " \
