@@ -137,8 +137,8 @@ def markdown(rows: list[dict], probes=PROBES) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if (command := probe_command.parse("python -m experiments.probes.crowding", __doc__.split("\n\n")[0],
-                                       argv)) is None:
+    if (command := probe_command.parse("python -m experiments.probes.crowding", __doc__.split("\n\n")[0], argv,
+                                       configs)) is None:
         return 2
     profile, train = command
     rows = measure(profile, train)

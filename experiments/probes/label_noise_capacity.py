@@ -22,7 +22,6 @@ versions; the ``label-noise-capacity`` block of ``docs/stand-ins.md`` is generat
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,13 +163,10 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if (command := probe_command.parse("python -m experiments.probes.label_noise_capacity",
-                                       __doc__.split("\n\n")[0], argv)) is None:
+    prog = "python -m experiments.probes.label_noise_capacity"
+    if (command := probe_command.parse(prog, __doc__.split("\n\n")[0], argv, configs, refusal)) is None:
         return 2
     profile, train = command
-    if problem := refusal(profile):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
     rows = []
     for loss, variants in MEASURED:
         for variant in variants:
