@@ -13,6 +13,7 @@ from pathlib import Path
 from experiments.engine.config import RunConfig
 from experiments.engine.run_claim import train_once
 from experiments.scale import executors
+from experiments.scale.plan import missing_dataset_text
 from experiments.spec.profiles import SETUPS, Profile
 from experiments.tuning import profile_steps
 
@@ -60,7 +61,7 @@ def _missing_data(profile: Profile, folders: dict[str, Path | None]) -> str | No
                 "the datasets' root (--data-root, as make DATA=)")
     for dataset, folder in sorted(folders.items()):
         if not folder.is_dir():
-            return f"the {dataset} dataset is not in {folder}: `python -m data_prep {dataset} --root {folder}` prepares it"
+            return missing_dataset_text(dataset, folder)
     return None
 
 

@@ -42,8 +42,8 @@ from experiments.scale.gpu_sharing import gpu_sharing
 from experiments.scale.hours import (Rates, calibration_first_then, completeness_then_hours, counted_text, estimate,
                                     estimate_moves, invocations, models_and_batches, read_measurements,
                                     runs_measured_by, setting_text)
-from experiments.scale.plan import (CalibrationFirst, PlannedRun, calibrations_to_make, plan, stacks, stand_in_memory,
-                                    table)
+from experiments.scale.plan import (CalibrationFirst, PlannedRun, calibrations_to_make, missing_dataset_text, plan,
+                                    stacks, stand_in_memory, table)
 from experiments.scale.progress import Progress, failure_reason
 from experiments.spec.profiles import PROFILES, Profile, get_profile
 from experiments.tuning import fixed_point
@@ -218,8 +218,8 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
                 "(--data-root, make DATA=)")
     for folder, dataset in {run.data_root(args.data_root): run.config.dataset for run in real if here}.items():
         if not folder.is_dir():  # read as a run starts: said now, not once a run (Slurm's nodes may hold it alone)
-            return (f"the {dataset} dataset that {sum(run.config.dataset == dataset for run in real)} runs still to "
-                    f"train read is not in {folder}: `python -m data_prep {dataset} --root {folder}` prepares it")
+            readers = sum(run.config.dataset == dataset for run in real)
+            return missing_dataset_text(dataset, folder, f" that {readers} runs still to train read")
     return None
 
 

@@ -67,6 +67,13 @@ class PlannedRun:
         return Path(root) / self.data_subdir
 
 
+def missing_dataset_text(dataset: str, folder: Path, readers: str = "") -> str:
+    """A real ``dataset`` not found in ``folder`` (``readers``: which runs read it), and the command that prepares
+    it."""
+    return (f"the {dataset} dataset{readers} is not in {folder}: `python -m data_prep {dataset} --root {folder}` "
+            "prepares it")
+
+
 def plan(profile: Profile, setups: tuple[str, ...] = SETUPS) -> list[PlannedRun]:
     """The profile's trainings in the notebooks' order, each once; those of ``setups`` (the profile's attributes:
     cifar, plantnet, imagenet_lt, imagenet) only."""
