@@ -200,22 +200,28 @@ def _is_mine(claim: dict | None) -> bool:
                                for field in ("host", "pid_namespace", "pid", "pid_start"))
 
 
+def _read_own_claim(path: Path) -> dict | None:
+    """The claim at ``path``, which this process made, looked at twice, a moment apart, when it is gone: a competitor
+    that moved it aside by mistake (:func:`_move_aside_if_stale`) puts it back at once. None when gone both times."""
+    if (claim := read_claim(path)) is None:
+        time.sleep(0.2)
+        claim = read_claim(path)
+    return claim
+
+
 def _taken_over(path: Path) -> dict | None:
     """The claim at ``path``, which this process made, where it is no longer its own: another holder's, or ``{}`` when
-    it is gone (looked at twice, a moment apart: a competitor puts a claim it moved by mistake back at once); None while
-    it is this process's (or unreadable a moment on a shared filesystem: not judged)."""
-    for look in range(2):
-        if (claim := read_claim(path)) is not None:
-            return claim if claim and not _is_mine(claim) else None
-        if not look:
-            time.sleep(0.2)
-    return {}
+    it is gone; None while it is this process's (or unreadable a moment on a shared filesystem: not judged)."""
+    if (claim := _read_own_claim(path)) is None:
+        return {}
+    return claim if claim and not _is_mine(claim) else None
 
 
 def release(root: Path, training_key: str) -> None:
-    """Give the claim back, if this process holds it."""
+    """Give the claim back, if this process holds it (also where a competitor is putting it back just now, so that a
+    finished run's claim never outlives its training)."""
     path = claim_path(root, training_key)
-    if _is_mine(read_claim(path)):
+    if _is_mine(_read_own_claim(path)):
         path.unlink(missing_ok=True)
 
 

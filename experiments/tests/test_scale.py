@@ -12,6 +12,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -515,6 +516,21 @@ def test_a_stale_claim_a_competitor_took_over_between_the_look_and_the_rename_is
     assert sorted(entry.name for entry in path.parent.iterdir()) == [path.name]  # nothing left aside
 
 
+def test_a_release_while_a_competitor_puts_the_holder_s_claim_back_still_removes_it(tmp_path):
+    """A competitor that moved this holder's claim aside by mistake puts it back a moment later; a release in between
+    looks again, so that the finished run's claim does not stay behind naming a live process."""
+    key = "0123456789abcdef"
+    assert run_claim.try_claim(tmp_path, key)
+    path = run_claim.claim_path(tmp_path, key)
+    aside = path.with_name(f".{path.name}.stale.1")
+    path.replace(aside)  # the competitor's rename
+    putting_back = threading.Timer(0.05, lambda: (os.link(aside, path), aside.unlink()))
+    putting_back.start()
+    run_claim.release(tmp_path, key)
+    putting_back.join()
+    assert not path.exists()
+
+
 def test_a_holder_whose_claim_was_taken_over_writes_nothing_more_and_waits_for_the_new_holder(tmp_path, monkeypatch,
                                                                                             capsys):
     """A holder paused past the claim's staleness (a suspended job) finds, when it goes on, that another host took
@@ -557,6 +573,7 @@ def test_a_live_holder_whose_start_proc_hides_is_judged_by_its_heartbeat_not_as_
 
 RACER = """
 import sys
+import threading
 from experiments.engine import run_claim
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore
