@@ -201,7 +201,7 @@ def compile_time(path: Path = BENCHMARK_RESULTS / "compile_time_cpu.csv") -> str
                   f"(`{path.name}`).*"]
     stale = _stale_since(row["commit"], TRAINING_CODE, "the training's code (the engine, the losses)",
                          "python -m benchmarks.bench_compile_time")
-    return stale + "\n".join(lines)
+    return (f"{stale.rstrip()}\n\n" if stale else "") + "\n".join(lines)  # a table starts its own paragraph
 
 
 def cpu_step(path: Path = BENCHMARK_RESULTS / "cpu_step.csv") -> str:

@@ -176,11 +176,12 @@ def _refusal(args: argparse.Namespace, device: str) -> str | None:
 
 
 def _memory_refusal(args: argparse.Namespace, profile) -> str | None:
-    """The Slurm ``--mem-gb`` against the images of the stand-ins left to calibrate (:func:`slurm_request.
-    memory_refusal`), which ``train``'s own check, after the calibration, would come too late for."""
-    if args.executor != "slurm" or not args.mem_gb:
+    """The Slurm tasks' memory (``--mem-gb``, or the partition's default) against the images of the stand-ins left to
+    calibrate (:func:`slurm_request.memory_refusal`), which ``train``'s own check, after the calibration, would come
+    too late for."""
+    if args.executor != "slurm":
         return None
-    return slurm_request.memory_refusal(args.mem_gb, images_gib(_images_to_calibrate(profile).items()))
+    return slurm_request.memory_refusal(args, images_gib(_images_to_calibrate(profile).items()))
 
 
 def _images_to_calibrate(profile) -> dict[str, int]:

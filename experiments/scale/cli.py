@@ -208,7 +208,7 @@ def _refusal(args: argparse.Namespace, runs: list[PlannedRun], store: str) -> st
         return problem
     if args.executor == "slurm" and (problem := slurm_request.refusal(args)):
         return problem
-    if args.executor == "slurm" and (problem := slurm_request.memory_refusal(args.mem_gb, stand_in_memory(todo))):
+    if args.executor == "slurm" and (problem := slurm_request.memory_refusal(args, stand_in_memory(todo))):
         return problem
     if args.executor != "slurm" and (problem := slurm_request.refusal_elsewhere(args)):
         return problem

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,16 +225,52 @@ def has_submitit() -> bool:
     return importlib.util.find_spec("submitit") is not None
 
 
-def memory_refusal(mem_gb: float | None, memory: dict[str, float]) -> str | None:
-    """Why ``--mem-gb`` cannot hold a task of the stand-in whose images take the most of ``memory`` (GiB by dataset,
+def memory_refusal(args: argparse.Namespace, memory: dict[str, float]) -> str | None:
+    """Why a task cannot hold the stand-in whose images take the most of ``memory`` (GiB by dataset,
     :func:`experiments.scale.plan.stand_in_memory`): their images alone are a lower bound of a task's memory (the
-    process and its rendering buffers come on top); None where it can, or where no memory is asked."""
-    if not mem_gb or not memory:
+    process and its rendering buffers come on top). Its memory is ``--mem-gb``, or without one (nor a memory
+    ``--sbatch-option``) what the partition gives a task that asks none (:func:`default_memory`); None
+    where it holds them, or where that memory is not known."""
+    if not memory or (not args.mem_gb and any(name.startswith("mem") for name, _ in sbatch_options(args))):
         return None
     dataset, gib = max(memory.items(), key=lambda item: item[1])
-    return (f"--mem-gb {mem_gb:g} is less than the {gib:.1f} GiB that the {dataset} stand-in's images alone take in "
-            "each of its tasks (every split, built in memory before training; the process needs more on top): give "
-            "more" if gib >= mem_gb else None)
+    images = (f"the {gib:.1f} GiB that the {dataset} stand-in's images alone take in each of its tasks (every split, "
+              "built in memory before training; the process needs more on top)")
+    if args.mem_gb:
+        return f"--mem-gb {args.mem_gb:g} is less than {images}: give more" if gib >= args.mem_gb else None
+    if (default := default_memory(args.partition, args.cpus_per_task, args.gpus_per_task)) is None:
+        return None
+    task_gib, setting = default
+    return (f"without --mem-gb each task gets the {task_gib:.1f} GiB that Slurm gives one asking no memory on "
+            f"{f'partition {args.partition}' if args.partition else 'the default partition'} ({setting}), less than "
+            f"{images}: give --mem-gb above it" if gib >= task_gib else None)
+
+
+def default_memory(partition: str | None, cpus: int, gpus: int) -> tuple[float, str] | None:
+    """The GiB Slurm gives a task of ``cpus`` cores and ``gpus`` GPUs that asks no memory on ``partition`` (None: the
+    default one): ``DefMemPerGPU`` where it asks GPUs, else ``DefMemPerCPU``, else ``DefMemPerNode`` (MiB), the
+    partition's own (``scontrol show partition``) before the cluster's (``scontrol show config``), with the setting
+    that gives it; None where no default is a number (``UNLIMITED``: the node's memory) or Slurm does not answer."""
+    shown = _scontrol("--oneliner", "show", "partition", *([partition] if partition else []))
+    lines = [line for line in (shown or "").splitlines() if partition or " Default=YES " in f" {line} "]
+    if not lines:
+        return None
+    for source in (lines[0], _scontrol("show", "config") or ""):
+        for setting, count, what in (("DefMemPerGPU", gpus, "GPU"), ("DefMemPerCPU", cpus, "core"),
+                                     ("DefMemPerNode", 1, "")):
+            if count and (match := re.search(rf"\b{setting}\s*=\s*([0-9]+)\b", source)):
+                mib = int(match[1])
+                return mib * count / 1024, f"{setting}={mib}" + (f" x {count} {what}{'s' * (count > 1)}" if what else "")
+    return None
+
+
+def _scontrol(*arguments: str) -> str | None:
+    """What ``scontrol ARGUMENTS`` prints, or None where it fails or is not installed."""
+    try:
+        shown = subprocess.run(["scontrol", *arguments], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return shown.stdout if shown.returncode == 0 else None
 
 
 def array_sbatch_options(slurm: SlurmOptions, alone: bool) -> tuple[tuple[str, str | None], ...]:

@@ -103,7 +103,7 @@ def test_a_slurm_memory_below_a_stand_in_to_calibrate_is_refused_before_anything
 def test_sbatch_only_is_refused_where_a_stand_in_needs_calibrating_and_passes_where_none_does(tmp_path, capsys):
     """make's SLURM options serve train and calibrate: --sbatch-only writes the profile's scripts, but a calibration
     cannot be written ahead (each move needs the last's runs)."""
-    slurm = ["--executor", "slurm", "--sbatch-only", "--store", str(tmp_path)]
+    slurm = ["--executor", "slurm", "--sbatch-only", "--mem-gb", "32", "--store", str(tmp_path)]
     assert calibrate.main(["gpu", *slurm]) == 2
     error = capsys.readouterr().err
     assert ("--sbatch-only: the gpu stand-ins cifar (cifar100_like), plantnet (plantnet_like), imagenet_lt "
@@ -123,7 +123,7 @@ def test_ctrl_c_stops_the_calibration_with_one_message_and_status_130(tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {tmp_path}")
     assert err.rstrip().endswith("the same command resumes") and "Traceback" not in err
-    assert calibrate.main(["gpu", "--store", str(tmp_path), "--executor", "slurm"]) == 130  # its arrays go on
+    assert calibrate.main(["gpu", "--store", str(tmp_path), "--executor", "slurm", "--mem-gb", "32"]) == 130  # its arrays go on
     told = capsys.readouterr().err  # the calibration's arrays alone, not the training's of the same profile
     assert "`scancel --user $(id -un) --name topk-gpu-calibration` stop them" in told and "topk-gpu-runs" not in told
 
@@ -165,7 +165,7 @@ def test_with_slurm_the_stand_ins_calibrate_side_by_side_each_with_its_own_scrip
     monkeypatch.setattr(fixed_point, "settle", settle)
     monkeypatch.setattr(fixed_point, "status", lambda profile, setup: {"state": f"settled {setup}"})
     monkeypatch.setattr(calibrate.slurm, "train", train)
-    assert calibrate.main(["gpu", "--store", str(tmp_path), "--executor", "slurm"]) == 0
+    assert calibrate.main(["gpu", "--store", str(tmp_path), "--executor", "slurm", "--mem-gb", "32"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-len(setups):] == [f"{setup}: settled {setup}" for setup in setups]
     assert sorted(out[:-len(setups)]) == sorted(line for setup in setups  # each line names its stand-in

@@ -244,7 +244,7 @@ def test_a_timing_made_before_what_it_times_changed_is_marked_stale(tmp_path, mo
     changed = {time_blocks.TEST_SUITE: True, time_blocks.TRAINED_WITH: True, paths.TRAINING_CODE: True}
     assert time_blocks.compile_time(tmp_path / "compile.csv").startswith(
         "**Stale:** made at commit cccccccccc, and the training's code (the engine, the losses) changed since; rerun "
-        "`python -m benchmarks.bench_compile_time`.")
+        "`python -m benchmarks.bench_compile_time`.\n\n| loss |")  # the table after a blank line: rendered as one
     assert time_blocks.setup_time(tmp_path / "setup.csv").startswith(
         "**Stale:** made at commit cccccccccc, and the tests changed since; rerun `python -m benchmarks.bench_setup_time`.")
     assert time_blocks.executors_time(tmp_path / "executors.csv").startswith(

@@ -217,6 +217,31 @@ def test_sbatch_only_asks_sbatch_whether_it_would_take_each_script_and_queues_no
     assert not [command for command in commands.stdout.split() if command.startswith(str(tmp_path))], commands.stdout
 
 
+def test_a_task_asking_no_memory_gets_the_cluster_s_default_which_refuses_a_stand_in_larger_than_it(tmp_path,
+                                                                                                   capsys):
+    """up.sh's cluster sets ``DefMemPerCPU`` for the whole cluster, not per partition (whose line says
+    ``DefMemPerNode=UNLIMITED``): a task of 2 cores asking no memory is given twice it, as Slurm's own record of a held
+    job shows, and ``train`` refuses the gpu profile, whose largest stand-in's images alone take more."""
+    from experiments.__main__ import main
+
+    job = subprocess.run(["sbatch", "--parsable", "--hold", "--cpus-per-task", "2", "--wrap", "true"],
+                         capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, check=True).stdout
+    finally:
+        subprocess.run(["scancel", job], check=True)
+    given = re.search(r"\bMinMemoryCPU=([0-9]+)([MG])\b", shown)
+    per_cpu_mib = int(given[1]) * {"M": 1, "G": 1024}[given[2]]
+    assert slurm_request.default_memory(None, 2, 0) == (2 * per_cpu_mib / 1024, f"DefMemPerCPU={per_cpu_mib} x 2 cores")
+    assert slurm_request.default_memory("urgent", 1, 0) == (per_cpu_mib / 1024, f"DefMemPerCPU={per_cpu_mib} x 1 core")
+    assert slurm_request.default_memory("nosuch", 1, 0) is None
+    arguments = ["train", "gpu", "--executor", "slurm", "--uncalibrated", "--store", str(tmp_path), "--sbatch-only"]
+    assert main(arguments) == 2
+    assert (f"each task gets the {per_cpu_mib / 1024:.1f} GiB that Slurm gives one asking no memory on the default "
+            f"partition (DefMemPerCPU={per_cpu_mib} x 1 core), less than the") in capsys.readouterr().err
+    assert not (tmp_path / "slurm").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the tasks would train")
 def test_a_timed_run_submitted_through_submitit_holds_a_whole_gpu_where_the_others_hold_shards(tmp_path):
     """Fig. 3's runs go in the array of runs trained alone (``--exclusive``), which asks a whole GPU where the other

@@ -218,6 +218,32 @@ def test_sbatch_scripts_without_a_memory_request_leave_it_to_the_partition_and_w
     assert "submit each with `sbatch SCRIPT`" in capsys.readouterr().err
 
 
+def test_without_a_memory_request_a_partition_default_below_a_stand_in_s_images_is_refused(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """A task that asks no memory gets the partition's default (``DefMemPerCPU`` x its cores, say): where that is
+    less than a stand-in's images, its tasks would fail out of memory hours in; refused with the default named. A
+    default that holds them, or none Slurm states, is left to the partition; so is a memory ``--sbatch-option``."""
+    asked = []
+
+    def default(partition, cpus, gpus, memory=(4.0, "DefMemPerCPU=2048 x 2 cores")):
+        asked.append((partition, cpus, gpus))
+        return memory
+
+    monkeypatch.setattr(slurm_request, "default_memory", default)
+    arguments = ["train", "gpu", "--executor", "slurm", "--partition", "gpu", "--cpus-per-task", "2", "--device",
+                 "cuda", "--gpus-per-task", "1", "--uncalibrated", "--store", str(tmp_path), "--sbatch-only"]
+    assert main(arguments) == 2
+    assert asked == [("gpu", 2, 1)]
+    assert ("error: without --mem-gb each task gets the 4.0 GiB that Slurm gives one asking no memory on partition "
+            "gpu (DefMemPerCPU=2048 x 2 cores), less than the 15.2 GiB that the imagenet_like stand-in's images alone "
+            "take in each of its tasks") in capsys.readouterr().err
+    assert main([*arguments, "--sbatch-option", "mem-per-gpu=64G"]) == 0 and len(asked) == 1  # memory given: not asked
+    monkeypatch.setattr(slurm_request, "default_memory", lambda *args: (64.0, "DefMemPerGPU=65536 x 1 GPU"))
+    assert main(arguments) == 0
+    monkeypatch.setattr(slurm_request, "default_memory", lambda *args: None)  # UNLIMITED, or no Slurm here
+    assert main(arguments) == 0
+
+
 def test_tasks_on_shares_of_a_gpu_ask_them_and_shards_with_cuda_graphs_are_told_they_take_turns(tmp_path, capsys):
     """Where a cluster shares its GPUs between tasks (gres/mps, gres/shard), a task holds a share instead of a GPU,
     but Fig. 3's timed runs hold a whole one; with shards, taken in turns, CUDA graphs gain nothing side by side, which
@@ -266,7 +292,8 @@ def test_sbatch_scripts_ask_one_task_and_requeue_themselves_out_of_time_from_a_k
 def test_an_uncalibrated_profile_is_not_trained_unless_asked(tmp_path, capsys):
     """The gpu profile's stand-ins have no committed calibration: a run's key holds its stand-in's difficulty, so
     `train` refuses (runs that calibrating would make obsolete), and trains with --uncalibrated."""
-    arguments = ["train", "gpu", "--executor", "slurm", "--store", str(tmp_path / "store"), "--sbatch-only"]
+    arguments = ["train", "gpu", "--executor", "slurm", "--mem-gb", "32", "--store", str(tmp_path / "store"),
+                 "--sbatch-only"]
     assert main(arguments) == 2
     error = capsys.readouterr().err
     assert ("the gpu profile's stand-ins cifar (cifar100_like), plantnet (plantnet_like), imagenet_lt "
