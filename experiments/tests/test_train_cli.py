@@ -486,7 +486,6 @@ def test_a_run_another_process_claims_while_train_runs_is_left_to_it_not_waited_
 
     monkeypatch.setattr(cli.executors, executor, claimed_by_another_process_as_training_begins)
     threads = torch.get_num_threads()
-    began = time.monotonic()
     try:
         assert main(["train", "smoke", "--store", str(store.root), "--threads", "1", "--executor", executor]) == 0
     finally:
@@ -494,7 +493,7 @@ def test_a_run_another_process_claims_while_train_runs_is_left_to_it_not_waited_
         holders[0].wait(timeout=150)
     err = capsys.readouterr().err
     written = sorted(runs, key=lambda run: store.record_path(run.key).stat().st_mtime_ns)
-    assert written == [runs[1], runs[0]] and time.monotonic() - began < 100
+    assert written == [runs[1], runs[0]]  # one waiting would train runs[0] first, once its holder gave up: no clock
     assert "1 of the runs other processes trained were left without an outcome" in err
     assert "2 of 2 runs finished, 0 failed" in err
     assert all(store.finished(run.key) is not None for run in runs)
