@@ -58,6 +58,8 @@ OWN_SBATCH_OPTIONS = {
     **dict.fromkeys(("job-name", "ntasks", "ntasks-per-node", "nodes", "requeue", "no-requeue", "signal", "output",
                      "error", "open-mode", "exclusive", "wrap", "wckey", "parsable", "quiet", "test-only", "wait")),
 }
+#: The sbatch options through which ``--sbatch-option`` sets the tasks' memory, beside ``--mem-gb``'s ``--mem``.
+MEMORY_OPTIONS = ("mem-per-cpu", "mem-per-gpu")
 _SBATCH_OPTION = re.compile(r"(?P<name>[a-z][a-z0-9-]*)(?:=(?P<value>.+))?")
 
 
@@ -160,7 +162,7 @@ def _sbatch_options_refusal(args: argparse.Namespace) -> str | None:
             return f"--sbatch-option {option!r} is sbatch's --{own}, which " + (
                 f"train gives itself: use {OWN_SBATCH_OPTIONS[own]}" if OWN_SBATCH_OPTIONS[own] else
                 "the executor sets itself, or which would change what a task runs on or how sbatch answers")
-        if match["name"] in ("mem-per-cpu", "mem-per-gpu") and args.mem_gb is not None:
+        if match["name"] in MEMORY_OPTIONS and args.mem_gb is not None:
             return f"--sbatch-option {option!r} and --mem-gb {args.mem_gb:g} each set the tasks' memory: give one"
     names = [name for name, _ in sbatch_options(args)]
     if twice := sorted({name for name in names if names.count(name) > 1}):
@@ -231,7 +233,7 @@ def memory_refusal(args: argparse.Namespace, memory: dict[str, float]) -> str | 
     process and its rendering buffers come on top). Its memory is ``--mem-gb``, or without one (nor a memory
     ``--sbatch-option``) what the partition gives a task that asks none (:func:`default_memory`); None
     where it holds them, or where that memory is not known."""
-    if not memory or (not args.mem_gb and any(name.startswith("mem") for name, _ in sbatch_options(args))):
+    if not memory or (not args.mem_gb and any(name in MEMORY_OPTIONS for name, _ in sbatch_options(args))):
         return None
     dataset, gib = max(memory.items(), key=lambda item: item[1])
     images = (f"the {gib:.1f} GiB that the {dataset} stand-in's images alone take in each of its tasks (every split, "
@@ -255,12 +257,15 @@ def default_memory(partition: str | None, cpus: int, gpus: int) -> tuple[float, 
     lines = [line for line in (shown or "").splitlines() if partition or " Default=YES " in f" {line} "]
     if not lines:
         return None
-    for source in (lines[0], _scontrol("show", "config") or ""):
-        for setting, count, what in (("DefMemPerGPU", gpus, "GPU"), ("DefMemPerCPU", cpus, "core"),
-                                     ("DefMemPerNode", 1, "")):
-            if count and (match := re.search(rf"\b{setting}\s*=\s*([0-9]+)\b", source)):
-                mib = int(match[1])
-                return mib * count / 1024, f"{setting}={mib}" + (f" x {count} {what}{'s' * (count > 1)}" if what else "")
+    return _default_in(lines[0], cpus, gpus) or _default_in(_scontrol("show", "config") or "", cpus, gpus)
+
+
+def _default_in(settings: str, cpus: int, gpus: int) -> tuple[float, str] | None:
+    """:func:`default_memory` from one source of ``settings`` (a partition's line, or the cluster's config)."""
+    for setting, count, what in (("DefMemPerGPU", gpus, "GPU"), ("DefMemPerCPU", cpus, "core"), ("DefMemPerNode", 1, "")):
+        if count and (match := re.search(rf"\b{setting}\s*=\s*([0-9]+)\b", settings)):
+            mib = int(match[1])
+            return mib * count / 1024, f"{setting}={mib}" + (f" x {count} {what}{'s' * (count > 1)}" if what else "")
     return None
 
 

@@ -123,7 +123,8 @@ def test_ctrl_c_stops_the_calibration_with_one_message_and_status_130(tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith(f"\ninterrupted: every finished run and every epoch's checkpoint is kept in {tmp_path}")
     assert err.rstrip().endswith("the same command resumes") and "Traceback" not in err
-    assert calibrate.main(["gpu", "--store", str(tmp_path), "--executor", "slurm", "--mem-gb", "32"]) == 130  # its arrays go on
+    slurm = ["--executor", "slurm", "--mem-gb", "32"]
+    assert calibrate.main(["gpu", "--store", str(tmp_path), *slurm]) == 130  # its arrays go on
     told = capsys.readouterr().err  # the calibration's arrays alone, not the training's of the same profile
     assert "`scancel --user $(id -un) --name topk-gpu-calibration` stop them" in told and "topk-gpu-runs" not in told
 

@@ -573,7 +573,6 @@ def test_a_live_holder_whose_start_proc_hides_is_judged_by_its_heartbeat_not_as_
 
 RACER = """
 import sys
-import threading
 from experiments.engine import run_claim
 from experiments.engine.config import RunConfig
 from experiments.engine.store import ResultsStore

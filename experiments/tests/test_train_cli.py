@@ -237,7 +237,8 @@ def test_without_a_memory_request_a_partition_default_below_a_stand_in_s_images_
     assert ("error: without --mem-gb each task gets the 4.0 GiB that Slurm gives one asking no memory on partition "
             "gpu (DefMemPerCPU=2048 x 2 cores), less than the 15.2 GiB that the imagenet_like stand-in's images alone "
             "take in each of its tasks") in capsys.readouterr().err
-    assert main([*arguments, "--sbatch-option", "mem-per-gpu=64G"]) == 0 and len(asked) == 1  # memory given: not asked
+    assert main([*arguments, "--sbatch-option", "mem-bind=local"]) == 2 and len(asked) == 2  # a binding, not a size
+    assert main([*arguments, "--sbatch-option", "mem-per-gpu=64G"]) == 0 and len(asked) == 2  # memory given: not asked
     monkeypatch.setattr(slurm_request, "default_memory", lambda *args: (64.0, "DefMemPerGPU=65536 x 1 GPU"))
     assert main(arguments) == 0
     monkeypatch.setattr(slurm_request, "default_memory", lambda *args: None)  # UNLIMITED, or no Slurm here
