@@ -3,7 +3,7 @@
 ``s`` has shape ``(..., L)`` (classes last), ``y`` integer labels of shape ``s.shape[:-1]``. Each loss
 returns per-sample values reduced by ``reduction`` in ``("mean", "sum", "none")``. Formulas, parameters
 and references are in :mod:`topk.losses.registry` (Table 1 is printed from it); each docstring names
-the equation. A NaN score gives a NaN loss for its sample.
+the equation. A NaN score gives a NaN loss for its sample; an infinite one, the loss's limit (NaN where it has none).
 
 Each function checks its arguments once, without reading a tensor's values on the host (the labels' range is
 an asynchronous assertion, see :func:`topk._validation.check_labels`), so that every loss runs without a device
@@ -173,7 +173,10 @@ def smooth_hinge(
     ``tau * logsumexp_j((s_j + alpha 1{j != y} - s_y) / tau)``; ``(k, tau, alpha) = (1, 1, 0)`` is cross-entropy.
     Needs ``k + 1 <= L``. Computed in log space: finite in float32 for any ``tau > 0`` (float16 and bfloat16
     scores are computed in float32). The gradient is exact, ``dL/ds_y = -sigmoid(z) / k``, and can be differentiated
-    again (``create_graph=True``: the Hessian through the log-sum-exps of the tree, whatever the backend).
+    again (``create_graph=True``: the Hessian through the log-sum-exps of the tree, whatever the backend). Infinite
+    scores give the limit: 0 for ``s_y = +inf``, +inf for ``s_y = -inf`` or ``k`` other scores at +inf, with fewer
+    the finite limit (as the hard loss's k-th largest other score); NaN for ``s_y`` and another score at +inf. A score
+    at +inf gets a gradient of 0, and the rest of the row a finite one.
 
     ``hard_switch=True`` reproduces the reference code (github oval-group/smooth-topk): samples whose gap
     ``top_k(s) - top_{k+1}(s)`` is at least ``k tau ln(1000)`` get the hard loss instead. The loss is then
@@ -280,7 +283,11 @@ def class_margins(class_counts: Sequence[int] | torch.Tensor, max_margin: float)
     >>> class_margins([10000, 625, 1], 0.2)
     tensor([0.0200, 0.0400, 0.2000])
     """
-    counts = torch.as_tensor(class_counts)
+    try:
+        counts = torch.as_tensor(class_counts)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"'class_counts' should be a 1-d sequence or tensor of numbers of samples, got "
+                        f"{class_counts!r:.80}") from None
     if counts.dim() != 1 or counts.numel() == 0:
         raise ValueError(f"'class_counts' should be a non-empty 1-d sequence of counts, got shape {tuple(counts.shape)}")
     if counts.is_complex() or counts.dtype == torch.bool:
