@@ -146,8 +146,8 @@ def check_margins(margins: object, s: torch.Tensor) -> float | torch.Tensor:
         raise TypeError(f"'margins' should be a floating-point tensor, got dtype {margins.dtype}")
     if margins.device != s.device:
         raise ValueError(f"'margins' is on {margins.device} but the scores are on {s.device}")
-    values = _unwrapped(margins)
-    _assert_values(values, torch.isfinite(values) & (values >= 0), MARGINS_EXPECTED)
+    values = _unwrapped(margins)  # >= 0 and finite, as NaN is never equal to itself: four operators, as the labels'
+    _assert_values(values, values.clamp(0, torch.finfo(values.dtype).max) == values, MARGINS_EXPECTED)
     return margins
 
 
