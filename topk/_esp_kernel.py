@@ -86,8 +86,9 @@ def _share(x_i, log_without_below, log_without, log_whole):
 @triton.jit
 def hinge_shift(x_ptr, label_ptr, aux_ptr, n, lowest: tl.float64, READ: tl.constexpr):
     """``aux[row, 1]``: the hinge's shift, the largest finite score of ``x[row]`` other than the label's (``lowest``,
-    the dtype's, if none is); ``aux[row, 0]``: how many of them are +inf, NaN if a score is NaN (read, then
-    overwritten, by :func:`log_esp_combine`: the maxima here and in the recursion would drop a NaN)."""
+    the dtype's, if none is); ``aux[row, 0]``: how many of them are +inf, or NaN where the loss is (a NaN score, which
+    the maxima here and in the recursion would drop; every score -inf), read then overwritten by
+    :func:`log_esp_combine`."""
     row = tl.program_id(0).to(tl.int64)
     label = tl.load(label_ptr + row)
     largest = tl.full((), lowest, x_ptr.dtype.element_ty)
@@ -99,7 +100,8 @@ def hinge_shift(x_ptr, label_ptr, aux_ptr, n, lowest: tl.float64, READ: tl.const
         largest = tl.maximum(largest, tl.max(tl.where((column == label) | infinite, float("-inf"), values), axis=0))
         n_infinite += tl.sum(infinite.to(tl.int32), axis=0)
         n_nan += tl.sum((values != values).to(tl.int32), axis=0)
-    tl.store(aux_ptr + row * 2, tl.where(n_nan > 0, float("nan"), n_infinite.to(x_ptr.dtype.element_ty)))
+    all_low = (n_infinite == 0) & (largest == lowest) & (tl.load(x_ptr + row * n + label) == float("-inf"))
+    tl.store(aux_ptr + row * 2, tl.where((n_nan > 0) | all_low, float("nan"), n_infinite.to(x_ptr.dtype.element_ty)))
     tl.store(aux_ptr + row * 2 + 1, largest)
 
 
@@ -177,7 +179,11 @@ def log_esp_combine(chunk_poly_ptr, complement_ptr, out_ptr, n_chunks, x_ptr, n,
                           tl.where(((n_infinite > 0) & (true == float("inf"))) | (n_infinite != n_infinite),
                                    float("nan"), 0.0))
         z = alpha_over_tau + (shift - true) * scale + log_gap + offset
-        tl.store(loss_ptr + row, tau * (tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))))
+        small = tl.exp(-tl.abs(z))
+        near_one = 1.0 + small  # log1p(small) = log(near_one) small / (near_one - 1), exact where small < eps too
+        rounded_away = near_one == 1.0
+        log1p = tl.where(rounded_away, small, tl.log(near_one) * small / tl.where(rounded_away, 1.0, near_one - 1.0))
+        tl.store(loss_ptr + row, tau * (tl.maximum(z, 0.0) + log1p))
         tl.store(aux_ptr + row * 2, z)
 
 

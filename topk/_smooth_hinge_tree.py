@@ -3,6 +3,7 @@ the tree of :mod:`topk._esp_tree`: the ``"torch"`` backend of :func:`topk.losses
 backward with ``create_graph=True`` differentiates for the kernel's loss (``topk::smooth_hinge_rows``)."""
 
 import torch
+import torch.nn.functional as F
 
 from topk._esp_tree import absent_log, infinite_log, log_pair
 from topk._labels import is_true, true_scores
@@ -26,15 +27,18 @@ def smooth_hinge_tree(scores: torch.Tensor, y: torch.Tensor, k: int, tau: float,
     else:
         log_sigma = log_pair(x, k)  # [..., L] -> [..., 2]
         log_gap = log_sigma[..., 1] - log_sigma[..., 0]
-    s_y = true_scores(scores, y)
-    z = (alpha + (shift.squeeze(-1) - s_y) / k) / tau + log_gap + limit_offset((others == float("inf")).sum(-1), s_y, k)
-    return tau * (z.clamp(min=0) + torch.log1p(torch.exp(-z.abs())))  # softplus(z), exact for z > 20, inf at inf
+    s_y, shift = true_scores(scores, y), shift.squeeze(-1)
+    n_infinite = (others == float("inf")).sum(-1)
+    z = (alpha + (shift - s_y) / k) / tau + log_gap + limit_offset(n_infinite, s_y, shift == lowest, k)
+    # softplus(z) = -log sigmoid(-z): exact in float64 for any z, gradient sigmoid(z) (1/2 at 0, 1 at +inf, 0 at -inf)
+    return F.logsigmoid(-z).mul(-tau)
 
 
-def limit_offset(n_infinite: torch.Tensor, s_y: torch.Tensor, k: int) -> torch.Tensor:
+def limit_offset(n_infinite: torch.Tensor, s_y: torch.Tensor, no_finite_other: torch.Tensor, k: int) -> torch.Tensor:
     """What ``z`` needs added at infinite scores, ``n_infinite`` other scores at +inf: +inf for ``k`` or more of them
-    (the loss's limit is +inf, as the hard loss's k-th largest other score is), NaN for one or more with ``s_y`` at
-    +inf (no limit), 0 otherwise: with fewer than ``k`` their stand-ins give the finite limit, ``s_y = +inf`` gives
-    ``z = -inf`` (a loss of 0) and ``s_y = -inf`` gives ``z = +inf``."""
-    return torch.where(n_infinite >= k, float("inf"), torch.where((n_infinite > 0) & (s_y == float("inf")),
-                                                                    float("nan"), 0.0)).to(s_y.dtype)
+    (the loss's limit is +inf, as the hard loss's k-th largest other score is); NaN (no limit) for one or more with
+    ``s_y`` at +inf, or for every score at -inf, ``s_y`` included; 0 otherwise: with fewer than ``k`` their stand-ins
+    give the finite limit, ``s_y = +inf`` gives ``z = -inf`` (a loss of 0) and ``s_y = -inf`` gives ``z = +inf``."""
+    inf = float("inf")
+    undefined = ((n_infinite > 0) & (s_y == inf)) | ((n_infinite == 0) & no_finite_other & (s_y == -inf))
+    return torch.where(n_infinite >= k, inf, torch.where(undefined, float("nan"), 0.0)).to(s_y.dtype)

@@ -3,7 +3,7 @@
 ``s`` has shape ``(..., L)`` (classes last), ``y`` integer labels of shape ``s.shape[:-1]``. Each loss
 returns per-sample values reduced by ``reduction`` in ``("mean", "sum", "none")``. Formulas, parameters
 and references are in :mod:`topk.losses.registry` (Table 1 is printed from it); each docstring names
-the equation. A NaN score gives a NaN loss for its sample; an infinite one, the loss's limit (NaN where it has none).
+the equation. A NaN score gives a NaN loss for its sample.
 
 Each function checks its arguments once, without reading a tensor's values on the host (the labels' range is
 an asynchronous assertion, see :func:`topk._validation.check_labels`), so that every loss runs without a device
@@ -175,8 +175,9 @@ def smooth_hinge(
     scores are computed in float32). The gradient is exact, ``dL/ds_y = -sigmoid(z) / k``, and can be differentiated
     again (``create_graph=True``: the Hessian through the log-sum-exps of the tree, whatever the backend). Infinite
     scores give the limit: 0 for ``s_y = +inf``, +inf for ``s_y = -inf`` or ``k`` other scores at +inf, with fewer
-    the finite limit (as the hard loss's k-th largest other score); NaN for ``s_y`` and another score at +inf. A score
-    at +inf gets a gradient of 0, and the rest of the row a finite one.
+    the finite limit (as the hard loss's k-th largest other score); NaN where there is none (``s_y`` and another
+    score at +inf, every score at -inf). Where the loss is a number, a score at +inf gets a gradient of 0 and the
+    others finite ones.
 
     ``hard_switch=True`` reproduces the reference code (github oval-group/smooth-topk): samples whose gap
     ``top_k(s) - top_{k+1}(s)`` is at least ``k tau ln(1000)`` get the hard loss instead. The loss is then

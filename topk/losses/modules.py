@@ -47,8 +47,9 @@ class _LossModule(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """A checkpoint's margins checked as the constructor checks them, so that a bad one fails at load."""
         for name in self._hyperparameter_names:
-            if name in HYPERPARAMETERS and isinstance(state_dict.get(prefix + name), torch.Tensor):
-                HYPERPARAMETERS[name](state_dict[prefix + name])
+            value = state_dict.get(prefix + name)
+            if name in HYPERPARAMETERS and isinstance(value, torch.Tensor) and not value.is_meta:  # meta: no values
+                HYPERPARAMETERS[name](value)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

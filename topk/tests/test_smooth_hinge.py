@@ -235,13 +235,27 @@ def test_infinite_other_scores_give_the_limit_of_large_ones(dtype):
 
 def test_an_infinite_true_score_gives_the_limit_and_undefined_limits_nan():
     """s_y = +inf: 0, gradient 0 (with another score at +inf: NaN); s_y = -inf: +inf with a finite gradient; every
-    other score at -inf (classes left out): 0; a NaN score: NaN, whatever else is infinite."""
+    other score at -inf (classes left out): 0, every score: NaN; a NaN score: NaN, whatever else is infinite. A row of
+    finite scores beside them: Berrada et al.'s sum over subsets, value and gradient."""
     inf, nan = float("inf"), float("nan")
     s = torch.tensor([[0.3, 0.5, inf, 0.1], [inf, 0.5, inf, 0.1], [0.3, 0.5, -inf, 0.1], [-inf, -inf, 0.2, -inf],
-                      [nan, 0.5, inf, 0.1], [nan, inf, 0.2, 0.1], [0.3, 0.5, 0.2, 0.1]], dtype=torch.float64)
-    y = torch.full((7,), 2)
+                      [nan, 0.5, inf, 0.1], [nan, inf, 0.2, 0.1], [-inf, -inf, -inf, -inf], [0.3, 0.5, 0.2, 0.1]],
+                     dtype=torch.float64)
+    y = torch.full((8,), 2)
     for k in (1, 2):
         value, grad = _loss_and_grad(lambda a: smooth_hinge(a, y, k, 0.5, reduction="none"), s.requires_grad_())
-        assert value[0] == 0 and value[1].isnan() and value[2] == inf and value[3] == 0 and value[4:6].isnan().all()
-        assert (grad[0] == 0).all() and torch.isfinite(grad[[0, 2, 3, 6]]).all() and grad[2, 2] == -1 / k
-        torch.testing.assert_close(value[-1:], smooth_hinge(s[-1:], y[-1:], k, 0.5, reduction="none"))
+        assert value[0] == 0 and value[1].isnan() and value[2] == inf and value[3] == 0 and value[4:7].isnan().all()
+        assert (grad[0] == 0).all() and torch.isfinite(grad[[0, 2, 3, 7]]).all() and grad[2, 2] == -1 / k
+        expected, expected_grad = _loss_and_grad(lambda a: enumerated_smooth_hinge(a, y[-1:], k, 0.5, 1.0), s[-1:])
+        torch.testing.assert_close(value[-1:], expected)
+        torch.testing.assert_close(grad[-1:], expected_grad)
+
+
+def test_gradient_at_z_zero_is_half_sigmoid_as_cross_entropy_s():
+    """z = 0 exactly: (k, tau, alpha) = (1, 1, 0), two classes, zero scores (a zero-initialised last layer): the
+    gradient of softplus there is 1/2, cross-entropy's."""
+    s = torch.zeros(3, 2, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0, 1, 1])
+    _, grad = _loss_and_grad(lambda a: smooth_hinge(a, y, 1, 1.0, 0.0), s)
+    _, expected = _loss_and_grad(lambda a: F.cross_entropy(a, y), s)
+    torch.testing.assert_close(grad, expected, rtol=0, atol=0)
