@@ -84,30 +84,41 @@ def _share(x_i, log_without_below, log_without, log_whole):
 
 
 @triton.jit
-def hinge_shift(x_ptr, label_ptr, aux_ptr, n, READ: tl.constexpr):
-    """``aux[row, 1]``: the hinge's shift, the largest score of ``x[row]`` other than the label's."""
+def hinge_shift(x_ptr, label_ptr, aux_ptr, n, lowest: tl.float64, READ: tl.constexpr):
+    """``aux[row, 1]``: the hinge's shift, the largest finite score of ``x[row]`` other than the label's (``lowest``,
+    the dtype's, if none is); ``aux[row, 0]``: how many of them are +inf, or NaN where the loss is (a NaN score, which
+    the maxima here and in the recursion would drop; every score -inf), read then overwritten by
+    :func:`log_esp_combine`."""
     row = tl.program_id(0).to(tl.int64)
     label = tl.load(label_ptr + row)
-    largest = tl.full((), float("-inf"), x_ptr.dtype.element_ty)
+    largest = tl.full((), lowest, x_ptr.dtype.element_ty)
+    n_infinite, n_nan = tl.zeros((), tl.int32), tl.zeros((), tl.int32)
     for first in range(0, n, READ):
         column = first + tl.arange(0, READ)
         values = tl.load(x_ptr + row * n + column, mask=column < n, other=float("-inf"))
-        largest = tl.maximum(largest, tl.max(tl.where(column == label, float("-inf"), values), axis=0))
+        infinite = (column != label) & (values == float("inf"))
+        largest = tl.maximum(largest, tl.max(tl.where((column == label) | infinite, float("-inf"), values), axis=0))
+        n_infinite += tl.sum(infinite.to(tl.int32), axis=0)
+        n_nan += tl.sum((values != values).to(tl.int32), axis=0)
+    all_low = (n_infinite == 0) & (largest == lowest) & (tl.load(x_ptr + row * n + label) == float("-inf"))
+    tl.store(aux_ptr + row * 2, tl.where((n_nan > 0) | all_low, float("nan"), n_infinite.to(x_ptr.dtype.element_ty)))
     tl.store(aux_ptr + row * 2 + 1, largest)
 
 
 @triton.jit
-def _hinge_exponent(x_i, i, label, shift, scale, ABSENT: tl.constexpr, LOSS: tl.constexpr):
+def _hinge_exponent(x_i, i, label, shift, scale, ceiling, ABSENT: tl.constexpr, LOSS: tl.constexpr):
     """Entry ``i`` of the polynomial's row: ``x_i`` itself, or for the hinge ``(s_i - shift) / (k tau)`` with the
-    label's left out."""
+    label's left out, a score at +inf at ``ceiling`` (:func:`topk._esp_tree.infinite_log`) and one at -inf absent."""
     if LOSS:
-        return tl.where(i == label, ABSENT, (x_i - shift) * scale)
+        exponent = (x_i - shift) * scale
+        exponent = tl.where(exponent > ceiling, ceiling, tl.where(exponent < ABSENT, ABSENT, exponent))  # NaN kept
+        return tl.where(i == label, ABSENT, exponent)
     return x_i
 
 
 @triton.jit
 def log_esp_chunks(x_ptr, prefix_ptr, chunk_poly_ptr, n, span, n_chunks, label_ptr, aux_ptr, scale: tl.float64,
-                   ABSENT: tl.constexpr, BLOCK: tl.constexpr, LOSS: tl.constexpr):
+                   ceiling: tl.float64, ABSENT: tl.constexpr, BLOCK: tl.constexpr, LOSS: tl.constexpr):
     """Program (row, chunk) walks ``x[row, chunk * span:][:span]`` (``x``: contiguous rows of ``n``):
     ``prefix[row, t]``, the log-coefficients of the product of the chunk's factors before ``t``, and
     ``chunk_poly[row, chunk]``, of all of them. ``LOSS``: ``x`` holds scores, and the exponents are the hinge's, with
@@ -117,14 +128,14 @@ def log_esp_chunks(x_ptr, prefix_ptr, chunk_poly_ptr, n, span, n_chunks, label_p
     stop = tl.minimum(start + span, n)
     degree = tl.arange(0, BLOCK)
     dtype = x_ptr.dtype.element_ty
-    scale = tl.full((), scale, dtype)
+    scale, ceiling = tl.full((), scale, dtype), tl.full((), ceiling, dtype)
     label, shift = -1, 0.0
     if LOSS:
         label, shift = tl.load(label_ptr + row), tl.load(aux_ptr + row * 2 + 1)
     log_poly = tl.where(degree == 0, 0.0, ABSENT).to(dtype)  # the empty product: 1
     for t in range(start, stop):
         tl.store(prefix_ptr + (row * n + t) * BLOCK + degree, log_poly)
-        x_t = _hinge_exponent(tl.load(x_ptr + row * n + t), t, label, shift, scale, ABSENT, LOSS)
+        x_t = _hinge_exponent(tl.load(x_ptr + row * n + t), t, label, shift, scale, ceiling, ABSENT, LOSS)
         log_poly = _times_one_plus(log_poly, x_t, degree, ABSENT, BLOCK)
     tl.store(chunk_poly_ptr + (row * n_chunks + chunk) * BLOCK + degree, log_poly)
 
@@ -139,7 +150,8 @@ def log_esp_combine(chunk_poly_ptr, complement_ptr, out_ptr, n_chunks, x_ptr, n,
     ``LOSS``: the row is the smoothed hinge's (Berrada et al. 2018, Eq. 10-11) for the label ``label[row]``, its
     polynomial taken of ``(s_j - shift) / (k tau)`` without the label's entry, ``shift = aux[row, 1]``;
     ``loss[row] = tau softplus(z)`` and ``aux[row, 0] = z``, ``z = alpha / tau + (shift - s_y) / (k tau) +
-    log sigma_K - log sigma_{K-1}``. The scalars come in float64 and are used in the scores' dtype."""
+    log sigma_K - log sigma_{K-1}`` (at infinite scores, its limit). The scalars come in float64 and are used in the
+    scores' dtype."""
     row = tl.program_id(0).to(tl.int64)
     degree = tl.arange(0, BLOCK)
     dtype = chunk_poly_ptr.dtype.element_ty
@@ -161,15 +173,24 @@ def log_esp_combine(chunk_poly_ptr, complement_ptr, out_ptr, n_chunks, x_ptr, n,
     if LOSS:
         label, shift = tl.load(label_ptr + row), tl.load(aux_ptr + row * 2 + 1)
         log_gap = tl.sum(tl.where(degree == K, log_poly, 0.0) - tl.where(degree == K - 1, log_poly, 0.0), axis=0)
-        z = alpha_over_tau + (shift - tl.load(x_ptr + row * n + label)) * scale + log_gap
-        tl.store(loss_ptr + row, tau * (tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))))
+        true, n_infinite = tl.load(x_ptr + row * n + label), tl.load(aux_ptr + row * 2)
+        # the limit at infinite scores (topk._smooth_hinge_tree.limit_offset); NaN for a row with a NaN score
+        offset = tl.where(n_infinite >= K, float("inf"),
+                          tl.where(((n_infinite > 0) & (true == float("inf"))) | (n_infinite != n_infinite),
+                                   float("nan"), 0.0))
+        z = alpha_over_tau + (shift - true) * scale + log_gap + offset
+        small = tl.exp(-tl.abs(z))
+        near_one = 1.0 + small  # log1p(small) = log(near_one) small / (near_one - 1), exact where small < eps too
+        rounded_away = near_one == 1.0
+        log1p = tl.where(rounded_away, small, tl.log(near_one) * small / tl.where(rounded_away, 1.0, near_one - 1.0))
+        tl.store(loss_ptr + row, tau * (tl.maximum(z, 0.0) + log1p))
         tl.store(aux_ptr + row * 2, z)
 
 
 @triton.jit
 def log_esp_backward(x_ptr, prefix_ptr, complement_ptr, out_ptr, grad_out_ptr, grad_x_ptr, n, span, n_chunks,
-                     label_ptr, aux_ptr, scale: tl.float64, tau: tl.float64, K: tl.constexpr, ABSENT: tl.constexpr,
-                     BLOCK: tl.constexpr, LOSS: tl.constexpr):
+                     label_ptr, aux_ptr, scale: tl.float64, tau: tl.float64, ceiling: tl.float64, K: tl.constexpr,
+                     ABSENT: tl.constexpr, BLOCK: tl.constexpr, LOSS: tl.constexpr):
     """Program (row, chunk): ``grad_x[row, i] = sum_j grad_out[row, j] d log sigma_j / d x_i`` for ``j = K - 1, K`` and
     the chunk's ``i``. ``LOSS``: ``grad_out[row]`` is the loss's incoming gradient and ``grad_x`` the hinge's gradient
     with respect to the scores, ``tau sigmoid(z) (d log sigma_K - d log sigma_{K-1}) / (k tau)`` off the label. At the
@@ -180,19 +201,22 @@ def log_esp_backward(x_ptr, prefix_ptr, complement_ptr, out_ptr, grad_out_ptr, g
     stop = tl.minimum(start + span, n)
     degree = tl.arange(0, BLOCK)
     dtype = x_ptr.dtype.element_ty
-    scale, tau = tl.full((), scale, dtype), tl.full((), tau, dtype)
+    scale, tau, ceiling = tl.full((), scale, dtype), tl.full((), tau, dtype), tl.full((), ceiling, dtype)
     log_lower, log_upper = tl.load(out_ptr + row * 2), tl.load(out_ptr + row * 2 + 1)
     label, shift = -1, 0.0
     if LOSS:
         label, shift = tl.load(label_ptr + row), tl.load(aux_ptr + row * 2 + 1)
-        grad_upper = tl.load(grad_out_ptr + row) * tau * tl.sigmoid(tl.load(aux_ptr + row * 2))
+        z = tl.load(aux_ptr + row * 2)
+        small = tl.exp(-tl.abs(z))  # sigmoid(z) without exp(-z), which overflows where z is far below 0
+        grad_upper = tl.load(grad_out_ptr + row) * tau * tl.where(z >= 0, 1.0 / (1.0 + small), small / (1.0 + small))
         grad_lower = -grad_upper
     else:
         grad_lower, grad_upper = tl.load(grad_out_ptr + row * 2), tl.load(grad_out_ptr + row * 2 + 1)
     log_suffix = tl.load(complement_ptr + (row * n_chunks + chunk) * BLOCK + degree)
     for step in range(stop - start):
         i = stop - 1 - step
-        x_i = _hinge_exponent(tl.load(x_ptr + row * n + i), i, label, shift, scale, ABSENT, LOSS)
+        s_i = tl.load(x_ptr + row * n + i)
+        x_i = _hinge_exponent(s_i, i, label, shift, scale, ceiling, ABSENT, LOSS)
         log_prefix = tl.load(prefix_ptr + (row * n + i) * BLOCK + degree)
         without_upper = _log_coefficient_without(log_prefix, log_suffix, K, BLOCK)
         without_middle = _log_coefficient_without(log_prefix, log_suffix, K - 1, BLOCK)
@@ -203,7 +227,7 @@ def log_esp_backward(x_ptr, prefix_ptr, complement_ptr, out_ptr, grad_out_ptr, g
         else:
             lower_share = 0.0
         grad_i = grad_upper * upper_share + grad_lower * lower_share
-        if LOSS:
-            grad_i = tl.where(i == label, -grad_upper * scale, grad_i * scale)
+        if LOSS:  # a score at +inf stands in at the ceiling: its gradient is 0
+            grad_i = tl.where(i == label, -grad_upper * scale, tl.where(s_i == float("inf"), 0.0, grad_i * scale))
         tl.store(grad_x_ptr + row * n + i, grad_i)
         log_suffix = _times_one_plus(log_suffix, x_i, degree, ABSENT, BLOCK)

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from topk._esp_tree import absent_log
+from topk._esp_tree import absent_log, infinite_log
 
 #: Triton's compile options for the walking kernels: one warp per program (the coefficient block is at most 128 wide).
 ESP_COMPILE_OPTIONS = {"num_warps": 1}
@@ -70,9 +70,10 @@ def _launch_forward(x: Tensor, k: int, hinge: Optional[tuple]):
     labels, tau, alpha = hinge or (pair, 1.0, 0.0)
     if n_rows:
         if hinge:
-            hinge_shift[(n_rows,)](x, labels, aux, n, READ=ESP_READ, **SHIFT_COMPILE_OPTIONS)
+            hinge_shift[(n_rows,)](x, labels, aux, n, torch.finfo(x.dtype).min, READ=ESP_READ,
+                                   **SHIFT_COMPILE_OPTIONS)
         log_esp_chunks[(n_rows, n_chunks)](x, prefix, chunk_poly, n, span, n_chunks, labels, aux, 1.0 / (k * tau),
-                                           ABSENT=ESP_ABSENT, BLOCK=block, LOSS=hinge is not None,
+                                           infinite_log(x.dtype), ABSENT=ESP_ABSENT, BLOCK=block, LOSS=hinge is not None,
                                            **ESP_COMPILE_OPTIONS)
         log_esp_combine[(n_rows,)](chunk_poly, complement, pair, n_chunks, x, n, labels, loss, aux,
                                    1.0 / (k * tau), tau, alpha / tau, K=k, ABSENT=ESP_ABSENT, BLOCK=block,
@@ -89,7 +90,8 @@ def _launch_backward(x, prefix, complement, pair, grad, k: int, hinge: Optional[
     (n_rows, n), n_chunks = x.shape, complement.shape[1]
     if n_rows:
         log_esp_backward[(n_rows, n_chunks)](x, prefix, complement, pair, grad.to(pair.dtype).contiguous(), grad_x, n,
-                                             esp_span(n), n_chunks, labels, aux, 1.0 / (k * tau), tau, K=k,
+                                             esp_span(n), n_chunks, labels, aux, 1.0 / (k * tau), tau,
+                                             infinite_log(x.dtype), K=k,
                                              ABSENT=ESP_ABSENT, BLOCK=esp_block(k), LOSS=hinge is not None,
                                              **ESP_COMPILE_OPTIONS)
     return grad_x

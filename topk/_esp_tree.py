@@ -22,7 +22,7 @@ import math
 
 import torch
 
-__all__ = ["log_elementary_symmetric", "log_pair", "absent_log", "BACKWARDS"]
+__all__ = ["log_elementary_symmetric", "log_pair", "absent_log", "infinite_log", "BACKWARDS"]
 
 BACKWARDS = ("saved_weights", "autograd")
 
@@ -31,6 +31,13 @@ def absent_log(dtype: torch.dtype) -> float:
     """The log of an absent coefficient: finite, and far enough from the dtype's limit that a sum of three stays
     finite."""
     return torch.finfo(dtype).min / 16
+
+
+def infinite_log(dtype: torch.dtype) -> float:
+    """The exponent an infinite score stands in at, above the row's largest finite one (at 0): ``exp(-it)`` is the
+    square of the dtype's rounding, so that the coefficients it enters are dominated by it to rounding, as they are
+    by an infinite one in the limit (the smoothed hinge's infinite scores)."""
+    return -2 * math.log(torch.finfo(dtype).eps)
 
 
 def log_elementary_symmetric(x: torch.Tensor, k: int, *, backward: str = "saved_weights") -> torch.Tensor:

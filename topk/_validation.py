@@ -5,8 +5,9 @@ raises a ``TypeError`` (wrong kind of object) or a ``ValueError`` (right kind, b
 names the argument, shows the bad value and says what was expected.
 
 No check reads a tensor's values on the host: types, shapes, dtypes and devices are metadata, and
-hyperparameters are Python numbers. The one check on values, the labels' range, is an asynchronous
-assertion (:func:`check_labels`), so a training step never waits for the device and compiles as one graph.
+hyperparameters are Python numbers. The two checks on values, the labels' range and per-class margins, are
+asynchronous assertions (:func:`check_labels`, :func:`check_margins`), so a training step never waits for the
+device and compiles as one graph.
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ def check_real(value: object, name: str, low: float | None = None, strict: bool 
 def check_labels(y: object, s: torch.Tensor, name: str = "y") -> torch.Tensor:
     """Integer labels of shape ``s.shape[:-1]`` in ``[0, L)`` on ``s``'s device; returned as int64.
 
-    The range is checked by ``torch._assert_async``, which reads nothing on the host: on CUDA a label out of
-    range is a device-side assertion (reported at the next synchronisation), under ``torch.compile`` an assertion
-    in the compiled kernel, and on a CPU in eager mode a ``ValueError`` naming the bad label.
+    The range is checked by :func:`_assert_values`: on CUDA a label out of range is a device-side assertion
+    (reported at the next synchronisation), under ``torch.compile`` an assertion in the compiled kernel, and on a CPU
+    in eager mode a ``ValueError`` naming the bad label.
     """
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"'{name}' should be a torch.Tensor of class indices, got {type(y).__name__}")
@@ -73,13 +74,18 @@ def check_labels(y: object, s: torch.Tensor, name: str = "y") -> torch.Tensor:
         raise ValueError(f"'{name}' is on {y.device} but the scores are on {s.device}")
     y = y.long()
     highest = s.shape[-1] - 1
-    expected = f"'{name}' should hold class indices in [0, {highest}]"
     values = _unwrapped(y)
-    try:
-        torch._assert_async((values.clamp(0, highest) == values).all(), expected)
-    except RuntimeError:  # raised here only on a CPU, in eager mode (reading the labels costs nothing)
-        raise ValueError(f"{expected}, got {values[(values < 0) | (values > highest)][0].item()}") from None
+    _assert_values(values, values.clamp(0, highest) == values, f"'{name}' should hold class indices in [0, {highest}]")
     return y
+
+
+def _assert_values(values: torch.Tensor, good: torch.Tensor, expected: str) -> None:
+    """``good.all()`` asserted by ``torch._assert_async``, which reads nothing on the host; where it raises at once (a
+    CPU in eager mode, where reading the values costs nothing), a ``ValueError`` with the first bad value."""
+    try:
+        torch._assert_async(good.all(), expected)
+    except RuntimeError:
+        raise ValueError(f"{expected}, got {values[~good][0].item()}") from None
 
 
 def _unwrapped(tensor: torch.Tensor) -> torch.Tensor:
@@ -128,10 +134,8 @@ def check_generator(generator: object, s: torch.Tensor) -> torch.Generator | Non
 
 
 def check_margins(margins: object, s: torch.Tensor) -> float | torch.Tensor:
-    """A finite scalar margin, or one margin per class: a floating tensor of shape (L,) on ``s``'s device.
-
-    A tensor's values are not read: :func:`topk.losses.class_margins` checks them where they are made.
-    """
+    """A finite scalar margin >= 0, or one margin per class: a floating tensor of shape (L,) on ``s``'s device whose
+    values are finite and >= 0, asserted as the labels' range is (:func:`check_labels`)."""
     if not isinstance(margins, torch.Tensor):
         return check_real(margins, "margins", low=0.0)
     n_classes = s.shape[-1]
@@ -142,17 +146,22 @@ def check_margins(margins: object, s: torch.Tensor) -> float | torch.Tensor:
         raise TypeError(f"'margins' should be a floating-point tensor, got dtype {margins.dtype}")
     if margins.device != s.device:
         raise ValueError(f"'margins' is on {margins.device} but the scores are on {s.device}")
+    values = _unwrapped(margins)  # >= 0 and finite, as NaN is never equal to itself: four operators, as the labels'
+    _assert_values(values, values.clamp(0, torch.finfo(values.dtype).max) == values, MARGINS_EXPECTED)
     return margins
 
 
+#: A negative margin would ask a score to beat the others by less than nothing.
+MARGINS_EXPECTED = "'margins' should be finite and >= 0"
+
+
 def check_margin_values(margins: object) -> object:
-    """Where margins are made or stored (a loss module's constructor): a number >= 0, or a tensor's values finite and
-    >= 0 (a negative margin asks a score to beat the others by less than nothing). Read on the host once, so that the
-    loss itself never reads them."""
+    """Where margins are made or stored (a loss module's constructor, its ``load_state_dict``): a number >= 0, or a
+    tensor's values finite and >= 0, read on the host once."""
     if not isinstance(margins, torch.Tensor):
         return check_real(margins, "margins", low=0.0)
     if not bool((torch.isfinite(margins) & (margins >= 0)).all()):
-        raise ValueError(f"'margins' should be finite and >= 0, got {margins.tolist()}")
+        raise ValueError(f"{MARGINS_EXPECTED}, got {margins.tolist()}")
     return margins
 
 

@@ -173,7 +173,11 @@ def smooth_hinge(
     ``tau * logsumexp_j((s_j + alpha 1{j != y} - s_y) / tau)``; ``(k, tau, alpha) = (1, 1, 0)`` is cross-entropy.
     Needs ``k + 1 <= L``. Computed in log space: finite in float32 for any ``tau > 0`` (float16 and bfloat16
     scores are computed in float32). The gradient is exact, ``dL/ds_y = -sigmoid(z) / k``, and can be differentiated
-    again (``create_graph=True``: the Hessian through the log-sum-exps of the tree, whatever the backend).
+    again (``create_graph=True``: the Hessian through the log-sum-exps of the tree, whatever the backend). Infinite
+    scores give the limit: 0 for ``s_y = +inf``, +inf for ``s_y = -inf`` or ``k`` other scores at +inf, with fewer
+    the finite limit (as the hard loss's k-th largest other score); NaN where there is none (``s_y`` and another
+    score at +inf, every score at -inf). Where the loss is a number, a score at +inf gets a gradient of 0 and the
+    others finite ones.
 
     ``hard_switch=True`` reproduces the reference code (github oval-group/smooth-topk): samples whose gap
     ``top_k(s) - top_{k+1}(s)`` is at least ``k tau ln(1000)`` get the hard loss instead. The loss is then
@@ -280,7 +284,11 @@ def class_margins(class_counts: Sequence[int] | torch.Tensor, max_margin: float)
     >>> class_margins([10000, 625, 1], 0.2)
     tensor([0.0200, 0.0400, 0.2000])
     """
-    counts = torch.as_tensor(class_counts)
+    try:
+        counts = torch.as_tensor(class_counts)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"'class_counts' should be a 1-d sequence or tensor of numbers of samples, got "
+                        f"{class_counts!r:.80}") from None
     if counts.dim() != 1 or counts.numel() == 0:
         raise ValueError(f"'class_counts' should be a non-empty 1-d sequence of counts, got shape {tuple(counts.shape)}")
     if counts.is_complex() or counts.dtype == torch.bool:

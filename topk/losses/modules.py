@@ -1,8 +1,8 @@
 """Thin ``nn.Module`` forms of the losses in :mod:`topk.losses.functional`.
 
 Each module stores its hyperparameters (tensors as buffers, so ``.to(device)`` moves per-class margins
-along), checks the ones that do not depend on the data when it is built (per-class margins' values
-included, once, so that no call reads them), and calls its function.
+along), checks the ones that do not depend on the data when it is built or loaded (per-class margins' values
+included), and calls its function.
 """
 
 from __future__ import annotations
@@ -43,6 +43,14 @@ class _LossModule(nn.Module):
                 self.register_buffer(name, value)
             else:
                 setattr(self, name, value)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """A checkpoint's margins checked as the constructor checks them, so that a bad one fails at load."""
+        for name in self._hyperparameter_names:
+            value = state_dict.get(prefix + name)
+            if name in HYPERPARAMETERS and isinstance(value, torch.Tensor) and not value.is_meta:  # meta: no values
+                HYPERPARAMETERS[name](value)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         hyperparameters = {name: getattr(self, name) for name in self._hyperparameter_names}

@@ -46,6 +46,12 @@ CASES = [
     (lambda: losses.class_margins([10, 0, 3], 0.5), ValueError, "positive and finite.*got 0.0 for class 1"),
     (lambda: losses.class_margins([10, -2], 0.5), ValueError, "got -2.0 for class 1"),
     (lambda: losses.class_margins([], 0.5), ValueError, "non-empty"),
+    (lambda: losses.class_margins(["a"], 0.5), TypeError, r"'class_counts' should be a 1-d sequence.*got \['a'\]"),
+    (lambda: losses.class_margins(None, 0.5), TypeError, "'class_counts' should be a 1-d sequence.*got None"),
+    (lambda: losses.ldam(s, y, torch.tensor([0.1, float("nan"), 0, 0, 0, 0])), ValueError,
+     "'margins' should be finite and >= 0, got nan"),
+    (lambda: losses.noised_hinge(s, y, 2, 1.0, 3, margins=torch.tensor([0.1, 0, -0.5, 0, 0, 0])), ValueError,
+     "'margins' should be finite and >= 0, got -0.5"),
     (lambda: losses.smooth_hinge(s, y, 6, 1.0), ValueError, r"'k' should be in \[1, 5\] \(k \+ 1 must not exceed"),
     (lambda: losses.smooth_hinge(s, y, 2, 0.0), ValueError, "'tau' should be > 0.0, got 0.0"),
     (lambda: losses.smooth_hinge(s, y, 2, float("inf")), ValueError, "'tau' should be finite, got inf"),
@@ -95,6 +101,26 @@ def test_mismatched_devices_are_refused():
         topk.smooth_top_k(s.cuda(), 2, 1.0, 3, noise=torch.randn(3, 4, 6))
     with pytest.raises(ValueError, match="'generator' is on cpu"):
         topk.smooth_top_k(s.cuda(), 2, 1.0, 3, generator=torch.Generator())
+
+
+def test_a_checkpoint_s_bad_margins_fail_at_load_and_good_ones_load():
+    module = losses.NoisedHinge(2, 1.0, 3, margins=losses.class_margins([50, 5, 1], 0.3))
+    margins = module.state_dict()["margins"].clone()
+    module.load_state_dict({"margins": margins.flip(0)})
+    assert module.margins[0] == margins[-1]
+    with pytest.raises(ValueError, match=r"'margins' should be finite and >= 0, got \[.*nan"):
+        module.load_state_dict({"margins": torch.tensor([0.1, float("nan"), 0.2])})
+    with pytest.raises(ValueError, match=r"'margins' should be finite and >= 0, got \[-0.1"):
+        torch.nn.Sequential(losses.LDAM(torch.full((3,), 0.2))).load_state_dict({"0.margins": torch.full((3,), -0.1)})
+    assert module.margins[0] == margins[-1]  # the failed load changed nothing
+
+
+def test_margins_are_checked_without_a_host_read_where_the_loss_compiles():
+    """The functional form's margins are an asynchronous assertion, as the labels' range: compiled, an in-graph one."""
+    compiled = torch.compile(lambda m: losses.ldam(s, y, m), backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(torch.full((6,), 0.2)), losses.ldam(s, y, torch.full((6,), 0.2)))
+    with pytest.raises(RuntimeError, match="'margins' should be finite and >= 0"):
+        compiled(torch.full((6,), -0.2))
 
 
 def test_nan_scores_give_nan_losses_never_finite_ones():

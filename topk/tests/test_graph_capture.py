@@ -100,17 +100,18 @@ def test_a_host_read_would_be_seen():
     assert trace.host_reads()
 
 
-@pytest.mark.parametrize("margins", ["balanced", "imbalanced"])
-def test_noised_loss_forward_and_backward_dispatch_at_most_24_ops(margins):
+@pytest.mark.parametrize("margins, most", [("balanced", 24), ("imbalanced", 28)])
+def test_noised_loss_forward_and_backward_dispatch_at_most_24_ops_28_with_per_class_margins(margins, most):
     """The noised hinge's forward + backward (mean reduction) on the PyTorch path: label check, noise, one custom
-    operator forward and one backward, the hinge and the reduction."""
+    operator forward and one backward, the hinge and the reduction; per-class margins add their check (four
+    operators, as the labels')."""
     loss = build_loss(f"noised_{margins}", **TABLE_1[f"noised_{margins}"])
     s, y = _scores_and_labels()
     s.requires_grad_()
     loss(s, y).backward()  # the first call allocates the noise buffer
     with DispatchTrace() as trace:
         loss(s, y).backward()
-    assert len(trace.ops) <= 24, [str(op) for op in trace.ops]
+    assert len(trace.ops) <= most, [str(op) for op in trace.ops]
 
 
 def _inductor_available():

@@ -203,3 +203,59 @@ def test_usable_under_torch_compile():
     value, grad = _loss_and_grad(compiled, s)
     torch.testing.assert_close(value, eager)
     torch.testing.assert_close(grad, eager_grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_infinite_other_scores_give_the_limit_of_large_ones(dtype):
+    """Fewer than k other scores at +inf: the loss and its gradient are those of the scores with each of them at a
+    value whose exp(-gap / (k tau)) is 0 in float64, where the loss has reached its limit; k or more: +inf, with a
+    finite gradient (0 at the infinite scores, the true class's -1/k as the hard loss's)."""
+    tau = 0.5
+    s, y = _scores(6, 9, dtype=dtype)
+    others = [(i, (int(y[i]) + 1 + i) % 9) for i in range(6)]  # one other class per row
+    for k in (1, 2, 4):
+        for n_infinite in (1, 2):
+            infinite, large = s.detach().clone(), s.detach().clone()
+            for row, j in others:
+                for step in range(n_infinite):
+                    column = (j + step) % 9 if (j + step) % 9 != int(y[row]) else (j + step + 1) % 9
+                    infinite[row, column], large[row, column] = float("inf"), 1e4
+            value, grad = _loss_and_grad(lambda a: smooth_hinge(a, y, k, tau, reduction="none"),
+                                         infinite.requires_grad_())
+            assert torch.isfinite(grad).all()
+            if n_infinite >= k:
+                assert (value == float("inf")).all() and (grad[infinite.isinf()] == 0).all()
+                torch.testing.assert_close(grad.gather(1, y[:, None]), torch.full((6, 1), -1 / k, dtype=dtype))
+                continue
+            expected, expected_grad = _loss_and_grad(lambda a: smooth_hinge(a.double(), y, k, tau, reduction="none"),
+                                                     large.requires_grad_())
+            torch.testing.assert_close(value, expected.to(dtype))
+            torch.testing.assert_close(grad, expected_grad.to(dtype))
+
+
+def test_an_infinite_true_score_gives_the_limit_and_undefined_limits_nan():
+    """s_y = +inf: 0, gradient 0 (with another score at +inf: NaN); s_y = -inf: +inf with a finite gradient; every
+    other score at -inf (classes left out): 0, every score: NaN; a NaN score: NaN, whatever else is infinite. A row of
+    finite scores beside them: Berrada et al.'s sum over subsets, value and gradient."""
+    inf, nan = float("inf"), float("nan")
+    s = torch.tensor([[0.3, 0.5, inf, 0.1], [inf, 0.5, inf, 0.1], [0.3, 0.5, -inf, 0.1], [-inf, -inf, 0.2, -inf],
+                      [nan, 0.5, inf, 0.1], [nan, inf, 0.2, 0.1], [-inf, -inf, -inf, -inf], [0.3, 0.5, 0.2, 0.1]],
+                     dtype=torch.float64)
+    y = torch.full((8,), 2)
+    for k in (1, 2):
+        value, grad = _loss_and_grad(lambda a: smooth_hinge(a, y, k, 0.5, reduction="none"), s.requires_grad_())
+        assert value[0] == 0 and value[1].isnan() and value[2] == inf and value[3] == 0 and value[4:7].isnan().all()
+        assert (grad[0] == 0).all() and torch.isfinite(grad[[0, 2, 3, 7]]).all() and grad[2, 2] == -1 / k
+        expected, expected_grad = _loss_and_grad(lambda a: enumerated_smooth_hinge(a, y[-1:], k, 0.5, 1.0), s[-1:])
+        torch.testing.assert_close(value[-1:], expected)
+        torch.testing.assert_close(grad[-1:], expected_grad)
+
+
+def test_gradient_at_z_zero_is_half_sigmoid_as_cross_entropy_s():
+    """z = 0 exactly: (k, tau, alpha) = (1, 1, 0), two classes, zero scores (a zero-initialised last layer): the
+    gradient of softplus there is 1/2, cross-entropy's."""
+    s = torch.zeros(3, 2, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0, 1, 1])
+    _, grad = _loss_and_grad(lambda a: smooth_hinge(a, y, 1, 1.0, 0.0), s)
+    _, expected = _loss_and_grad(lambda a: F.cross_entropy(a, y), s)
+    torch.testing.assert_close(grad, expected, rtol=0, atol=0)

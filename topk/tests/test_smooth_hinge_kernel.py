@@ -227,3 +227,39 @@ def test_auto_backend_takes_the_kernel_only_for_cuda_scores(kernel_device, monke
         with pytest.raises(ValueError, match="backend='triton' needs CUDA scores, got scores on cpu"):
             smooth_hinge(s, torch.tensor([1, 2]), 3, 1.0, backend="triton")
         assert "TRITON_INTERPRET" not in os.environ
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_kernel_gives_the_tree_s_limits_at_infinite_scores_and_nan_for_a_nan_score(kernel_device, dtype, tolerance):
+    """Rows with +inf in the true class (alone, beside another +inf, beside a NaN), -inf in it, every other class at
+    -inf, every class, one to three other classes at +inf (below, at and above k = 2), a NaN score: the kernel's loss
+    is the tree's, NaN where the tree's is, its gradient the tree's on every row whose loss is a number."""
+    inf, nan = float("inf"), float("nan")
+    g = torch.Generator().manual_seed(0)
+    s = 2 * torch.randn(11, 7, generator=g, dtype=torch.float64)
+    s[0, 2] = s[1, 2] = s[1, 0] = s[4, 2] = inf
+    s[2, 2], s[3, [0, 1, 3, 4, 5, 6]], s[4, 0], s[8, 5], s[10] = -inf, -inf, nan, nan, -inf
+    s[5, 0], s[6, [0, 1]], s[7, [0, 1, 3]] = inf, inf, inf
+    y = torch.full((11,), 2)
+    for k in (2, 3):
+        results = {}
+        for backend in ("torch", "triton"):
+            scores = s.to(dtype).to(kernel_device).requires_grad_()
+            loss = smooth_hinge(scores, y.to(kernel_device), k, 0.5, reduction="none", backend=backend)
+            (grad,) = torch.autograd.grad(loss.sum(), scores)
+            results[backend] = loss.detach().cpu(), grad.cpu()
+        (loss, grad), (expected, expected_grad) = results["triton"], results["torch"]
+        torch.testing.assert_close(loss, expected, equal_nan=True, rtol=tolerance, atol=tolerance)
+        assert loss[[1, 4, 8, 10]].isnan().all() and loss[[0, 3]].eq(0).all() and loss[2] == inf
+        number = ~expected.isnan()
+        torch.testing.assert_close(grad[number], expected_grad[number], rtol=tolerance, atol=tolerance)
+
+
+def test_kernel_loss_keeps_its_digits_where_z_is_far_below_zero(kernel_device):
+    """softplus(z) for z down to -60: tau e^z, the tree's, not 0 (log(1 + e^z) rounds e^z away below z = -37)."""
+    s = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 30.0], [0.0, 0.0, 60.0]], dtype=torch.float64, device=kernel_device)
+    y = torch.full((3,), 2, device=kernel_device)
+    loss = smooth_hinge(s, y, 2, 1.0, 0.0, reduction="none", backend="triton")
+    torch.testing.assert_close(loss, smooth_hinge(s, y, 2, 1.0, 0.0, reduction="none", backend="torch"), rtol=1e-12,
+                               atol=0)
+    assert (loss > 0).all()
