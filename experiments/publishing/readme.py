@@ -31,8 +31,8 @@ from experiments.spec import tuned
 from experiments.spec.profiles import get_profile
 from experiments.spec.paper import CLAIMS, LABEL_NOISE, TABLE_4, TABLE_7
 from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, CALIBRATION_SEEDS, CROWDED_CLASSES, FIGURES,
-                               LABEL_NOISE_FIT, PROJECT_ROOT)
-from experiments.provenance import short_commit
+                               LABEL_NOISE_FIT, PROJECT_ROOT, TRAINING_CODE)
+from experiments.provenance import changed_since, short_commit
 from experiments.publishing.gpu_blocks import calibration_work, concurrency, gpu_hours, gpu_results, profile_time
 from experiments.publishing.result_rows import (DEFAULT_PROFILE, NOISED_HEADLINE, SMOOTH_HEADLINE, headline_rows,
                                                 library_staleness, newest_current, read_rows, short_stamp_text,
@@ -305,7 +305,8 @@ def _probe(module_name: str, runs: Callable[[list[dict]], str], results: Path) -
 def probe_staleness(module, rows: list[dict]) -> str | None:
     """Why a probe's committed rows are not made of the runs its current setups give (the run keys in the rows
     against :func:`configs` of the probe at the default profile: a changed stand-in, calibration, learning rate or
-    grid changes them), or None when they are."""
+    grid changes them) by today's training code (a run's key holds no code: the commits the rows name against
+    :data:`~experiments.paths.TRAINING_CODE` as committed), or None when they are."""
     expected = {config.key() for config in module.configs(get_profile(DEFAULT_PROFILE))}
     found = [row.get("key") or None for row in rows]
     if None in found:
@@ -316,6 +317,11 @@ def probe_staleness(module, rows: list[dict]) -> str | None:
         return (f"{len(other)} of its {len(rows)} rows are runs of other setups than the current ones, and "
                 f"{len(missing)} of the current runs are missing (the stand-ins, calibration, learning rates or grids "
                 f"changed since)")
+    earlier = sorted({row["commit"] for row in rows if row.get("commit")
+                      and changed_since(row["commit"], TRAINING_CODE, uncommitted=False) is True})
+    if earlier:
+        return (f"made at commit {', '.join(map(short_commit, earlier))}, and the training's code (the engine, the "
+                f"losses) changed since")
     return None
 
 

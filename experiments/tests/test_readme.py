@@ -484,6 +484,20 @@ def test_a_probe_made_on_other_setups_is_shown_stale_with_why(tmp_path):
                                                                "current ones, and 1 of the current runs are missing")
 
 
+def test_a_probe_trained_by_earlier_code_is_shown_stale_with_its_commit(monkeypatch):
+    """The run keys hold no code: rows of today's setups that an earlier engine or library trained are stale too,
+    naming the commit, and rows whose commit git cannot place (None) are not called stale."""
+    current = [{"key": config.key(), "commit": "a" * 40}
+               for config in crowding.configs(get_profile(result_rows.DEFAULT_PROFILE))]
+    monkeypatch.setattr(readme, "changed_since", lambda commit, files, uncommitted: commit == "b" * 40)
+    assert readme.probe_staleness(crowding, current) is None
+    earlier = [*current[:-1], {**current[-1], "commit": "b" * 40}]
+    assert readme.probe_staleness(crowding, earlier) == ("made at commit bbbbbbbbbb, and the training's code (the "
+                                                         "engine, the losses) changed since")
+    monkeypatch.setattr(readme, "changed_since", lambda commit, files, uncommitted: None)
+    assert readme.probe_staleness(crowding, earlier) is None
+
+
 def _concurrency_rows(commit: str, engine_code: str) -> list[dict]:
     stamp = {"device": "cuda", "device_name": "test-gpu", "commit": commit, "python": "3", "torch": "9.9",
              "triton": "3", "topk": "0", "engine_code": engine_code, "date": "2026-01-01T00:00:00",
