@@ -103,7 +103,8 @@ def compile_esp_kernel(name: str, dtype: torch.dtype, k: int | None, loss: bool,
     kernel = getattr(_esp_kernel, name)
     signature = {**{arg: f"*{TRITON_TYPES[dtype]}" for arg in kernel.arg_names if arg.endswith("_ptr")},
                  "label_ptr": "*i64", **{arg: "i32" for arg in ("n", "span", "n_chunks") if arg in kernel.arg_names},
-                 **{arg: "fp64" for arg in ("scale", "tau", "alpha_over_tau") if arg in kernel.arg_names}}
+                 **{arg: "fp64" for arg in ("scale", "tau", "alpha_over_tau", "ceiling", "lowest")
+                    if arg in kernel.arg_names}}
     if name == "hinge_shift":
         constants, options = {"READ": _esp_launch.ESP_READ}, _esp_launch.SHIFT_COMPILE_OPTIONS
     else:

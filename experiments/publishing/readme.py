@@ -317,10 +317,11 @@ def probe_staleness(module, rows: list[dict]) -> str | None:
         return (f"{len(other)} of its {len(rows)} rows are runs of other setups than the current ones, and "
                 f"{len(missing)} of the current runs are missing (the stand-ins, calibration, learning rates or grids "
                 f"changed since)")
-    earlier = sorted({row["commit"] for row in rows if row.get("commit")
-                      and changed_since(row["commit"], TRAINING_CODE, uncommitted=False) is True})
+    commits = {row["commit"].partition("-dirty")[0] for row in rows if row.get("commit")}
+    earlier = sorted(commit for commit in commits if changed_since(commit, TRAINING_CODE, uncommitted=False) is True)
     if earlier:
-        return (f"made at commit {', '.join(map(short_commit, earlier))}, and the training's code (the engine, the "
+        made = "commit" if len(earlier) == 1 else "commits"
+        return (f"made at {made} {', '.join(map(short_commit, earlier))}, and the training's code (the engine, the "
                 f"losses) changed since")
     return None
 
