@@ -22,6 +22,8 @@ LIBRARY_CODE = ("topk", ":(exclude)topk/tests")
 #: (experiments.provenance.changed_since). The real datasets' readers are not here: no committed result read them.
 TRAINING_CODE = (*ENGINE_EPOCH_CODE, "experiments/engine/config.py", "experiments/engine/stacked.py",
                  "data_prep/synthetic.py", "data_prep/splits.py", "data_prep/label_noise.py", *LIBRARY_CODE)
+#: How a warning names what :data:`TRAINING_CODE` holds.
+TRAINING_CODE_TEXT = "the training's code (the engine, the losses)"
 
 # Tables of ``figures/<profile>/`` (name without suffix) that docs/stand-ins.md quotes, and the notebook writing each.
 LABEL_NOISE_FIT = "table7_label_noise_fit"  #: the label noise each selected model fitted (table4_table7_label_noise)

@@ -31,7 +31,7 @@ from experiments.spec import tuned
 from experiments.spec.profiles import get_profile
 from experiments.spec.paper import CLAIMS, LABEL_NOISE, TABLE_4, TABLE_7
 from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, CALIBRATION_SEEDS, CROWDED_CLASSES, FIGURES,
-                               LABEL_NOISE_FIT, PROJECT_ROOT, TRAINING_CODE)
+                               LABEL_NOISE_FIT, PROJECT_ROOT, TRAINING_CODE, TRAINING_CODE_TEXT)
 from experiments.provenance import changed_since, short_commit
 from experiments.publishing.gpu_blocks import calibration_work, concurrency, gpu_hours, gpu_results, profile_time
 from experiments.publishing.result_rows import (DEFAULT_PROFILE, NOISED_HEADLINE, SMOOTH_HEADLINE, headline_rows,
@@ -321,8 +321,7 @@ def probe_staleness(module, rows: list[dict]) -> str | None:
     earlier = sorted(commit for commit in commits if changed_since(commit, TRAINING_CODE, uncommitted=False) is True)
     if earlier:
         made = "commit" if len(earlier) == 1 else "commits"
-        return (f"made at {made} {', '.join(map(short_commit, earlier))}, and the training's code (the engine, the "
-                f"losses) changed since")
+        return f"made at {made} {', '.join(map(short_commit, earlier))}, and {TRAINING_CODE_TEXT} changed since"
     return None
 
 

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from experiments.analysis import compare
-from experiments.paths import BENCHMARK_RESULTS, CALIBRATED, FIGURES, PROJECT_ROOT, TRAINING_CODE
+from experiments.paths import (BENCHMARK_RESULTS, CALIBRATED, FIGURES, PROJECT_ROOT, TRAINING_CODE,
+                               TRAINING_CODE_TEXT)
 from experiments.provenance import changed_since, short_commit
 from experiments.publishing.result_rows import (DEFAULT_PROFILE, engine_staleness, read_rows, short_stamp_text,
                                                 stale_text)
@@ -199,8 +200,7 @@ def compile_time(path: Path = BENCHMARK_RESULTS / "compile_time_cpu.csv") -> str
     lines += ["", f"*{row['model']}, batch {row['batch']}, `torch.compile` mode default; {row['device_name']}, "
                   f"{row['cpu_threads']} torch threads, torch {row['torch']}, commit {short_commit(row['commit'])} "
                   f"(`{path.name}`).*"]
-    stale = _stale_since(row["commit"], TRAINING_CODE, "the training's code (the engine, the losses)",
-                         "python -m benchmarks.bench_compile_time")
+    stale = _stale_since(row["commit"], TRAINING_CODE, TRAINING_CODE_TEXT, "python -m benchmarks.bench_compile_time")
     return (f"{stale.rstrip()}\n\n" if stale else "") + "\n".join(lines)  # a table starts its own paragraph
 
 
