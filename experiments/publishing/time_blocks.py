@@ -194,7 +194,7 @@ def compile_time(path: Path = BENCHMARK_RESULTS / "compile_time_cpu.csv") -> str
     if not rows:
         return f"*No `{path.name}` in `benchmarks/results/`: run `python -m benchmarks.bench_compile_time`.*"
     lines = ["| loss | first step (compiles) | second step | a batch one smaller (compiles again) |", "|---|---|---|---|"]
-    lines += [f"| {row['loss']} | {float(row['first_step_s']):.1f} s | {float(row['second_step_s']):.2f} s | "
+    lines += [f"| {row['loss']} | {float(row['first_step_s']):.1f} s | {1e3 * float(row['second_step_s']):.1f} ms | "
               f"{float(row['short_batch_step_s']):.1f} s |" for row in rows]
     row = rows[0]
     lines += ["", f"*{row['model']}, batch {row['batch']}, `torch.compile` mode default; {row['device_name']}, "
